@@ -1,0 +1,1063 @@
+"""The `dist` dialect: collective communication over process groups.
+
+Every operation runs SPMD: each rank of the op's group executes it on its own
+operands. Ranks that appear in IR (a broadcast root, a counts index) are ranks
+*of the op's group*, never global ranks. An op without a `group` runs on the
+default (world) group; an op with `group @name` runs on the group declared by
+the module-level `dist.group @name` op, in which every rank finds the
+subgroup that contains it.
+
+Sections: attributes, effects, module-level groups, rank queries, collectives,
+the combine-region terminator, and the `Dist` dialect object at the bottom.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Iterable, Sequence
+from enum import auto
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    DenseArrayBase,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    TensorType,
+    UnitAttr,
+    i64,
+)
+from xdsl.dialects.utils import AbstractYieldOperation, EnumAttribute
+from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    lazy_traits_def,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import Parser, UnresolvedOperand
+from xdsl.printer import Printer
+from xdsl.traits import (
+    EffectInstance,
+    HasParent,
+    IsTerminator,
+    MemoryEffect,
+    MemoryEffectKind,
+    Pure,
+    SymbolOpInterface,
+    SymbolTable,
+)
+from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
+
+###############################################################################
+# Attributes
+###############################################################################
+
+
+class ReductionKind(StrEnum):
+    """Reductions every backend offers natively."""
+
+    SUM = auto()
+    PROD = auto()
+    MIN = auto()
+    MAX = auto()
+    BAND = auto()
+    BOR = auto()
+    BXOR = auto()
+
+
+BITWISE_KINDS = frozenset({ReductionKind.BAND, ReductionKind.BOR, ReductionKind.BXOR})
+
+
+@irdl_attr_definition
+class ReductionKindAttr(EnumAttribute[ReductionKind], SpacedOpaqueSyntaxAttribute):
+    """A native reduction kind; printed bare (`sum`) inside dist ops, `#dist<kind sum>` generically."""
+
+    name = "dist.kind"
+
+
+###############################################################################
+# Effects
+###############################################################################
+
+
+class CollectiveEffect(MemoryEffect):
+    """Reads and writes the communicator.
+
+    Two textually identical collectives are two rounds of communication and an
+    unused collective still has to be entered by every rank, so `cse` must
+    never merge them and `dce` must never delete them.
+    """
+
+    @classmethod
+    def get_effects(cls, op: Operation) -> set[EffectInstance]:
+        return {
+            EffectInstance(MemoryEffectKind.READ),
+            EffectInstance(MemoryEffectKind.WRITE),
+        }
+
+
+###############################################################################
+# Shared parsing and printing helpers
+###############################################################################
+
+
+def _is_integer_tensor(t: Attribute) -> bool:
+    return isinstance(t, TensorType) and isinstance(t.element_type, IntegerType)
+
+
+def _print_group(printer: Printer, group: SymbolRefAttr | None) -> None:
+    if group is not None:
+        printer.print_string(" group ")
+        printer.print_attribute(group)
+
+
+def _parse_group(parser: Parser) -> SymbolRefAttr | None:
+    if parser.parse_optional_keyword("group") is None:
+        return None
+    attr = parser.parse_attribute()
+    if not isinstance(attr, SymbolRefAttr):
+        parser.raise_error("expected a group symbol such as @tp after `group`")
+    return attr
+
+
+def _parse_operand_list(parser: Parser) -> list[UnresolvedOperand]:
+    operands = [parser.parse_unresolved_operand()]
+    while parser.parse_optional_punctuation(",") is not None:
+        operands.append(parser.parse_unresolved_operand())
+    return operands
+
+
+def _parse_type_list(parser: Parser) -> list[Attribute]:
+    types = [parser.parse_type()]
+    while parser.parse_optional_punctuation(",") is not None:
+        types.append(parser.parse_type())
+    return types
+
+
+def _parse_axis(parser: Parser) -> IntegerAttr:
+    parser.parse_keyword("axis")
+    return IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+
+
+###############################################################################
+# Process groups
+###############################################################################
+
+
+@irdl_op_definition
+class GroupOp(IRDLOperation):
+    """Declares a process group at module level.
+
+    `dist.group @tp [[0, 1], [2, 3]]` partitions (part of) the world into
+    subgroups of *global* ranks; on each rank, `@tp` denotes the subgroup that
+    contains it. A single list, `[[0, 3]]`, is an ordinary subgroup. Every rank
+    creates the declared groups in module order (the manifest order), because
+    torch.distributed requires all ranks to create groups in the same order.
+    """
+
+    name = "dist.group"
+
+    sym_name = prop_def(StringAttr)
+    subgroups = prop_def(ArrayAttr[DenseArrayBase])
+
+    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp))
+
+    def __init__(self, sym_name: str, subgroups: Sequence[Sequence[int]]):
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(sym_name),
+                "subgroups": ArrayAttr(
+                    [DenseArrayBase.from_list(i64, list(ranks)) for ranks in subgroups]
+                ),
+            }
+        )
+
+    @property
+    def rank_lists(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(part.get_values()) for part in self.subgroups.data)
+
+    @property
+    def uniform_size(self) -> int | None:
+        """The size every subgroup has, when all have the same size."""
+        sizes = {len(part) for part in self.rank_lists}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def subgroup_of(self, global_rank: int) -> tuple[int, ...] | None:
+        for part in self.rank_lists:
+            if global_rank in part:
+                return part
+        return None
+
+    def verify_(self) -> None:
+        parts = self.rank_lists
+        if not parts:
+            raise VerifyException(f"group @{self.sym_name.data} declares no subgroup")
+        seen: set[int] = set()
+        for part in parts:
+            if not part:
+                raise VerifyException(
+                    f"group @{self.sym_name.data} has an empty subgroup"
+                )
+            for rank in part:
+                if rank < 0:
+                    raise VerifyException(
+                        f"group @{self.sym_name.data}: rank {rank} is negative"
+                    )
+                if rank in seen:
+                    raise VerifyException(
+                        f"group @{self.sym_name.data}: rank {rank} appears in "
+                        "more than one place"
+                    )
+                seen.add(rank)
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.sym_name.data)
+        printer.print_string(" [")
+        printer.print_list(
+            self.rank_lists,
+            lambda part: printer.print_string(
+                "[" + ", ".join(str(r) for r in part) + "]"
+            ),
+        )
+        printer.print_string("]")
+        printer.print_op_attributes(self.attributes)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> GroupOp:
+        name = parser.parse_symbol_name().data
+        parts = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE,
+            lambda: parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE, lambda: parser.parse_integer(False, False)
+            ),
+        )
+        op = cls(name, parts)
+        op.attributes.update(parser.parse_optional_attr_dict())
+        return op
+
+
+def lookup_group(op: Operation, group: SymbolRefAttr | None) -> GroupOp | None:
+    """The `dist.group` declaration an op refers to (None for the world group)."""
+    if group is None:
+        return None
+    found = SymbolTable.lookup_symbol(op, group)
+    if not isinstance(found, GroupOp):
+        raise VerifyException(
+            f"'{op.name}' names group {group} but no `dist.group` of that name "
+            "is declared at module level"
+        )
+    return found
+
+
+class GroupMemberOp(IRDLOperation, ABC):
+    """Base of every op that runs on a process group."""
+
+    group = opt_prop_def(SymbolRefAttr)
+
+    def group_declaration(self) -> GroupOp | None:
+        return lookup_group(self, self.group)
+
+    def static_group_size(self) -> int | None:
+        """The group size when the IR proves it (declared, uniform subgroups)."""
+        decl = self.group_declaration()
+        return None if decl is None else decl.uniform_size
+
+    def verify_group(self) -> None:
+        # Only resolvable once the op sits inside a module.
+        if self.group is not None and self.get_toplevel_object() is not self:
+            top = self.get_toplevel_object()
+            if isinstance(top, ModuleOp):
+                lookup_group(self, self.group)
+
+
+###############################################################################
+# Rank queries
+###############################################################################
+
+
+class _RankQueryOp(GroupMemberOp, ABC):
+    result = result_def(IndexType)
+
+    traits = traits_def(Pure())
+
+    def __init__(self, group: SymbolRefAttr | str | None = None):
+        if isinstance(group, str):
+            group = SymbolRefAttr(group)
+        super().__init__(
+            result_types=[IndexType()],
+            properties={"group": group} if group is not None else {},
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+
+    def print(self, printer: Printer) -> None:
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser):
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        result_type = parser.parse_type()
+        if not isinstance(result_type, IndexType):
+            parser.raise_error(f"'{cls.name}' returns index, not {result_type}")
+        op = cls(group)
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class RankOp(_RankQueryOp):
+    """This process's rank within the group, in [0, group_size)."""
+
+    name = "dist.rank"
+
+
+@irdl_op_definition
+class GroupSizeOp(_RankQueryOp):
+    """The number of ranks in the group."""
+
+    name = "dist.group_size"
+
+
+###############################################################################
+# Collectives
+###############################################################################
+
+
+class CollectiveOp(GroupMemberOp, ABC):
+    """A collective: every rank of the group must execute it, in the same order."""
+
+    traits = traits_def(CollectiveEffect())
+
+
+@irdl_op_definition
+class BroadcastOp(CollectiveOp):
+    """`y` on every rank equals `x` of group rank `root`.
+
+    The root is a static attribute (`root 0`) or an index operand (`root %r`)
+    whose value must agree across ranks. Non-root ranks' `x` only supplies
+    the shape and dtype of the message.
+    """
+
+    name = "dist.broadcast"
+
+    input = operand_def(TensorType)
+    root_value = opt_operand_def(IndexType)
+    root = opt_prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        root: int | SSAValue | Operation,
+        group: SymbolRefAttr | str | None = None,
+    ):
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {}
+        operands: list[SSAValue | Sequence[SSAValue]] = [input]
+        if isinstance(root, int):
+            props["root"] = IntegerAttr(root, i64)
+            operands.append([])
+        else:
+            operands.append([SSAValue.get(root)])
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(
+            operands=operands, result_types=[input.type], properties=props
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+        if (self.root is None) == (self.root_value is None):
+            raise VerifyException(
+                "'dist.broadcast' needs exactly one root: a static `root N` or an "
+                "index operand `root %r`"
+            )
+        if self.input.type != self.result.type:
+            raise VerifyException(
+                f"'dist.broadcast' result type {self.result.type} must equal the "
+                f"input type {self.input.type}"
+            )
+        if self.root is not None:
+            root = self.root.value.data
+            if root < 0:
+                raise VerifyException(
+                    f"'dist.broadcast' root must be >= 0, got {root}"
+                )
+            size = self.static_group_size()
+            if size is not None and root >= size:
+                raise VerifyException(
+                    f"'dist.broadcast' root {root} is outside group "
+                    f"{self.group} of size {size}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        printer.print_string(" root ")
+        if self.root is not None:
+            printer.print_string(str(self.root.value.data))
+        else:
+            assert self.root_value is not None
+            printer.print_operand(self.root_value)
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> BroadcastOp:
+        x = parser.parse_unresolved_operand()
+        parser.parse_keyword("root")
+        root_operand = parser.parse_optional_unresolved_operand()
+        root_static = None
+        if root_operand is None:
+            root_static = parser.parse_integer(allow_boolean=False)
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        root: int | SSAValue = (
+            root_static
+            if root_static is not None
+            else parser.resolve_operand(root_operand, IndexType())  # type: ignore[arg-type]
+        )
+        op = cls(parser.resolve_operand(x, t), root, group)
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveOp):
+    """`y = x_0 ⊕ x_1 ⊕ … ⊕ x_{P-1}` on every rank, folded in rank order.
+
+    Native form: `dist.all_reduce sum %x : T` with a reduction kind the
+    backends provide natively. Generic form: a single-block `combine` region
+    whose block takes `(lhs, rhs, extra...)` and yields the combined value;
+    `extra` operands reach the region as trailing block arguments (this is how
+    RNS moduli reach a lowered ciphertext combine). The combine must be
+    associative; `commutative` allows any reduction order. `algorithm`
+    records a backend algorithm chosen by a pass.
+    """
+
+    name = "dist.all_reduce"
+
+    input = operand_def(TensorType)
+    extras = var_operand_def(TensorType)
+    kind = opt_prop_def(ReductionKindAttr)
+    commutative = opt_prop_def(UnitAttr)
+    algorithm = opt_prop_def(StringAttr)
+    result = result_def(TensorType)
+    combine = region_def()
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        *,
+        kind: ReductionKind | None = None,
+        combine: Region | None = None,
+        extras: Sequence[SSAValue | Operation] = (),
+        commutative: bool = False,
+        algorithm: str | None = None,
+        group: SymbolRefAttr | str | None = None,
+    ):
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {}
+        if kind is not None:
+            props["kind"] = ReductionKindAttr(kind)
+        if commutative:
+            props["commutative"] = UnitAttr()
+        if algorithm is not None:
+            props["algorithm"] = StringAttr(algorithm)
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(
+            operands=[input, [SSAValue.get(e) for e in extras]],
+            result_types=[input.type],
+            properties=props,
+            regions=[combine if combine is not None else Region()],
+        )
+
+    @property
+    def is_generic(self) -> bool:
+        return self.kind is None
+
+    @property
+    def combine_block(self) -> Block:
+        return self.combine.block
+
+    def verify_(self) -> None:
+        self.verify_group()
+        if self.result.type != self.input.type:
+            raise VerifyException(
+                f"'dist.all_reduce' result type {self.result.type} must equal the "
+                f"input type {self.input.type}"
+            )
+        if self.kind is not None:
+            self._verify_native()
+        else:
+            self._verify_generic()
+
+    def _verify_native(self) -> None:
+        if self.combine.blocks:
+            raise VerifyException(
+                "'dist.all_reduce' takes a reduction kind or a combine region, not both"
+            )
+        if self.extras:
+            raise VerifyException(
+                "'dist.all_reduce' with a native kind takes no extra operands"
+            )
+        kind = self.kind.data  # type: ignore[union-attr]
+        assert isinstance(self.input.type, TensorType)
+        if kind in BITWISE_KINDS and not _is_integer_tensor(self.input.type):
+            raise VerifyException(
+                f"'dist.all_reduce' kind {kind} needs an integer element type, "
+                f"got {self.input.type}"
+            )
+
+    def _verify_generic(self) -> None:
+        if len(self.combine.blocks) != 1:
+            raise VerifyException(
+                "'dist.all_reduce' needs a reduction kind or a single-block combine "
+                "region"
+            )
+        block = self.combine.block
+        expected = [self.input.type, self.input.type, *(e.type for e in self.extras)]
+        got = [a.type for a in block.args]
+        if len(got) != len(expected):
+            raise VerifyException(
+                f"'dist.all_reduce' combine region must take {len(expected)} "
+                f"arguments (lhs, rhs, {len(self.extras)} extra), got {len(got)}"
+            )
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                raise VerifyException(
+                    f"'dist.all_reduce' combine argument #{i} has type {g}, "
+                    f"expected {e}"
+                )
+        last = block.last_op
+        if not isinstance(last, YieldOp):
+            raise VerifyException(
+                "'dist.all_reduce' combine region must end in `dist.yield`"
+            )
+        yielded = [v.type for v in last.arguments]
+        if yielded != [self.result.type]:
+            raise VerifyException(
+                "'dist.all_reduce' combine must yield one value of type "
+                f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
+            )
+
+    def print(self, printer: Printer) -> None:
+        if self.kind is not None:
+            printer.print_string(f" {self.kind.data} ")
+            printer.print_operand(self.input)
+        else:
+            printer.print_string(" ")
+            printer.print_list([self.input, *self.extras], printer.print_operand)
+        _print_group(printer, self.group)
+        if self.commutative is not None:
+            printer.print_string(" commutative")
+        if self.algorithm is not None:
+            printer.print_string(" algorithm ")
+            printer.print_string_literal(self.algorithm.data)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_list(
+            [self.input.type, *(e.type for e in self.extras)], printer.print_attribute
+        )
+        if self.kind is None and self.combine.blocks:
+            printer.print_string(" combine(")
+            printer.print_list(self.combine.block.args, printer.print_operand)
+            printer.print_string(") ")
+            printer.print_region(self.combine, print_entry_block_args=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AllReduceOp:
+        kind_name = parser.parse_optional_keyword_in([k.value for k in ReductionKind])
+        operands = _parse_operand_list(parser)
+        group = _parse_group(parser)
+        commutative = parser.parse_optional_keyword("commutative") is not None
+        algorithm = None
+        if parser.parse_optional_keyword("algorithm") is not None:
+            algorithm = parser.parse_str_literal()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        types = _parse_type_list(parser)
+        if len(types) != len(operands):
+            parser.raise_error(
+                f"'dist.all_reduce' has {len(operands)} operands but "
+                f"{len(types)} types"
+            )
+        values = [parser.resolve_operand(o, t) for o, t in zip(operands, types)]
+        region = None
+        if kind_name is None:
+            parser.parse_keyword("combine")
+            args = parser.parse_comma_separated_list(
+                parser.Delimiter.PAREN,
+                lambda: parser.parse_argument(expect_type=False),
+            )
+            arg_types = [types[0], *types]
+            if len(args) != len(arg_types):
+                parser.raise_error(
+                    f"'dist.all_reduce' combine takes {len(arg_types)} arguments "
+                    f"(lhs, rhs, then one per extra operand), got {len(args)}"
+                )
+            region = parser.parse_region(
+                [a.resolve(t) for a, t in zip(args, arg_types)]
+            )
+        op = cls(
+            values[0],
+            kind=ReductionKind(kind_name) if kind_name is not None else None,
+            combine=region,
+            extras=values[1:],
+            commutative=commutative,
+            algorithm=algorithm,
+            group=group,
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class AllReduceAddCiphertextOp(CollectiveOp):
+    """Homomorphic sum of RNS ciphertexts: `y[..., l, :] = (Σ_r x_r[..., l, :]) mod q_l`.
+
+    `x` has shape `[..., L, N]` with i64 limbs (L RNS limbs of N
+    coefficients), `moduli` has shape `[L]`; inputs must already be reduced
+    (`0 <= limb < q_l`). `modulus_basis` names the RNS basis the limbs live in
+    (SEAL's and OpenFHE's "Q" by default). `max_modulus_bits`, when given,
+    declares that every modulus is below `2^max_modulus_bits`, a fact passes
+    may use to prove that deferred reduction is exact.
+    """
+
+    name = "dist.all_reduce_add_ciphertext"
+
+    input = operand_def(TensorType)
+    moduli = operand_def(TensorType)
+    modulus_basis = prop_def(StringAttr, default_value=StringAttr("Q"))
+    max_modulus_bits = opt_prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        moduli: SSAValue | Operation,
+        *,
+        modulus_basis: str = "Q",
+        max_modulus_bits: int | None = None,
+        group: SymbolRefAttr | str | None = None,
+    ):
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {"modulus_basis": StringAttr(modulus_basis)}
+        if max_modulus_bits is not None:
+            props["max_modulus_bits"] = IntegerAttr(max_modulus_bits, i64)
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(
+            operands=[input, SSAValue.get(moduli)],
+            result_types=[input.type],
+            properties=props,
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+        ct, mod = self.input.type, self.moduli.type
+        assert isinstance(ct, TensorType) and isinstance(mod, TensorType)
+        if ct.element_type != i64:
+            raise VerifyException(
+                "'dist.all_reduce_add_ciphertext' limbs must be i64, got "
+                f"{ct.element_type}"
+            )
+        if mod.element_type != i64:
+            raise VerifyException(
+                "'dist.all_reduce_add_ciphertext' moduli must be i64, got "
+                f"{mod.element_type}"
+            )
+        if ct.get_num_dims() < 2:
+            raise VerifyException(
+                "'dist.all_reduce_add_ciphertext' ciphertext must have rank >= 2 "
+                f"([..., L, N]), got {ct}"
+            )
+        if mod.get_num_dims() != 1:
+            raise VerifyException(
+                f"'dist.all_reduce_add_ciphertext' moduli must have rank 1 ([L]), "
+                f"got {mod}"
+            )
+        limbs, n_moduli = ct.get_shape()[-2], mod.get_shape()[0]
+        if limbs >= 0 and n_moduli >= 0 and limbs != n_moduli:
+            raise VerifyException(
+                f"'dist.all_reduce_add_ciphertext' has {n_moduli} moduli for "
+                f"{limbs} limbs (dimension -2 of {ct})"
+            )
+        if self.result.type != ct:
+            raise VerifyException(
+                f"'dist.all_reduce_add_ciphertext' result type {self.result.type} "
+                f"must equal the ciphertext type {ct}"
+            )
+        if self.max_modulus_bits is not None:
+            bits = self.max_modulus_bits.value.data
+            if not 2 <= bits <= 62:
+                raise VerifyException(
+                    "'dist.all_reduce_add_ciphertext' max_modulus_bits must be in "
+                    f"[2, 62], got {bits}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_list([self.input, self.moduli], printer.print_operand)
+        if self.modulus_basis.data != "Q":
+            printer.print_string(" basis ")
+            printer.print_string_literal(self.modulus_basis.data)
+        if self.max_modulus_bits is not None:
+            printer.print_string(f" max_modulus_bits {self.max_modulus_bits.value.data}")
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_list(
+            [self.input.type, self.moduli.type], printer.print_attribute
+        )
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AllReduceAddCiphertextOp:
+        ct = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        mod = parser.parse_unresolved_operand()
+        basis = "Q"
+        if parser.parse_optional_keyword("basis") is not None:
+            basis = parser.parse_str_literal()
+        bits = None
+        if parser.parse_optional_keyword("max_modulus_bits") is not None:
+            bits = parser.parse_integer(allow_boolean=False)
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        ct_t = parser.parse_type()
+        parser.parse_punctuation(",")
+        mod_t = parser.parse_type()
+        op = cls(
+            parser.resolve_operand(ct, ct_t),
+            parser.resolve_operand(mod, mod_t),
+            modulus_basis=basis,
+            max_modulus_bits=bits,
+            group=group,
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+def _verify_axis(op: IRDLOperation, axis: int, t: TensorType) -> None:
+    rank = t.get_num_dims()
+    if not 0 <= axis < rank:
+        raise VerifyException(
+            f"'{op.name}' axis {axis} is out of range for {t} (rank {rank})"
+        )
+
+
+def _verify_counts_type(op: IRDLOperation, what: str, t: Attribute) -> None:
+    if not _is_integer_tensor(t):
+        raise VerifyException(
+            f"'{op.name}' {what} must be a tensor of integers, got {t}"
+        )
+    assert isinstance(t, TensorType)
+    if t.get_num_dims() != 1:
+        raise VerifyException(f"'{op.name}' {what} must have rank 1, got {t}")
+
+
+def _verify_same_except_axis(
+    op: IRDLOperation, axis: int, a: TensorType, b: TensorType
+) -> None:
+    if a.element_type != b.element_type:
+        raise VerifyException(
+            f"'{op.name}' result element type {b.element_type} must equal the "
+            f"input element type {a.element_type}"
+        )
+    if a.get_num_dims() != b.get_num_dims():
+        raise VerifyException(f"'{op.name}' result {b} must have the rank of {a}")
+    for d, (x, y) in enumerate(zip(a.get_shape(), b.get_shape())):
+        if d != axis and x >= 0 and y >= 0 and x != y:
+            raise VerifyException(
+                f"'{op.name}' result {b} differs from input {a} in dimension {d}, "
+                f"which is not the axis {axis}"
+            )
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveOp):
+    """Concatenation along `axis` of every rank's `x`, in rank order.
+
+    Even form: every rank contributes the same shape. Uneven form
+    (`counts(%c : tensor<Pxi64>)`): rank r contributes `counts[r]` rows along
+    the axis, and `counts` must be the same on every rank.
+    """
+
+    name = "dist.all_gather"
+
+    input = operand_def(TensorType)
+    counts = opt_operand_def(TensorType)
+    axis = prop_def(IntegerAttr[I64], default_value=IntegerAttr(0, i64))
+    result = result_def(TensorType)
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        result_type: TensorType,
+        *,
+        axis: int = 0,
+        counts: SSAValue | Operation | None = None,
+        group: SymbolRefAttr | str | None = None,
+    ):
+        props: dict[str, Attribute] = {"axis": IntegerAttr(axis, i64)}
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(
+            operands=[SSAValue.get(input), [] if counts is None else [SSAValue.get(counts)]],
+            result_types=[result_type],
+            properties=props,
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+        t_in, t_out = self.input.type, self.result.type
+        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
+        axis = self.axis.value.data
+        _verify_axis(self, axis, t_in)
+        _verify_same_except_axis(self, axis, t_in, t_out)
+        size = self.static_group_size()
+        if self.counts is not None:
+            _verify_counts_type(self, "counts", self.counts.type)
+            assert isinstance(self.counts.type, TensorType)
+            n = self.counts.type.get_shape()[0]
+            if size is not None and n >= 0 and n != size:
+                raise VerifyException(
+                    f"'dist.all_gather' counts has {n} entries for a group of "
+                    f"size {size}"
+                )
+        else:
+            rows_in, rows_out = t_in.get_shape()[axis], t_out.get_shape()[axis]
+            if rows_in >= 0 and rows_out >= 0:
+                if size is not None and rows_out != size * rows_in:
+                    raise VerifyException(
+                        f"'dist.all_gather' result has {rows_out} rows on axis "
+                        f"{axis}, expected {size} x {rows_in}"
+                    )
+                if rows_in == 0 and rows_out != 0 or rows_in and rows_out % rows_in:
+                    raise VerifyException(
+                        f"'dist.all_gather' result rows ({rows_out}) on axis {axis} "
+                        f"must be a multiple of the input rows ({rows_in})"
+                    )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        if self.counts is not None:
+            printer.print_string(" counts(")
+            printer.print_operand(self.counts)
+            printer.print_string(" : ")
+            printer.print_attribute(self.counts.type)
+            printer.print_string(")")
+        printer.print_string(f" axis {self.axis.value.data}")
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AllGatherOp:
+        x = parser.parse_unresolved_operand()
+        counts = None
+        if parser.parse_optional_keyword("counts") is not None:
+            parser.parse_punctuation("(")
+            c = parser.parse_unresolved_operand()
+            parser.parse_punctuation(":")
+            counts = parser.resolve_operand(c, parser.parse_type())
+            parser.parse_punctuation(")")
+        axis = _parse_axis(parser).value.data
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t_in = parser.parse_type()
+        parser.parse_punctuation("->")
+        t_out = parser.parse_type()
+        if not isinstance(t_out, TensorType):
+            parser.raise_error(f"'dist.all_gather' result must be a tensor, got {t_out}")
+        op = cls(
+            parser.resolve_operand(x, t_in), t_out, axis=axis, counts=counts, group=group
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class VariableAllToAllOp(CollectiveOp):
+    """Exchange of variable-size row blocks along `axis`.
+
+    Rank r splits its `x` along the axis into P blocks of `send_counts[j]`
+    rows (in rank order) and sends block j to rank j. `y` concatenates, in
+    rank order, the blocks every peer sent to r; `recv_counts[j]` is the
+    number of rows received from j. Zero counts are legal, and every rank
+    takes part even when it sends and receives nothing.
+    """
+
+    name = "dist.variable_all_to_all"
+
+    input = operand_def(TensorType)
+    send_counts = operand_def(TensorType)
+    axis = prop_def(IntegerAttr[I64], default_value=IntegerAttr(0, i64))
+    result = result_def(TensorType)
+    recv_counts = result_def(TensorType)
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        send_counts: SSAValue | Operation,
+        result_type: TensorType,
+        *,
+        axis: int = 0,
+        group: SymbolRefAttr | str | None = None,
+    ):
+        send_counts = SSAValue.get(send_counts)
+        props: dict[str, Attribute] = {"axis": IntegerAttr(axis, i64)}
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(
+            operands=[SSAValue.get(input), send_counts],
+            result_types=[result_type, send_counts.type],
+            properties=props,
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+        t_in, t_out = self.input.type, self.result.type
+        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
+        axis = self.axis.value.data
+        _verify_axis(self, axis, t_in)
+        _verify_same_except_axis(self, axis, t_in, t_out)
+        _verify_counts_type(self, "send counts", self.send_counts.type)
+        if self.recv_counts.type != self.send_counts.type:
+            raise VerifyException(
+                f"'dist.variable_all_to_all' recv counts type {self.recv_counts.type}"
+                f" must equal the send counts type {self.send_counts.type}"
+            )
+        size = self.static_group_size()
+        assert isinstance(self.send_counts.type, TensorType)
+        n = self.send_counts.type.get_shape()[0]
+        if size is not None and n >= 0 and n != size:
+            raise VerifyException(
+                f"'dist.variable_all_to_all' send counts has {n} entries for a "
+                f"group of size {size}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_list([self.input, self.send_counts], printer.print_operand)
+        printer.print_string(f" axis {self.axis.value.data}")
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_list(
+            [self.input.type, self.send_counts.type], printer.print_attribute
+        )
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> VariableAllToAllOp:
+        x = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        counts = parser.parse_unresolved_operand()
+        axis = _parse_axis(parser).value.data
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t_in = parser.parse_type()
+        parser.parse_punctuation(",")
+        t_counts = parser.parse_type()
+        parser.parse_punctuation("->")
+        t_out = parser.parse_type()
+        if not isinstance(t_out, TensorType):
+            parser.raise_error(
+                f"'dist.variable_all_to_all' result must be a tensor, got {t_out}"
+            )
+        op = cls(
+            parser.resolve_operand(x, t_in),
+            parser.resolve_operand(counts, t_counts),
+            t_out,
+            axis=axis,
+            group=group,
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+###############################################################################
+# Combine-region terminator
+###############################################################################
+
+
+@irdl_op_definition
+class YieldOp(AbstractYieldOperation[Attribute]):
+    """Terminates a combine region, returning the combined value."""
+
+    name = "dist.yield"
+
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(AllReduceOp), Pure()))
+
+
+###############################################################################
+# Dialect
+###############################################################################
+
+COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
+    BroadcastOp,
+    AllReduceOp,
+    AllReduceAddCiphertextOp,
+    AllGatherOp,
+    VariableAllToAllOp,
+)
+
+Dist = Dialect(
+    "dist",
+    [
+        GroupOp,
+        RankOp,
+        GroupSizeOp,
+        *COLLECTIVE_OPS,
+        YieldOp,
+    ],
+    [ReductionKindAttr],
+)
+
+
+def group_declarations(module: ModuleOp) -> list[GroupOp]:
+    """The module's group declarations in manifest order."""
+    return [op for op in module.ops if isinstance(op, GroupOp)]
+
+
+def iter_collectives(ops: Iterable[Operation]) -> Iterable[CollectiveOp]:
+    for op in ops:
+        for nested in op.walk():
+            if isinstance(nested, CollectiveOp):
+                yield nested
