@@ -567,6 +567,15 @@ class AllReduceOp(CollectiveOp):
                 "'dist.all_reduce' combine must yield one value of type "
                 f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
             )
+        for inner in self.combine.walk():
+            for value in inner.operands:
+                owner = value.owner
+                defining_block = owner if isinstance(owner, Block) else owner.parent_block()
+                if defining_block is None or not self.combine.is_ancestor(defining_block):
+                    raise VerifyException(
+                        f"'dist.all_reduce' combine region uses {value.name_hint and '%' + value.name_hint or 'a value'} "
+                        "defined outside it; pass it as an extra operand instead"
+                    )
 
     def print(self, printer: Printer) -> None:
         if self.kind is not None:

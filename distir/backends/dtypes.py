@@ -1,0 +1,65 @@
+"""The mapping between IR types and torch dtypes and shapes."""
+
+from __future__ import annotations
+
+import torch
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    IndexType,
+    IntegerType,
+    TensorType,
+)
+from xdsl.ir import Attribute
+
+_INT_DTYPES = {1: torch.bool, 8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+
+
+def element_dtype(t: Attribute) -> torch.dtype:
+    """The torch dtype of a scalar type, or of a tensor type's elements."""
+    if isinstance(t, TensorType):
+        t = t.element_type
+    if isinstance(t, IndexType):
+        return torch.int64
+    if isinstance(t, IntegerType):
+        width = t.width.data
+        if width in _INT_DTYPES:
+            return _INT_DTYPES[width]
+    if isinstance(t, Float16Type):
+        return torch.float16
+    if isinstance(t, BFloat16Type):
+        return torch.bfloat16
+    if isinstance(t, Float32Type):
+        return torch.float32
+    if isinstance(t, Float64Type):
+        return torch.float64
+    raise TypeError(f"no torch dtype for IR type {t}")
+
+
+def static_shape(t: Attribute) -> tuple[int | None, ...]:
+    """The shape of a value of type `t`: None for dynamic dims, () for scalars."""
+    if isinstance(t, TensorType):
+        return tuple(d if d >= 0 else None for d in t.get_shape())
+    return ()
+
+
+def matches_type(value: torch.Tensor, t: Attribute) -> bool:
+    """Whether a runtime tensor is a value of IR type `t`."""
+    if value.dtype != element_dtype(t):
+        return False
+    shape = static_shape(t)
+    if len(shape) != value.dim():
+        return False
+    return all(d is None or d == s for d, s in zip(shape, value.shape))
+
+
+def describe_tensor(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {list(value.shape)} and dtype {value.dtype}"
+    return f"{type(value).__name__}"
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex

@@ -1,0 +1,322 @@
+"""Torch kernels for the local (non-communicating) ops a program may use.
+
+Each entry maps an op class to a *kernel factory*: called once per op at
+compile time, it reads the op's attributes and returns a callable over
+tensors that returns a tuple of results. Nothing here walks IR at run time.
+Values are tensors throughout; scalars (index, i64, f32, i1) are 0-d tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from xdsl.dialects import arith, linalg, tensor
+from xdsl.dialects.builtin import (
+    DenseIntOrFPElementsAttr,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    TensorType,
+)
+from xdsl.ir import Attribute, Operation
+
+from distir.backends.dtypes import element_dtype, static_shape
+
+Kernel = Callable[..., tuple[torch.Tensor, ...]]
+KernelFactory = Callable[[Operation], Kernel]
+
+LOCAL_KERNELS: dict[type[Operation], KernelFactory] = {}
+
+
+def kernel(*op_types: type[Operation]):
+    def register(factory: KernelFactory) -> KernelFactory:
+        for op_type in op_types:
+            LOCAL_KERNELS[op_type] = factory
+        return factory
+
+    return register
+
+
+def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> KernelFactory:
+    def factory(op: Operation) -> Kernel:
+        return lambda a, b: (fn(a, b),)
+
+    return factory
+
+
+def _int_width(t: Attribute) -> int:
+    elem = t.element_type if isinstance(t, TensorType) else t
+    return elem.width.data if isinstance(elem, IntegerType) else 64
+
+
+def _unsigned(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Reinterpret signed storage as unsigned, widened so it stays exact."""
+    if width >= 64:
+        return x  # callers of 64-bit unsigned ops document the non-negative domain
+    return x.to(torch.int64) & ((1 << width) - 1)
+
+
+# Integer and float arithmetic ------------------------------------------------
+
+for _op, _fn in [
+    (arith.AddiOp, torch.add),
+    (arith.SubiOp, torch.sub),
+    (arith.MuliOp, torch.mul),
+    (arith.AndIOp, torch.bitwise_and),
+    (arith.OrIOp, torch.bitwise_or),
+    (arith.XOrIOp, torch.bitwise_xor),
+    (arith.MaxSIOp, torch.maximum),
+    (arith.MinSIOp, torch.minimum),
+    (arith.ShLIOp, torch.bitwise_left_shift),
+    (arith.ShRSIOp, torch.bitwise_right_shift),
+    (arith.AddfOp, torch.add),
+    (arith.SubfOp, torch.sub),
+    (arith.MulfOp, torch.mul),
+    (arith.DivfOp, torch.div),
+    (arith.MaximumfOp, torch.maximum),
+    (arith.MinimumfOp, torch.minimum),
+    (arith.MaxnumfOp, torch.fmax),
+    (arith.MinnumfOp, torch.fmin),
+]:
+    LOCAL_KERNELS[_op] = _binary(_fn)
+
+
+@kernel(arith.DivSIOp)
+def _divsi(op: Operation) -> Kernel:
+    return lambda a, b: (torch.div(a, b, rounding_mode="trunc"),)
+
+
+@kernel(arith.RemSIOp)
+def _remsi(op: Operation) -> Kernel:
+    return lambda a, b: (torch.fmod(a, b),)
+
+
+@kernel(arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp, arith.MinUIOp, arith.ShRUIOp)
+def _unsigned_binary(op: Operation) -> Kernel:
+    width = _int_width(op.operands[0].type)
+    dtype = element_dtype(op.operands[0].type)
+    fn = {
+        arith.DivUIOp: lambda a, b: torch.div(a, b, rounding_mode="floor"),
+        arith.RemUIOp: torch.remainder,
+        arith.MaxUIOp: torch.maximum,
+        arith.MinUIOp: torch.minimum,
+        arith.ShRUIOp: torch.bitwise_right_shift,
+    }[type(op)]
+
+    if width >= 64:
+        # i64 unsigned ops are exact for operands in [0, 2^63); that is the
+        # domain of every program distir lowers (reduced RNS limbs, counts).
+        return lambda a, b: (fn(a, b),)
+    return lambda a, b: (fn(_unsigned(a, width), _unsigned(b, width)).to(dtype),)
+
+
+@kernel(arith.NegfOp)
+def _negf(op: Operation) -> Kernel:
+    return lambda a: (torch.neg(a),)
+
+
+_CMPI = {
+    0: torch.eq,
+    1: torch.ne,
+    2: torch.lt,
+    3: torch.le,
+    4: torch.gt,
+    5: torch.ge,
+    6: torch.lt,  # ult
+    7: torch.le,  # ule
+    8: torch.gt,  # ugt
+    9: torch.ge,  # uge
+}
+
+
+@kernel(arith.CmpiOp)
+def _cmpi(op: arith.CmpiOp) -> Kernel:
+    predicate = op.predicate.value.data
+    fn = _CMPI[predicate]
+    width = _int_width(op.lhs.type)
+    if predicate >= 6 and width < 64:
+        return lambda a, b: (fn(_unsigned(a, width), _unsigned(b, width)),)
+    return lambda a, b: (fn(a, b),)
+
+
+# arith.cmpf predicates: false, oeq, ogt, oge, olt, ole, one, ord, ueq, ugt,
+# uge, ult, ule, une, uno, true.
+_CMPF: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    1: torch.eq,
+    2: torch.gt,
+    3: torch.ge,
+    4: torch.lt,
+    5: torch.le,
+    6: lambda a, b: torch.ne(a, b) & ~(a.isnan() | b.isnan()),
+    13: torch.ne,
+}
+
+
+@kernel(arith.CmpfOp)
+def _cmpf(op: arith.CmpfOp) -> Kernel:
+    predicate = op.predicate.value.data
+    if predicate not in _CMPF:
+        raise NotImplementedError(f"arith.cmpf predicate {predicate}")
+    fn = _CMPF[predicate]
+    return lambda a, b: (fn(a, b),)
+
+
+@kernel(arith.SelectOp)
+def _select(op: Operation) -> Kernel:
+    return lambda c, a, b: ((a if bool(c) else b),)
+
+
+# Casts -----------------------------------------------------------------------
+
+
+def _to_result_dtype(op: Operation) -> Kernel:
+    dtype = element_dtype(op.results[0].type)
+    return lambda a: (a.to(dtype),)
+
+
+for _op in (
+    arith.ExtSIOp,
+    arith.TruncIOp,
+    arith.SIToFPOp,
+    arith.FPToSIOp,
+    arith.ExtFOp,
+    arith.TruncFOp,
+    arith.IndexCastOp,
+):
+    LOCAL_KERNELS[_op] = _to_result_dtype
+
+
+@kernel(arith.ExtUIOp)
+def _extui(op: Operation) -> Kernel:
+    width = _int_width(op.operands[0].type)
+    dtype = element_dtype(op.results[0].type)
+    if width == 1:
+        return lambda a: (a.to(dtype),)
+    return lambda a: (_unsigned(a, width).to(dtype),)
+
+
+# Constants -------------------------------------------------------------------
+
+
+def constant_tensor(value: Attribute, result_type: Attribute) -> torch.Tensor:
+    dtype = element_dtype(result_type)
+    if isinstance(value, IntegerAttr | FloatAttr):
+        return torch.tensor(value.value.data, dtype=dtype)
+    if isinstance(value, DenseIntOrFPElementsAttr):
+        shape = [d for d in static_shape(result_type)]
+        values = value.get_values()
+        if len(values) == 1 and (not shape or int(torch.tensor(shape).prod()) != 1):
+            return torch.full(shape, values[0], dtype=dtype)
+        return torch.tensor(list(values), dtype=dtype).reshape(shape)
+    raise NotImplementedError(f"constant of attribute {value}")
+
+
+@kernel(arith.ConstantOp)
+def _constant(op: arith.ConstantOp) -> Kernel:
+    value = constant_tensor(op.value, op.result.type)
+    # Results are never written in place, so every run may share the tensor.
+    return lambda: (value,)
+
+
+# Tensor ops ------------------------------------------------------------------
+
+
+def _sizes(result_type: Attribute, dynamic: Sequence[torch.Tensor]) -> list[int]:
+    it = iter(dynamic)
+    return [d if d is not None else int(next(it)) for d in static_shape(result_type)]
+
+
+@kernel(tensor.EmptyOp)
+def _empty(op: tensor.EmptyOp) -> Kernel:
+    t = op.tensor.type
+    dtype = element_dtype(t)
+    return lambda *dyn: (torch.empty(_sizes(t, dyn), dtype=dtype),)
+
+
+@kernel(tensor.DimOp)
+def _dim(op: tensor.DimOp) -> Kernel:
+    return lambda x, i: (torch.tensor(x.shape[int(i)], dtype=torch.int64),)
+
+
+@kernel(tensor.ExtractOp)
+def _extract(op: Operation) -> Kernel:
+    return lambda x, *idx: (x[tuple(int(i) for i in idx)].clone(),)
+
+
+@kernel(tensor.InsertOp)
+def _insert(op: Operation) -> Kernel:
+    def run(v: torch.Tensor, x: torch.Tensor, *idx: torch.Tensor):
+        y = x.clone()
+        y[tuple(int(i) for i in idx)] = v
+        return (y,)
+
+    return run
+
+
+@kernel(tensor.FromElementsOp)
+def _from_elements(op: Operation) -> Kernel:
+    shape = [d for d in static_shape(op.results[0].type)]
+    return lambda *xs: (torch.stack(list(xs)).reshape(shape),)
+
+
+@kernel(tensor.SplatOp)
+def _splat(op: Operation) -> Kernel:
+    t = op.results[0].type
+    return lambda v, *dyn: (v.expand(_sizes(t, dyn)).clone(),)
+
+
+@kernel(tensor.CastOp)
+def _cast(op: Operation) -> Kernel:
+    return lambda x: (x,)
+
+
+@kernel(tensor.ExtractSliceOp)
+def _extract_slice(op: tensor.ExtractSliceOp) -> Kernel:
+    static_offsets = op.static_offsets.get_values()
+    static_sizes = op.static_sizes.get_values()
+    static_strides = op.static_strides.get_values()
+    n_off, n_size = len(op.offsets), len(op.sizes)
+    result_shape = static_shape(op.result.type)
+
+    def fill(static: Sequence[int], values: Sequence[torch.Tensor]) -> list[int]:
+        it = iter(values)
+        return [int(next(it)) if s < -(2**62) else s for s in static]
+
+    def run(x: torch.Tensor, *dyn: torch.Tensor):
+        offsets = fill(static_offsets, dyn[:n_off])
+        sizes = fill(static_sizes, dyn[n_off : n_off + n_size])
+        strides = fill(static_strides, dyn[n_off + n_size :])
+        index = tuple(
+            slice(o, o + s * st, st) for o, s, st in zip(offsets, sizes, strides)
+        )
+        y = x[index]
+        if len(result_shape) != y.dim():  # rank-reducing slice
+            y = y.reshape([d if d is not None else -1 for d in result_shape])
+        return (y.clone(),)
+
+    return run
+
+
+@kernel(tensor.ConcatOp)
+def _concat(op: Operation) -> Kernel:
+    dim = op.dim.value.data  # type: ignore[attr-defined]
+    return lambda *xs: (torch.cat(xs, dim=dim),)
+
+
+@kernel(tensor.ReshapeOp)
+def _reshape(op: Operation) -> Kernel:
+    return lambda x, shape: (x.reshape([int(s) for s in shape]).clone(),)
+
+
+@kernel(linalg.BroadcastOp)
+def _broadcast(op: linalg.BroadcastOp) -> Kernel:
+    added = set(op.dimensions.get_values())
+
+    def run(x: torch.Tensor, init: torch.Tensor):
+        shape = list(init.shape)
+        view = [1 if d in added else s for d, s in enumerate(shape)]
+        # A broadcast view: no copy. Kernels never write into their inputs.
+        return (x.reshape(view).expand(shape),)
+
+    return run

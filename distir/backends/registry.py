@@ -1,0 +1,148 @@
+"""The registry of Torch implementations of dist ops.
+
+An implementation is a small class declaring `name`, `supports_in_place` and
+`operation_types`, with `execute(invocation, inputs, resources, *, in_place)`.
+An execution owner gets its set from `distributed_operation_contributions()`
+and builds an `ImplementationRegistry` from it.
+
+Choosing among several implementations of one op is deterministic:
+
+1. an implementation the program asks for by name (per op, through
+   `compile(..., implementations={"dist.all_reduce": "ring"})` or the op's
+   `algorithm` property) is used, or compilation fails naming the candidates;
+2. otherwise, among the implementations whose `matches(op)` holds, the one
+   with the highest `priority` wins; on a tie, the one contributed first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from xdsl.ir import Operation
+
+from distir.backends.dtypes import static_shape
+from distir.errors import UnsupportedOpError
+from distir.ir.dialect import (
+    AllGatherOp,
+    AllReduceAddCiphertextOp,
+    AllReduceOp,
+    BroadcastOp,
+    GroupMemberOp,
+    VariableAllToAllOp,
+)
+from distir.ir.parsing import describe_op
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """Everything an implementation needs about one op, decoded once at
+    compile time: its description for errors, its group, static properties,
+    the static shapes of its results and its compiled regions."""
+
+    op: Operation
+    description: str
+    group: str | None
+    properties: Mapping[str, Any]
+    result_shapes: tuple[tuple[int | None, ...], ...]
+    regions: tuple[Callable[..., tuple[torch.Tensor, ...]], ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def decode_properties(op: Operation) -> dict[str, Any]:
+    """The properties of a dist op as plain Python values."""
+    props: dict[str, Any] = {}
+    if isinstance(op, BroadcastOp):
+        props["root"] = None if op.root is None else op.root.value.data
+    elif isinstance(op, AllReduceOp):
+        props["kind"] = None if op.kind is None else str(op.kind.data)
+        props["commutative"] = op.commutative is not None
+        props["algorithm"] = None if op.algorithm is None else op.algorithm.data
+    elif isinstance(op, AllReduceAddCiphertextOp):
+        props["modulus_basis"] = op.modulus_basis.data
+        props["max_modulus_bits"] = (
+            None if op.max_modulus_bits is None else op.max_modulus_bits.value.data
+        )
+    elif isinstance(op, AllGatherOp | VariableAllToAllOp):
+        props["axis"] = op.axis.value.data
+        if isinstance(op, AllGatherOp):
+            props["uneven"] = op.counts is not None
+    return props
+
+
+def make_invocation(
+    op: Operation,
+    regions: Sequence[Callable[..., tuple[torch.Tensor, ...]]] = (),
+    options: Mapping[str, Any] | None = None,
+) -> Invocation:
+    group = None
+    if isinstance(op, GroupMemberOp) and op.group is not None:
+        group = op.group.root_reference.data
+    return Invocation(
+        op=op,
+        description=describe_op(op),
+        group=group,
+        properties=decode_properties(op),
+        result_shapes=tuple(static_shape(r.type) for r in op.results),
+        regions=tuple(regions),
+        options=dict(options or {}),
+    )
+
+
+class Implementation:
+    """Executes one kind of dist op with torch. Subclasses set the class
+    attributes and implement `execute`."""
+
+    name: ClassVar[str]
+    supports_in_place: ClassVar[bool] = False
+    operation_types: ClassVar[tuple[type[Operation], ...]]
+    priority: ClassVar[int] = 0
+
+    def matches(self, op: Operation) -> bool:
+        """Whether this implementation can execute this particular op."""
+        return isinstance(op, self.operation_types)
+
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Any,
+        *,
+        in_place: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+class ImplementationRegistry:
+    """Implementations in contribution order, looked up by op."""
+
+    def __init__(self, implementations: Iterable[Implementation]):
+        self.implementations = list(implementations)
+
+    def candidates(self, op: Operation) -> list[Implementation]:
+        return [i for i in self.implementations if isinstance(op, i.operation_types)]
+
+    def select(self, op: Operation, requested: str | None = None) -> Implementation:
+        candidates = self.candidates(op)
+        names = ", ".join(sorted({c.name for c in candidates})) or "none"
+        if requested is not None:
+            for impl in candidates:
+                if impl.name == requested and impl.matches(op):
+                    return impl
+            raise UnsupportedOpError(
+                op,
+                f"no implementation named {requested!r} can execute this op "
+                f"(registered for {op.name}: {names})",
+            )
+        matching = [c for c in candidates if c.matches(op)]
+        if not matching:
+            raise UnsupportedOpError(
+                op, f"no registered implementation can execute this op (candidates: {names})"
+            )
+        best = max(c.priority for c in matching)
+        return next(c for c in matching if c.priority == best)

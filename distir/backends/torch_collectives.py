@@ -1,0 +1,257 @@
+"""Torch implementations of every dist op over torch.distributed.
+
+The same code runs gloo on CPU tensors and NCCL on CUDA tensors: helper
+tensors (counts, gather buffers) are made on the device of the inputs.
+Results never alias inputs: `in_place` is declared unsupported everywhere
+except where an implementation says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from distir.backends.registry import Implementation, Invocation
+from distir.backends.resources import ProcessGroupResource
+from distir.backends.validation import (
+    check_axis_rows,
+    check_ciphertext,
+    check_counts,
+    check_root,
+    deferred_sum_is_exact,
+)
+from distir.ir.dialect import (
+    AllGatherOp,
+    AllReduceAddCiphertextOp,
+    AllReduceOp,
+    BroadcastOp,
+    GroupSizeOp,
+    RankOp,
+    VariableAllToAllOp,
+)
+
+NATIVE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR,
+    "bxor": dist.ReduceOp.BXOR,
+}
+
+
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def fresh_copy(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy that owns its memory (inputs may be expanded views)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
+def gather_stacked(x: torch.Tensor, res: ProcessGroupResource) -> torch.Tensor:
+    """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
+    flat = x.contiguous().reshape(-1)
+    out = torch.empty(res.size * flat.numel(), dtype=x.dtype, device=x.device)
+    _all_gather_single(out, flat, group=res.group)
+    return out.view(res.size, *x.shape)
+
+
+class GroupQueryImplementation(Implementation):
+    name = "group-query"
+    operation_types = (RankOp, GroupSizeOp)
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        value = resources.rank if isinstance(invocation.op, RankOp) else resources.size
+        return (torch.tensor(value, dtype=torch.int64),)
+
+
+class BroadcastImplementation(Implementation):
+    name = "broadcast"
+    operation_types = (BroadcastOp,)
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        x = inputs[0]
+        root = invocation.properties["root"]
+        if root is None:
+            root = int(inputs[1])
+        check_root(invocation, root, resources.size)
+        y = fresh_copy(x) if resources.rank == root else torch.empty(
+            x.shape, dtype=x.dtype, device=x.device
+        )
+        dist.broadcast(y, group=resources.group, group_src=root)
+        return (y,)
+
+
+class NativeAllReduceImplementation(Implementation):
+    name = "native"
+    operation_types = (AllReduceOp,)
+
+    def matches(self, op) -> bool:
+        return isinstance(op, AllReduceOp) and op.kind is not None
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        y = fresh_copy(inputs[0])
+        dist.all_reduce(y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group)
+        return (y,)
+
+
+def fold_in_rank_order(
+    combine: Callable[..., tuple[torch.Tensor, ...]],
+    values: Sequence[torch.Tensor],
+    extras: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    acc = values[0]
+    for value in values[1:]:
+        (acc,) = combine(acc, value, *extras)
+    return acc
+
+
+class GatherFoldAllReduceImplementation(Implementation):
+    """Baseline generic all-reduce: gather everything, fold in rank order.
+    Correct for any associative combine; P×N temporary memory."""
+
+    name = "gather-fold"
+    operation_types = (AllReduceOp,)
+
+    def matches(self, op) -> bool:
+        return isinstance(op, AllReduceOp) and op.kind is None
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        x, *extras = inputs
+        stacked = gather_stacked(x, resources)
+        result = fold_in_rank_order(invocation.regions[0], stacked.unbind(0), extras)
+        if resources.size == 1:
+            result = fresh_copy(result)
+        return (result,)
+
+
+class ExactCiphertextAddImplementation(Implementation):
+    """Per-limb modular sum, exact: a native int64 sum plus one remainder when
+    P·(q_max−1) fits in int64, otherwise gather and fold with a modular add."""
+
+    name = "exact-modular-sum"
+    operation_types = (AllReduceAddCiphertextOp,)
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        ct, moduli = inputs
+        q_max = check_ciphertext(invocation, ct, moduli)
+        q_col = moduli.view(-1, 1)
+        if deferred_sum_is_exact(resources.size, q_max):
+            y = fresh_copy(ct)
+            dist.all_reduce(y, op=dist.ReduceOp.SUM, group=resources.group)
+            torch.remainder(y, q_col, out=y)
+            return (y,)
+        stacked = gather_stacked(ct, resources)
+        acc = fresh_copy(stacked[0])
+        for other in stacked.unbind(0)[1:]:
+            acc.add_(other)
+            acc.sub_(torch.where(acc >= q_col, q_col, 0))
+        return (acc,)
+
+
+class CombineCiphertextAddImplementation(Implementation):
+    """Ciphertext sum through an RNS backend's prepared add combine (see
+    `distributed_operation_contributions(ciphertext_add=...)`)."""
+
+    name = "rns-combine"
+    operation_types = (AllReduceAddCiphertextOp,)
+    priority = 1
+
+    def __init__(self, combine: Callable[..., torch.Tensor]):
+        self.combine = combine
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        ct, moduli = inputs
+        check_ciphertext(invocation, ct, moduli)
+        stacked = gather_stacked(ct, resources)
+        acc = fresh_copy(stacked[0])
+        in_place_add = getattr(self.combine, "in_place", None)
+        for other in stacked.unbind(0)[1:]:
+            acc = in_place_add(acc, other, moduli) if in_place_add else self.combine(
+                acc, other, moduli
+            )
+        return (acc,)
+
+
+class AllGatherImplementation(Implementation):
+    name = "all-gather"
+    operation_types = (AllGatherOp,)
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        axis = invocation.properties["axis"]
+        x = inputs[0]
+        if len(inputs) == 1:
+            stacked = gather_stacked(x, resources)
+            if axis == 0:
+                return (stacked.reshape(-1, *x.shape[1:]) if x.dim() else stacked,)
+            return (torch.cat(stacked.unbind(0), dim=axis),)
+        counts = check_counts(invocation, "counts", inputs[1], resources.size)
+        check_axis_rows(invocation, x, axis, counts[resources.rank], f"counts[{resources.rank}]")
+        # gloo has no uneven all-gather: pad every part to the largest, gather, slice.
+        widest = max(counts)
+        padded_shape = list(x.shape)
+        padded_shape[axis] = widest
+        padded = torch.zeros(padded_shape, dtype=x.dtype, device=x.device)
+        padded.narrow(axis, 0, x.shape[axis]).copy_(x)
+        stacked = gather_stacked(padded, resources)
+        parts = [stacked[r].narrow(axis, 0, c) for r, c in enumerate(counts)]
+        return (torch.cat(parts, dim=axis),)
+
+
+class VariableAllToAllImplementation(Implementation):
+    name = "all-to-all-single"
+    operation_types = (VariableAllToAllOp,)
+
+    def execute(self, invocation, inputs, resources, *, in_place):
+        x, send_counts = inputs
+        axis = invocation.properties["axis"]
+        send = check_counts(invocation, "send counts", send_counts, resources.size)
+        check_axis_rows(invocation, x, axis, sum(send), "the sum of send counts")
+        send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
+        recv_t = torch.empty_like(send_t)
+        dist.all_to_all_single(recv_t, send_t, group=resources.group)
+        recv = recv_t.tolist()
+        rows = x.movedim(axis, 0).contiguous()
+        out = torch.empty((sum(recv), *rows.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(
+            out,
+            rows,
+            output_split_sizes=recv,
+            input_split_sizes=send,
+            group=resources.group,
+        )
+        return (out.movedim(0, axis), recv_t.to(send_counts.dtype))
+
+
+def distributed_operation_contributions(
+    *, ciphertext_add: Callable[..., torch.Tensor] | None = None
+) -> list[Implementation]:
+    """The implementations an execution owner registers, in priority order.
+
+    `ciphertext_add`, a prepared RNS add combine (see
+    `distir.backends.rns.prepare_ciphertext_add_combine`), contributes a
+    specialised ciphertext implementation; without it the exact modular sum
+    is used.
+    """
+    contributions: list[Implementation] = [
+        GroupQueryImplementation(),
+        BroadcastImplementation(),
+        NativeAllReduceImplementation(),
+        GatherFoldAllReduceImplementation(),
+        ExactCiphertextAddImplementation(),
+        AllGatherImplementation(),
+        VariableAllToAllImplementation(),
+    ]
+    if ciphertext_add is not None:
+        contributions.append(CombineCiphertextAddImplementation(ciphertext_add))
+    return contributions
+
+
+__all__ = [
+    "Invocation",
+    "distributed_operation_contributions",
+]

@@ -1,0 +1,321 @@
+"""The reference simulator: P ranks in one process, plain tensors, no network.
+
+It is the semantic oracle every pass and backend is tested against, so its
+collectives are written straight from the definitions in DESIGN.md — gather
+every rank's operands, compute the result the definition names — and share no
+code with the torch implementations beyond the local input checks.
+
+Each rank runs the compiled program in its own thread; at a collective the
+ranks of the group meet at an exchange point, check that they all reached the
+same op, and each computes its result from everybody's operands.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from xdsl.ir import Operation
+
+from distir.backends.registry import Invocation, make_invocation
+from distir.backends.validation import (
+    check_axis_rows,
+    check_ciphertext,
+    check_counts,
+    check_root,
+    fail,
+)
+from distir.errors import CollectiveMismatchError, DistirError
+from distir.ir.dialect import (
+    AllGatherOp,
+    AllReduceAddCiphertextOp,
+    AllReduceOp,
+    BroadcastOp,
+    GroupOp,
+    GroupSizeOp,
+    RankOp,
+    VariableAllToAllOp,
+)
+
+_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add,
+    "prod": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "band": torch.bitwise_and,
+    "bor": torch.bitwise_or,
+    "bxor": torch.bitwise_xor,
+}
+
+
+class SimulationError(DistirError):
+    """A simulated rank failed; the message names the rank and the op."""
+
+
+@dataclass
+class _Meeting:
+    arrived: dict[int, tuple[str, Sequence[torch.Tensor]]]
+    left: int = 0
+
+
+class SimulatedWorld:
+    """The exchange points where simulated ranks meet for each collective."""
+
+    def __init__(self, size: int, timeout: float):
+        self.size = size
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._meetings: dict[tuple, _Meeting] = {}
+        self.failed: BaseException | None = None
+
+    def exchange(
+        self,
+        key: tuple,
+        members: tuple[int, ...],
+        me: int,
+        description: str,
+        payload: Sequence[torch.Tensor],
+    ) -> list[Sequence[torch.Tensor]]:
+        """Every member's payload, in group rank order."""
+        with self._cond:
+            meeting = self._meetings.setdefault(key, _Meeting({}))
+            meeting.arrived[me] = (description, payload)
+            self._cond.notify_all()
+            ok = self._cond.wait_for(
+                lambda: len(meeting.arrived) == len(members) or self.failed is not None,
+                timeout=self.timeout,
+            )
+            if self.failed is not None and len(meeting.arrived) < len(members):
+                raise SimulationError(
+                    f"{description}: another rank failed first ({self.failed})"
+                )
+            if not ok:
+                missing = sorted(set(members) - set(meeting.arrived))
+                raise SimulationError(
+                    f"{description}: ranks {missing} never reached this collective "
+                    f"within {self.timeout} s (rank {me} waited)"
+                )
+            arrived = dict(meeting.arrived)
+            meeting.left += 1
+            if meeting.left == len(members):
+                del self._meetings[key]
+        descriptions = {arrived[m][0] for m in members}
+        if len(descriptions) > 1:
+            per_rank = "; ".join(f"rank {m}: {arrived[m][0]}" for m in members)
+            raise CollectiveMismatchError(
+                description, f"ranks reached different collectives ({per_rank})"
+            )
+        return [arrived[m][1] for m in members]
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self.failed is None:
+                self.failed = error
+            self._cond.notify_all()
+
+
+class SimulatedRank:
+    """Binds a rank's dist ops to reference semantics over a SimulatedWorld."""
+
+    def __init__(self, world: SimulatedWorld, rank: int, groups: Sequence[GroupOp]):
+        self.world = world
+        self.rank = rank
+        self._members: dict[str | None, tuple[int, ...] | None] = {
+            None: tuple(range(world.size))
+        }
+        for decl in groups:
+            self._members[decl.sym_name.data] = decl.subgroup_of(rank)
+        self._sequence: dict[tuple[int, ...], int] = {}
+
+    def members(self, invocation: Invocation) -> tuple[int, ...]:
+        members = self._members.get(invocation.group)
+        if members is None:
+            raise fail(invocation, f"rank {self.rank} is in no subgroup of @{invocation.group}")
+        if max(members) >= self.world.size:
+            raise fail(invocation, f"group @{invocation.group} names rank {max(members)} "
+                       f"but only {self.world.size} ranks run")
+        return members
+
+    def bind(self, op: Operation, regions: Sequence[Callable]) -> Callable:
+        invocation = make_invocation(op, regions)
+        semantics = _SEMANTICS[type(op)]
+
+        def kernel(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            members = self.members(invocation)
+            me = members.index(self.rank)
+            if isinstance(op, RankOp | GroupSizeOp):
+                value = me if isinstance(op, RankOp) else len(members)
+                return (torch.tensor(value, dtype=torch.int64),)
+            _LOCAL_CHECKS.get(type(op), _no_check)(invocation, inputs, me, len(members))
+            seq = self._sequence.get(members, 0)
+            self._sequence[members] = seq + 1
+            everyone = self.world.exchange(
+                (members, seq), members, self.rank, invocation.description, inputs
+            )
+            return semantics(invocation, everyone, me)
+
+        return kernel
+
+
+# Local checks: the same mistakes the torch backend rejects before communicating.
+
+
+def _no_check(invocation, inputs, me, size) -> None:
+    return None
+
+
+def _check_broadcast(invocation, inputs, me, size) -> None:
+    root = invocation.properties["root"]
+    check_root(invocation, int(inputs[1]) if root is None else root, size)
+
+
+def _check_gather(invocation, inputs, me, size) -> None:
+    if len(inputs) == 2:
+        counts = check_counts(invocation, "counts", inputs[1], size)
+        check_axis_rows(invocation, inputs[0], invocation.properties["axis"], counts[me],
+                        f"counts[{me}]")
+
+
+def _check_all_to_all(invocation, inputs, me, size) -> None:
+    send = check_counts(invocation, "send counts", inputs[1], size)
+    check_axis_rows(invocation, inputs[0], invocation.properties["axis"], sum(send),
+                    "the sum of send counts")
+
+
+def _check_ciphertext(invocation, inputs, me, size) -> None:
+    check_ciphertext(invocation, inputs[0], inputs[1])
+
+
+_LOCAL_CHECKS = {
+    BroadcastOp: _check_broadcast,
+    AllGatherOp: _check_gather,
+    VariableAllToAllOp: _check_all_to_all,
+    AllReduceAddCiphertextOp: _check_ciphertext,
+}
+
+
+# Reference semantics: (invocation, every rank's operands, my group rank) -> results.
+
+
+def _same_layout(invocation: Invocation, values: Sequence[torch.Tensor], what: str) -> None:
+    first = values[0]
+    for r, v in enumerate(values):
+        if v.shape != first.shape or v.dtype != first.dtype:
+            raise CollectiveMismatchError(
+                invocation.description,
+                f"{what} of rank {r} is {list(v.shape)} {v.dtype} but rank 0 has "
+                f"{list(first.shape)} {first.dtype}",
+            )
+
+
+def _broadcast(invocation, everyone, me):
+    root = invocation.properties["root"]
+    roots = {root if root is not None else int(ops[1]) for ops in everyone}
+    if len(roots) > 1:
+        raise CollectiveMismatchError(invocation.description,
+                                      f"ranks name different roots {sorted(roots)}")
+    _same_layout(invocation, [ops[0] for ops in everyone], "the message")
+    return (everyone[roots.pop()][0].clone(),)
+
+
+def _all_reduce(invocation, everyone, me):
+    values = [ops[0] for ops in everyone]
+    _same_layout(invocation, values, "the input")
+    kind = invocation.properties["kind"]
+    acc = values[0].clone()
+    if kind is not None:
+        for v in values[1:]:
+            acc = _FOLDS[kind](acc, v)
+        return (acc,)
+    extras = everyone[me][1:]
+    for v in values[1:]:
+        (acc,) = invocation.regions[0](acc, v, *extras)
+    return (acc,)
+
+
+def _ciphertext_add(invocation, everyone, me):
+    values = [ops[0] for ops in everyone]
+    _same_layout(invocation, values, "the ciphertext")
+    q = everyone[me][1].view(-1, 1)
+    acc = values[0].clone()
+    for v in values[1:]:
+        acc = torch.remainder(acc + v, q)  # exact: both < 2^62
+    return (acc,)
+
+
+def _all_gather(invocation, everyone, me):
+    axis = invocation.properties["axis"]
+    parts = [ops[0] for ops in everyone]
+    if len(everyone[0]) == 2:
+        counts = [ops[1].tolist() for ops in everyone]
+        if any(c != counts[0] for c in counts):
+            raise CollectiveMismatchError(invocation.description,
+                                          f"ranks pass different counts {counts}")
+    else:
+        _same_layout(invocation, parts, "the input")
+    return (torch.cat(parts, dim=axis),)
+
+
+def _variable_all_to_all(invocation, everyone, me):
+    axis = invocation.properties["axis"]
+    received = []
+    recv_counts = []
+    for x, send_counts in everyone:
+        sizes = [int(c) for c in send_counts.tolist()]
+        received.append(torch.split(x, sizes, dim=axis)[me])
+        recv_counts.append(sizes[me])
+    counts_dtype = everyone[me][1].dtype
+    return (torch.cat(received, dim=axis), torch.tensor(recv_counts, dtype=counts_dtype))
+
+
+_SEMANTICS = {
+    RankOp: None,
+    GroupSizeOp: None,
+    BroadcastOp: _broadcast,
+    AllReduceOp: _all_reduce,
+    AllReduceAddCiphertextOp: _ciphertext_add,
+    AllGatherOp: _all_gather,
+    VariableAllToAllOp: _variable_all_to_all,
+}
+
+
+def run_simulation(
+    run_rank: Callable[[SimulatedRank], object],
+    world_size: int,
+    groups: Sequence[GroupOp],
+    timeout: float,
+) -> list:
+    """Runs `run_rank` on `world_size` threads; returns each rank's result or
+    raises the first rank's error."""
+    world = SimulatedWorld(world_size, timeout)
+    results: list = [None] * world_size
+    errors: list[tuple[int, BaseException]] = []
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = run_rank(SimulatedRank(world, rank, groups))
+        except BaseException as e:  # reported below, with the rank
+            errors.append((rank, e))
+            world.fail(e)
+
+    threads = [
+        threading.Thread(target=body, args=(r,), name=f"distir-sim-rank-{r}", daemon=True)
+        for r in range(world_size)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    if any(t.is_alive() for t in threads):
+        raise SimulationError(f"simulated ranks still running after {timeout + 5} s")
+    if errors:
+        # Report the root cause, not the ranks that failed because of it.
+        errors.sort(key=lambda e: isinstance(e[1], SimulationError))
+        rank, error = errors[0]
+        if isinstance(error, DistirError):
+            error.add_note(f"raised on simulated rank {rank}")
+            raise error
+        raise SimulationError(f"rank {rank}: {type(error).__name__}: {error}") from error
+    return results
