@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from xdsl.dialects import arith, linalg, tensor
+from xdsl.dialects import arith, tensor
+from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
@@ -309,8 +310,8 @@ def _reshape(op: Operation) -> Kernel:
     return lambda x, shape: (x.reshape([int(s) for s in shape]).clone(),)
 
 
-@kernel(linalg.BroadcastOp)
-def _broadcast(op: linalg.BroadcastOp) -> Kernel:
+@kernel(LinalgBroadcastOp)
+def _broadcast(op: LinalgBroadcastOp) -> Kernel:
     added = set(op.dimensions.get_values())
 
     def run(x: torch.Tensor, init: torch.Tensor):

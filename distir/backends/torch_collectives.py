@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.registry import Implementation, Invocation
+from distir.backends.rns import TorchRNSBackend
 from distir.backends.resources import ProcessGroupResource
 from distir.backends.validation import (
     check_axis_rows,
@@ -136,6 +137,9 @@ class ExactCiphertextAddImplementation(Implementation):
     name = "exact-modular-sum"
     operation_types = (AllReduceAddCiphertextOp,)
 
+    def __init__(self) -> None:
+        self.rns = TorchRNSBackend()
+
     def execute(self, invocation, inputs, resources, *, in_place):
         ct, moduli = inputs
         q_max = check_ciphertext(invocation, ct, moduli)
@@ -148,8 +152,7 @@ class ExactCiphertextAddImplementation(Implementation):
         stacked = gather_stacked(ct, resources)
         acc = fresh_copy(stacked[0])
         for other in stacked.unbind(0)[1:]:
-            acc.add_(other)
-            acc.sub_(torch.where(acc >= q_col, q_col, 0))
+            self.rns.add_mod_(acc, other, moduli)
         return (acc,)
 
 
