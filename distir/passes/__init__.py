@@ -33,10 +33,24 @@ def _recognize_native_reductions() -> type[ModulePass]:
     return RecognizeNativeReductionsPass
 
 
+def _select_all_reduce_algorithm() -> type[ModulePass]:
+    from distir.passes.select_all_reduce_algorithm import SelectAllReduceAlgorithmPass
+
+    return SelectAllReduceAlgorithmPass
+
+
+def _bucket_all_reduces() -> type[ModulePass]:
+    from distir.passes.bucket_all_reduces import BucketAllReducesPass
+
+    return BucketAllReducesPass
+
+
 DISTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-ciphertext-add": _lower_ciphertext_add,
     "defer-modular-reduction": _defer_modular_reduction,
     "recognize-native-reductions": _recognize_native_reductions,
+    "select-all-reduce-algorithm": _select_all_reduce_algorithm,
+    "bucket-all-reduces": _bucket_all_reduces,
 }
 
 
@@ -60,5 +74,8 @@ def parse_pipeline(spec: str) -> PassPipeline:
 
 
 def apply_pipeline(ctx: Context, module: ModuleOp, spec: str) -> None:
+    """Applies `spec` and verifies the result (the pipeline callback only
+    runs between passes)."""
     if spec.strip():
         parse_pipeline(spec).apply(ctx, module)
+        module.verify()
