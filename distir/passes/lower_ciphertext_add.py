@@ -1,0 +1,151 @@
+"""`lower-ciphertext-add`: the ciphertext all-reduce as a generic all-reduce.
+
+`dist.all_reduce_add_ciphertext %ct, %q` becomes a commutative generic
+`dist.all_reduce` whose combine region is modular addition per limb, in plain
+arith ops; the moduli, broadcast to the ciphertext's shape outside the
+region, reach it as an extra operand:
+
+    %empty = tensor.empty() : tensor<4x8xi64>
+    %q_bcast = linalg.broadcast ins(%q:tensor<4xi64>) outs(%empty:tensor<4x8xi64>) dimensions = [1]
+    %y = dist.all_reduce %ct, %q_bcast commutative : tensor<4x8xi64>, tensor<4x8xi64> combine(%lhs, %rhs, %mod) {
+      %sum = arith.addi %lhs, %rhs : tensor<4x8xi64>
+      %sum_minus_q = arith.subi %sum, %mod : tensor<4x8xi64>
+      %c63 = arith.constant dense<63> : tensor<4x8xi64>
+      %below_q = arith.shrsi %sum_minus_q, %c63 : tensor<4x8xi64>
+      %add_back = arith.andi %below_q, %mod : tensor<4x8xi64>
+      %reduced = arith.addi %sum_minus_q, %add_back : tensor<4x8xi64>
+      dist.yield %reduced : tensor<4x8xi64>
+    }
+
+The combine adds, subtracts the modulus, and adds it back where the
+difference went negative (the conditional subtraction of lattice-crypto code,
+e.g. Kyber's `csubq`); no division. Exact for reduced inputs
+`0 <= lhs, rhs < q < 2^62`: the sum `s <= 2q - 2 < 2^63` does not overflow,
+`d = s - q` lies in `[-q, q - 2]`, the arithmetic shift `d >> 63` is all ones
+exactly when `d < 0`, i.e. `s < q`, so the result is `d + q = s` when `s < q`
+and `d = s - q` otherwise: `s mod q`, reduced again, so the region is
+associative and commutative. Every op has the same meaning under signed and
+unsigned readings of the non-negative operands, so a backend may run it on
+int64 tensors as is. For dynamic shapes the shift amount is a `tensor.splat`
+sized from `%lhs`.
+
+(Why not `cmpi uge` + `select`/`extui`: in xDSL 0.74 `arith.cmpi` types its
+result as a scalar `i1` even on tensor operands, `arith.extui` accepts only
+scalar integers and `arith.select` only a scalar condition, so none of them
+verifies as an element-wise choice on tensors. `minui(s, s - q)` would do in
+three ops but relies on a full 64-bit unsigned minimum of a wrapped value,
+which int64 backends easily get wrong.)
+
+Run `defer-modular-reduction` first when it should apply: this pass consumes
+every `dist.all_reduce_add_ciphertext`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, tensor
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    DenseIntOrFPElementsAttr,
+    IndexType,
+    IntegerAttr,
+    ModuleOp,
+    TensorType,
+)
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, YieldOp
+from distir.passes._rewrite_utils import broadcast_moduli, with_location
+
+
+def modular_add_region(ciphertext_type: TensorType) -> Region:
+    """The combine region `(lhs, rhs, q) -> (lhs + rhs) mod q` for reduced
+    operands, on tensors of `ciphertext_type`."""
+    t = ciphertext_type
+    block = Block(arg_types=[t, t, t])
+    lhs, rhs, q = block.args
+    lhs.name_hint, rhs.name_hint, q.name_hint = "lhs", "rhs", "mod"
+
+    def named(op: Operation, hint: str) -> Operation:
+        op.results[0].name_hint = hint
+        block.add_op(op)
+        return op
+
+    total = named(arith.AddiOp(lhs, rhs), "sum")
+    minus_q = named(arith.SubiOp(total, q), "sum_minus_q")
+    shift = named(_splat(block, lhs, 63), "c63")
+    below_q = named(arith.ShRSIOp(minus_q, shift), "below_q")
+    add_back = named(arith.AndIOp(below_q, q), "add_back")
+    reduced = named(arith.AddiOp(minus_q, add_back), "reduced")
+    block.add_op(YieldOp(reduced))
+    return Region(block)
+
+
+def _splat(block: Block, like: SSAValue, value: int) -> Operation:
+    """A tensor of `like`'s type filled with `value`: a dense constant when
+    the shape is static, else a `tensor.splat` sized from `like` (the ops
+    computing the sizes are appended to `block`)."""
+    t = like.type
+    assert isinstance(t, TensorType)
+    if not any(size == DYNAMIC_INDEX for size in t.get_shape()):
+        return arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [value]))
+    scalar = arith.ConstantOp(IntegerAttr(value, t.element_type))
+    scalar.result.name_hint = f"c{value}_scalar"
+    block.add_op(scalar)
+    sizes: list[SSAValue] = []
+    for dim, size in enumerate(t.get_shape()):
+        if size == DYNAMIC_INDEX:
+            index = arith.ConstantOp(IntegerAttr(dim, IndexType()))
+            index.result.name_hint = f"c{dim}"
+            size_op = tensor.DimOp(like, index)
+            size_op.result.name_hint = f"dim{dim}"
+            block.add_ops([index, size_op])
+            sizes.append(size_op.result)
+    return tensor.SplatOp(scalar, sizes, t)
+
+
+@dataclass
+class CiphertextAddLowering(RewritePattern):
+    """`dist.all_reduce_add_ciphertext` -> generic `dist.all_reduce` with a
+    modular-addition combine region."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AllReduceAddCiphertextOp, rewriter: PatternRewriter) -> None:
+        prelude, moduli = broadcast_moduli(op.input, op.moduli)
+        assert isinstance(op.input.type, TensorType)
+        region = modular_add_region(op.input.type)
+        reduce = AllReduceOp(
+            op.input,
+            combine=region,
+            extras=[moduli],
+            commutative=True,
+            group=op.group,
+        )
+        reduce.attributes.update(op.attributes)
+        with_location([*prelude, reduce], op.location)
+        rewriter.insert(prelude)
+        rewriter.replace(op, reduce)
+
+
+@dataclass(frozen=True)
+class LowerCiphertextAddPass(ModulePass):
+    """Lower every `dist.all_reduce_add_ciphertext` to a generic all-reduce
+    whose combine region is visible modular-addition arith IR."""
+
+    name = "lower-ciphertext-add"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier([CiphertextAddLowering()], dce_enabled=False),
+            apply_recursively=False,
+        ).rewrite_module(op)
