@@ -45,12 +45,19 @@ def _bucket_all_reduces() -> type[ModulePass]:
     return BucketAllReducesPass
 
 
+def _verify_spmd() -> type[ModulePass]:
+    from distir.passes.verify_spmd import VerifySPMDPass
+
+    return VerifySPMDPass
+
+
 DISTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-ciphertext-add": _lower_ciphertext_add,
     "defer-modular-reduction": _defer_modular_reduction,
     "recognize-native-reductions": _recognize_native_reductions,
     "select-all-reduce-algorithm": _select_all_reduce_algorithm,
     "bucket-all-reduces": _bucket_all_reduces,
+    "verify-spmd": _verify_spmd,
 }
 
 
