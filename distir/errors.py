@@ -34,3 +34,28 @@ class UnsupportedOpError(OpError, CompileError):
 
 class CollectiveMismatchError(OpError):
     """Ranks disagree about a collective (shape, counts, root, op)."""
+
+
+class DeadlineExceeded(OpError):
+    """A collective did not complete before its deadline."""
+
+
+class CollectiveFailed(OpError):
+    """The backend failed inside a collective (a peer exited, a connection broke)."""
+
+
+class Poisoned(DistirError):
+    """The execution domain already failed; nothing more runs on it.
+
+    `first_failure` is the error that poisoned it. Recover explicitly: create
+    a new process group (and programs run on it get a fresh domain) or call
+    `distir.runtime.domain.reset_domain(group)` once every rank agrees.
+    """
+
+    def __init__(self, message: str, first_failure: str):
+        super().__init__(message)
+        self.first_failure = first_failure
+
+
+class ProgramMismatch(DistirError):
+    """Ranks run different programs, or some rank's inputs were rejected."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from xdsl.dialects import arith, tensor
-from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
@@ -20,6 +20,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     TensorType,
 )
+from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.ir import Attribute, Operation
 
 from distir.backends.dtypes import element_dtype, static_shape
@@ -93,10 +94,57 @@ def _remsi(op: Operation) -> Kernel:
     return lambda a, b: (torch.fmod(a, b),)
 
 
+_SIGN_BIT = -(1 << 63)
+
+
+def _as_uint64(x: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().cpu().numpy()).view(np.uint64)
+
+
+def _from_uint64(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values).view(np.int64)).to(like.device)
+
+
+def _unsigned64(fast, exact):
+    """i64 unsigned op: torch's signed op where both operands are below 2^63
+    (the common case: limbs, counts), an exact uint64 path otherwise."""
+
+    def run(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+        if bool((a < 0).any()) or bool((b < 0).any()):
+            a, b = torch.broadcast_tensors(a, b)
+            return (_from_uint64(exact(_as_uint64(a), _as_uint64(b)), a),)
+        return (fast(a, b),)
+
+    return run
+
+
+def _min_max_u64(pick_min: bool):
+    def run(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+        # Flipping the sign bit maps unsigned order onto signed order.
+        a_lt_b = (a ^ _SIGN_BIT) < (b ^ _SIGN_BIT)
+        return (torch.where(a_lt_b if pick_min else ~a_lt_b, a, b),)
+
+    return run
+
+
+def _shrui64(a: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor]:
+    shifted = torch.bitwise_right_shift(a, n)
+    keep = torch.bitwise_left_shift(torch.ones_like(a), 64 - n) - 1  # 2^(64-n) - 1
+    return (torch.where(n > 0, shifted & keep, a),)
+
+
 @kernel(arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp, arith.MinUIOp, arith.ShRUIOp)
 def _unsigned_binary(op: Operation) -> Kernel:
     width = _int_width(op.operands[0].type)
     dtype = element_dtype(op.operands[0].type)
+    if width >= 64:
+        if isinstance(op, arith.DivUIOp):
+            return _unsigned64(lambda a, b: torch.div(a, b, rounding_mode="floor"), np.floor_divide)
+        if isinstance(op, arith.RemUIOp):
+            return _unsigned64(torch.remainder, np.remainder)
+        if isinstance(op, arith.ShRUIOp):
+            return _shrui64
+        return _min_max_u64(isinstance(op, arith.MinUIOp))
     fn = {
         arith.DivUIOp: lambda a, b: torch.div(a, b, rounding_mode="floor"),
         arith.RemUIOp: torch.remainder,
@@ -104,11 +152,6 @@ def _unsigned_binary(op: Operation) -> Kernel:
         arith.MinUIOp: torch.minimum,
         arith.ShRUIOp: torch.bitwise_right_shift,
     }[type(op)]
-
-    if width >= 64:
-        # i64 unsigned ops are exact for operands in [0, 2^63); that is the
-        # domain of every program distir lowers (reduced RNS limbs, counts).
-        return lambda a, b: (fn(a, b),)
     return lambda a, b: (fn(_unsigned(a, width), _unsigned(b, width)).to(dtype),)
 
 

@@ -7,19 +7,60 @@ module declares are created here, on every rank, in manifest order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from distir.errors import DistirError
+from distir.errors import (
+    CollectiveFailed,
+    CollectiveMismatchError,
+    DeadlineExceeded,
+    DistirError,
+)
 from distir.ir.dialect import GroupOp
+
+DEFAULT_DEADLINE_S = 60.0
+
+#: dtype codes exchanged in descriptors
+DTYPE_CODES = {
+    dtype: code
+    for code, dtype in enumerate(
+        [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+         torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    )
+}
+DESCRIBED_DIMS = 8
+
+
+def tensor_descriptor(x: torch.Tensor, skip_axis: int | None = None) -> list[int]:
+    """[dtype code, rank, 8 dims] with the gathered axis (if any) masked."""
+    dims = [(-1 if d == skip_axis else s) for d, s in enumerate(x.shape)]
+    head, tail = dims[:DESCRIBED_DIMS], dims[DESCRIBED_DIMS:]
+    if tail:
+        head[-1] = hash(tuple(head[-1:] + tail)) & ((1 << 62) - 1)
+    return [DTYPE_CODES.get(x.dtype, 99), x.dim(), *head, *[0] * (DESCRIBED_DIMS - len(head))]
+
+
+def describe_descriptor(row: Sequence[int]) -> str:
+    names = {code: str(dtype).replace("torch.", "") for dtype, code in DTYPE_CODES.items()}
+    dtype, rank, dims = row[0], row[1], row[2 : 2 + min(row[1], DESCRIBED_DIMS)]
+    shown = ["*" if d == -1 else str(d) for d in dims]
+    return f"{names.get(dtype, '?')}[{', '.join(shown)}]" if rank else f"{names.get(dtype, '?')} scalar"
 
 
 class ProcessGroupResource:
     """One initialised process group (`None` means the default group)."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, name: str = "world"):
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        name: str = "world",
+        domain: Any = None,
+    ):
         if not dist.is_initialized():
             raise DistirError(
                 "torch.distributed is not initialised: call distir.launch, run under "
@@ -34,6 +75,78 @@ class ProcessGroupResource:
             dist.get_global_rank(group, r) if group is not None else r
             for r in range(self.size)
         ]
+        if domain is None:
+            from distir.runtime.domain import domain_for
+
+            domain = domain_for(group)
+        self.domain = domain
+        #: seconds a collective may take; set by the program for each run
+        self.deadline_s = DEFAULT_DEADLINE_S
+        #: whether ops exchange descriptors before their payload; set per run
+        self.agreement = True
+
+    # -- completion under a deadline --------------------------------------------
+
+    def complete(self, work: Any, invocation: Any) -> None:
+        """Waits for an async collective, at most until its deadline."""
+        deadline = invocation.options.get("deadline_s") or self.deadline_s
+        start = time.monotonic()
+        try:
+            work.wait(timeout=timedelta(seconds=deadline))
+        except RuntimeError as e:
+            waited = time.monotonic() - start
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise DeadlineExceeded(
+                    invocation.description,
+                    f"did not complete within its {deadline:g} s deadline on group "
+                    f"{self.name} (rank {self.rank} of {self.size} waited {waited:.2f} s; "
+                    "a peer is late, hung or running something else)",
+                ) from None
+            raise CollectiveFailed(
+                invocation.description,
+                f"the {self.backend} backend failed on group {self.name} after "
+                f"{waited:.2f} s (a peer may have exited): {text}",
+            ) from None
+
+    def agree(
+        self,
+        invocation: Any,
+        descriptor: Sequence[int],
+        local_error: BaseException | None,
+        device: torch.device,
+        explain: Callable[[list[list[int]]], str],
+    ) -> None:
+        """Exchanges a fixed-size descriptor before the payload.
+
+        Every rank learns whether every other rank accepted its inputs and
+        whether the descriptors agree, so all ranks raise together instead
+        of some entering the payload collective and hanging.
+        """
+        if not (self.agreement and invocation.options.get("agree", False)):
+            if local_error is not None:
+                raise local_error
+            return
+        row = torch.tensor(
+            [0 if local_error is not None else 1, *descriptor], dtype=torch.int64, device=device
+        )
+        gathered = torch.empty(self.size * row.numel(), dtype=torch.int64, device=device)
+        self.complete(_all_gather_single(gathered, row, group=self.group, async_op=True),
+                      invocation)
+        rows = gathered.view(self.size, -1).tolist()
+        if local_error is not None:
+            raise local_error
+        rejected = [r for r, row_ in enumerate(rows) if row_[0] == 0]
+        if rejected:
+            raise CollectiveMismatchError(
+                invocation.description,
+                f"rank(s) {rejected} of group {self.name} rejected their inputs for this "
+                "collective (their own error says why), so no rank sends its payload",
+            )
+        if any(r[1:] != rows[0][1:] for r in rows):
+            raise CollectiveMismatchError(
+                invocation.description, explain([r[1:] for r in rows])
+            )
 
     def global_rank(self, group_rank: int) -> int:
         return self._global[group_rank]
@@ -44,6 +157,10 @@ class ProcessGroupResource:
 
     def __repr__(self) -> str:
         return f"<group {self.name}: rank {self.rank} of {self.size}>"
+
+
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class NonMemberResource:
@@ -94,6 +211,6 @@ def create_declared_groups(
             else:
                 continue
             if member:
-                mine = ProcessGroupResource(pg, name)
+                mine = ProcessGroupResource(pg, name, domain=base.domain)
         resources[name] = mine
     return resources

@@ -14,8 +14,12 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.registry import Implementation, Invocation
+from distir.backends.resources import (
+    ProcessGroupResource,
+    describe_descriptor,
+    tensor_descriptor,
+)
 from distir.backends.rns import TorchRNSBackend
-from distir.backends.resources import ProcessGroupResource
 from distir.backends.validation import (
     check_axis_rows,
     check_ciphertext,
@@ -23,6 +27,7 @@ from distir.backends.validation import (
     check_root,
     deferred_sum_is_exact,
 )
+from distir.errors import OpError
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
@@ -53,12 +58,32 @@ def fresh_copy(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
 
-def gather_stacked(x: torch.Tensor, res: ProcessGroupResource) -> torch.Tensor:
+def gather_stacked(
+    x: torch.Tensor, res: ProcessGroupResource, invocation: Invocation
+) -> torch.Tensor:
     """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
     flat = x.contiguous().reshape(-1)
     out = torch.empty(res.size * flat.numel(), dtype=x.dtype, device=x.device)
-    _all_gather_single(out, flat, group=res.group)
+    res.complete(_all_gather_single(out, flat, group=res.group, async_op=True), invocation)
     return out.view(res.size, *x.shape)
+
+
+def _explain_layouts(what: str) -> Callable[[list[list[int]]], str]:
+    def explain(rows: list[list[int]]) -> str:
+        shown = "; ".join(f"rank {r}: {describe_descriptor(row)}" for r, row in enumerate(rows))
+        return f"ranks pass different {what} ({shown})"
+
+    return explain
+
+
+def _attempt(check: Callable[[], object]) -> BaseException | None:
+    """Runs a local check, returning its error instead of raising it, so that
+    the rank can still tell its peers before they enter the payload."""
+    try:
+        check()
+    except OpError as e:
+        return e
+    return None
 
 
 class GroupQueryImplementation(Implementation):
@@ -79,11 +104,22 @@ class BroadcastImplementation(Implementation):
         root = invocation.properties["root"]
         if root is None:
             root = int(inputs[1])
-        check_root(invocation, root, resources.size)
+        error = _attempt(lambda: check_root(invocation, root, resources.size))
+
+        def explain(rows: list[list[int]]) -> str:
+            shown = "; ".join(
+                f"rank {r}: root {row[0]}, {describe_descriptor(row[1:])}"
+                for r, row in enumerate(rows)
+            )
+            return f"ranks disagree on the root or the message layout ({shown})"
+
+        resources.agree(invocation, [root, *tensor_descriptor(x)], error, x.device, explain)
         y = fresh_copy(x) if resources.rank == root else torch.empty(
             x.shape, dtype=x.dtype, device=x.device
         )
-        dist.broadcast(y, group=resources.group, group_src=root)
+        resources.complete(
+            dist.broadcast(y, group=resources.group, group_src=root, async_op=True), invocation
+        )
         return (y,)
 
 
@@ -95,8 +131,14 @@ class NativeAllReduceImplementation(Implementation):
         return isinstance(op, AllReduceOp) and op.kind is not None
 
     def execute(self, invocation, inputs, resources, *, in_place):
-        y = fresh_copy(inputs[0])
-        dist.all_reduce(y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group)
+        x = inputs[0]
+        resources.agree(invocation, tensor_descriptor(x), None, x.device,
+                        _explain_layouts("input layouts"))
+        y = fresh_copy(x)
+        work = dist.all_reduce(
+            y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group, async_op=True
+        )
+        resources.complete(work, invocation)
         return (y,)
 
 
@@ -123,11 +165,28 @@ class GatherFoldAllReduceImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
-        stacked = gather_stacked(x, resources)
+        resources.agree(invocation, tensor_descriptor(x), None, x.device,
+                        _explain_layouts("input layouts"))
+        stacked = gather_stacked(x, resources, invocation)
         result = fold_in_rank_order(invocation.regions[0], stacked.unbind(0), extras)
         if resources.size == 1:
             result = fresh_copy(result)
         return (result,)
+
+
+def _ciphertext_descriptor(ct: torch.Tensor, moduli: torch.Tensor) -> list[int]:
+    digest = hash(tuple(moduli.tolist())) & ((1 << 62) - 1)
+    return [digest, *tensor_descriptor(ct)]
+
+
+def _explain_ciphertexts(rows: list[list[int]]) -> str:
+    if len({row[0] for row in rows}) > 1:
+        groups: dict[int, list[int]] = {}
+        for r, row in enumerate(rows):
+            groups.setdefault(row[0], []).append(r)
+        return "ranks use different moduli (ranks " + " vs ".join(
+            str(g) for g in groups.values()) + ")"
+    return _explain_layouts("ciphertext layouts")([row[1:] for row in rows])
 
 
 class ExactCiphertextAddImplementation(Implementation):
@@ -142,14 +201,24 @@ class ExactCiphertextAddImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         ct, moduli = inputs
-        q_max = check_ciphertext(invocation, ct, moduli)
+        q_max = [0]
+
+        def check() -> None:
+            q_max[0] = check_ciphertext(invocation, ct, moduli)
+
+        error = _attempt(check)
+        descriptor = _ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
+        resources.agree(invocation, descriptor, error, ct.device, _explain_ciphertexts)
         q_col = moduli.view(-1, 1)
-        if deferred_sum_is_exact(resources.size, q_max):
+        if deferred_sum_is_exact(resources.size, q_max[0]):
             y = fresh_copy(ct)
-            dist.all_reduce(y, op=dist.ReduceOp.SUM, group=resources.group)
+            resources.complete(
+                dist.all_reduce(y, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
+                invocation,
+            )
             torch.remainder(y, q_col, out=y)
             return (y,)
-        stacked = gather_stacked(ct, resources)
+        stacked = gather_stacked(ct, resources, invocation)
         acc = fresh_copy(stacked[0])
         for other in stacked.unbind(0)[1:]:
             self.rns.add_mod_(acc, other, moduli)
@@ -169,8 +238,10 @@ class CombineCiphertextAddImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         ct, moduli = inputs
-        check_ciphertext(invocation, ct, moduli)
-        stacked = gather_stacked(ct, resources)
+        error = _attempt(lambda: check_ciphertext(invocation, ct, moduli))
+        descriptor = _ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
+        resources.agree(invocation, descriptor, error, ct.device, _explain_ciphertexts)
+        stacked = gather_stacked(ct, resources, invocation)
         acc = fresh_copy(stacked[0])
         in_place_add = getattr(self.combine, "in_place", None)
         for other in stacked.unbind(0)[1:]:
@@ -188,19 +259,37 @@ class AllGatherImplementation(Implementation):
         axis = invocation.properties["axis"]
         x = inputs[0]
         if len(inputs) == 1:
-            stacked = gather_stacked(x, resources)
+            resources.agree(invocation, tensor_descriptor(x), None, x.device,
+                            _explain_layouts("input layouts"))
+            stacked = gather_stacked(x, resources, invocation)
             if axis == 0:
                 return (stacked.reshape(-1, *x.shape[1:]) if x.dim() else stacked,)
             return (torch.cat(stacked.unbind(0), dim=axis),)
-        counts = check_counts(invocation, "counts", inputs[1], resources.size)
-        check_axis_rows(invocation, x, axis, counts[resources.rank], f"counts[{resources.rank}]")
+        counts: list[int] = []
+
+        def check() -> None:
+            counts.extend(check_counts(invocation, "counts", inputs[1], resources.size))
+            check_axis_rows(invocation, x, axis, counts[resources.rank],
+                            f"counts[{resources.rank}]")
+
+        error = _attempt(check)
+        descriptor = [*(counts or [0] * resources.size), *tensor_descriptor(x, skip_axis=axis)]
+
+        def explain(rows: list[list[int]]) -> str:
+            p = resources.size
+            if any(row[:p] != rows[0][:p] for row in rows):
+                shown = "; ".join(f"rank {r}: {row[:p]}" for r, row in enumerate(rows))
+                return f"ranks pass different counts ({shown})"
+            return _explain_layouts("input layouts")([row[p:] for row in rows])
+
+        resources.agree(invocation, descriptor, error, x.device, explain)
         # gloo has no uneven all-gather: pad every part to the largest, gather, slice.
         widest = max(counts)
         padded_shape = list(x.shape)
         padded_shape[axis] = widest
         padded = torch.zeros(padded_shape, dtype=x.dtype, device=x.device)
         padded.narrow(axis, 0, x.shape[axis]).copy_(x)
-        stacked = gather_stacked(padded, resources)
+        stacked = gather_stacked(padded, resources, invocation)
         parts = [stacked[r].narrow(axis, 0, c) for r, c in enumerate(counts)]
         return (torch.cat(parts, dim=axis),)
 
@@ -212,21 +301,33 @@ class VariableAllToAllImplementation(Implementation):
     def execute(self, invocation, inputs, resources, *, in_place):
         x, send_counts = inputs
         axis = invocation.properties["axis"]
-        send = check_counts(invocation, "send counts", send_counts, resources.size)
-        check_axis_rows(invocation, x, axis, sum(send), "the sum of send counts")
+        send: list[int] = []
+
+        def check() -> None:
+            send.extend(check_counts(invocation, "send counts", send_counts, resources.size))
+            check_axis_rows(invocation, x, axis, sum(send), "the sum of send counts")
+
+        error = _attempt(check)
+        resources.agree(invocation, tensor_descriptor(x, skip_axis=axis), error, x.device,
+                        _explain_layouts("row layouts"))
         send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
         recv_t = torch.empty_like(send_t)
-        dist.all_to_all_single(recv_t, send_t, group=resources.group)
+        resources.complete(
+            dist.all_to_all_single(recv_t, send_t, group=resources.group, async_op=True),
+            invocation,
+        )
         recv = recv_t.tolist()
         rows = x.movedim(axis, 0).contiguous()
         out = torch.empty((sum(recv), *rows.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_to_all_single(
+        work = dist.all_to_all_single(
             out,
             rows,
             output_split_sizes=recv,
             input_split_sizes=send,
             group=resources.group,
+            async_op=True,
         )
+        resources.complete(work, invocation)
         return (out.movedim(0, axis), recv_t.to(send_counts.dtype))
 
 

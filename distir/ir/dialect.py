@@ -16,7 +16,6 @@ from __future__ import annotations
 from abc import ABC
 from collections.abc import Iterable, Sequence
 from enum import auto
-from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     I64,
@@ -33,7 +32,15 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.utils import AbstractYieldOperation, EnumAttribute
-from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    Operation,
+    Region,
+    SpacedOpaqueSyntaxAttribute,
+    SSAValue,
+)
 from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
@@ -53,6 +60,7 @@ from xdsl.printer import Printer
 from xdsl.traits import (
     EffectInstance,
     HasParent,
+    IsolatedFromAbove,
     IsTerminator,
     MemoryEffect,
     MemoryEffectKind,
@@ -470,6 +478,10 @@ class AllReduceOp(CollectiveOp):
     algorithm = opt_prop_def(StringAttr)
     result = result_def(TensorType)
     combine = region_def()
+
+    # The combine region is a function of its block arguments only: values
+    # from outside travel as extra operands, and cse must not hoist into it.
+    traits = traits_def(CollectiveEffect(), IsolatedFromAbove())
 
     def __init__(
         self,

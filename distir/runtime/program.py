@@ -9,14 +9,17 @@ a run does no IR walking.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.ir import Operation
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
@@ -24,9 +27,19 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 from distir.backends.dtypes import describe_tensor, element_dtype, matches_type
 from distir.backends.region_compiler import BlockCompiler, CompiledBlock
 from distir.backends.registry import ImplementationRegistry, make_invocation
+from distir.backends.resources import _all_gather_single
 from distir.backends.validation import check_result_shape
-from distir.errors import CompileError, ProgramInputError
-from distir.ir.dialect import AllReduceOp, CollectiveOp, GroupOp, group_declarations
+from distir.errors import CompileError, DistirError, ProgramInputError, ProgramMismatch
+from distir.ir.dialect import (
+    AllGatherOp,
+    AllReduceAddCiphertextOp,
+    AllReduceOp,
+    BroadcastOp,
+    CollectiveOp,
+    GroupOp,
+    VariableAllToAllOp,
+    group_declarations,
+)
 from distir.ir.parsing import describe_op, make_context, parse_module
 from distir.passes import apply_pipeline
 
@@ -67,6 +80,69 @@ def _find_failing_op(module: ModuleOp) -> Operation | None:
     return None
 
 
+def program_fingerprint(module: ModuleOp, entry: str) -> int:
+    """A 63-bit digest of the lowered program and its entry point."""
+    digest = hashlib.sha256(f"{entry}\n{module}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def needs_descriptor_agreement(op: Operation) -> bool:
+    """Whether ranks must compare descriptors before this op's payload:
+    when its layout or parameters depend on run-time data (dynamic dims,
+    counts, a dynamic root, ciphertext limbs and moduli). Static layouts are
+    covered by the program agreement."""
+    if isinstance(op, VariableAllToAllOp | AllReduceAddCiphertextOp):
+        return True
+    if isinstance(op, AllGatherOp) and op.counts is not None:
+        return True
+    if isinstance(op, BroadcastOp) and op.root_value is not None:
+        return True
+    return any(
+        isinstance(v.type, TensorType) and any(d < 0 for d in v.type.get_shape())
+        for v in op.operands
+    )
+
+
+def op_options(op: Operation) -> dict[str, Any]:
+    """Per-op execution options: descriptor agreement and the op's own
+    deadline (a `deadline_ms` attribute overrides the program's)."""
+    options: dict[str, Any] = {"agree": needs_descriptor_agreement(op)}
+    deadline = op.attributes.get("deadline_ms")
+    if isinstance(deadline, IntegerAttr):
+        options["deadline_s"] = deadline.value.data / 1000.0
+    return options
+
+
+@dataclass(frozen=True)
+class _AgreementStep:
+    """Stands in for an invocation in the program-agreement exchange."""
+
+    description: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _device_of(inputs: Sequence[Any], base: Any) -> torch.device:
+    if base.backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _gather_objects(base: Any, obj: Any, step: _AgreementStep) -> list[Any]:
+    """all_gather_object under the deadline (only used on the failure path)."""
+    device = _device_of((), base)
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    sizes = torch.empty(base.size, dtype=torch.int64, device=device)
+    base.complete(_all_gather_single(sizes, size, group=base.group, async_op=True), step)
+    widest = int(sizes.max())
+    padded = torch.zeros(widest, dtype=torch.uint8, device=device)
+    padded[: payload.numel()] = payload
+    out = torch.empty(base.size * widest, dtype=torch.uint8, device=device)
+    base.complete(_all_gather_single(out, padded, group=base.group, async_op=True), step)
+    rows = out.view(base.size, widest).cpu()
+    return [pickle.loads(bytes(rows[r, : int(sizes[r])].tolist())) for r in range(base.size)]
+
+
 class Program:
     """A compiled dist program: verified, lowered and planned."""
 
@@ -78,6 +154,8 @@ class Program:
         registry: ImplementationRegistry | None = None,
         implementations: Mapping[str, str] | None = None,
         timeout: timedelta = timedelta(seconds=60),
+        deadline: timedelta = timedelta(seconds=60),
+        agreement: bool = True,
     ):
         if registry is None:
             from distir.backends.torch_collectives import distributed_operation_contributions
@@ -88,6 +166,9 @@ class Program:
         self.registry = registry
         self.requested = dict(implementations or {})
         self.timeout = timeout
+        self.deadline = deadline
+        self.agreement = agreement
+        self.fingerprint = program_fingerprint(module, entry)
         self.function = self._entry_function()
         self.groups: list[GroupOp] = group_declarations(module)
         self.input_types = list(self.function.function_type.inputs.data)
@@ -121,17 +202,91 @@ class Program:
 
     # -- running --------------------------------------------------------------
 
-    def run(self, *inputs: torch.Tensor, group: Any = None) -> Any:
+    def run(
+        self,
+        *inputs: torch.Tensor,
+        group: Any = None,
+        deadline: timedelta | None = None,
+        agreement: bool | None = None,
+    ) -> Any:
         """Runs the entry function on this rank of `group` (default: world).
 
-        Returns the single result, or a tuple when the function has several.
+        Every collective must complete within `deadline` (default: the
+        program's). With `agreement` (default: the program's), ranks first
+        check that they all run this program on accepted inputs, and ops
+        with data-dependent layouts exchange descriptors before their
+        payload. Returns the single result, or a tuple when the function has
+        several.
         """
-        self.check_inputs(inputs)
-        compiled = self._bound.get(group)
-        if compiled is None:
-            compiled = self._bind_torch(group)
+        bound = self._bound.get(group)
+        if bound is None:
+            bound = self._bind_torch(group)
+        compiled, resources, base = bound
+        deadline_s = (deadline or self.deadline).total_seconds()
+        agree = self.agreement if agreement is None else agreement
+        for resource in resources:
+            resource.deadline_s = deadline_s
+            resource.agreement = agree
+        if agree:
+            base.domain.check_remote(f"@{self.entry}")
+            self._agree_on_program(inputs, base)
+        else:
+            base.domain.check(f"@{self.entry}")
+            self.check_inputs(inputs)
         results = compiled(*inputs)
         return results[0] if len(results) == 1 else results
+
+    def _agree_on_program(self, inputs: Sequence[Any], base: Any) -> None:
+        """One small exchange: same program everywhere, inputs accepted everywhere."""
+        local_error: ProgramInputError | None = None
+        try:
+            self.check_inputs(inputs)
+        except ProgramInputError as e:
+            local_error = e
+        step = _AgreementStep(f"@{self.entry} (program agreement)")
+        device = _device_of(inputs, base)
+        row = torch.tensor(
+            [0 if local_error else 1, self.fingerprint], dtype=torch.int64, device=device
+        )
+        gathered = torch.empty(2 * base.size, dtype=torch.int64, device=device)
+        try:
+            base.complete(_all_gather_single(gathered, row, group=base.group, async_op=True), step)
+        except DistirError as e:
+            base.domain.poison(e)
+            raise
+        rows = gathered.view(base.size, 2).tolist()
+        if all(ok == 1 and fp == self.fingerprint for ok, fp in rows):
+            return
+        # Something differs: every rank knows, so every rank explains and raises.
+        details = self._explain_disagreement(rows, local_error, inputs, base, step)
+        error = ProgramMismatch(details)
+        base.domain.poison(error)
+        raise error
+
+    def _explain_disagreement(self, rows, local_error, inputs, base, step) -> str:
+        mine = {
+            "error": str(local_error) if local_error else None,
+            "inputs": [describe_tensor(x) for x in inputs],
+        }
+        try:
+            reports = _gather_objects(base, mine, step)
+        except DistirError:
+            reports = [None] * base.size
+        lines = []
+        programs: dict[int, list[int]] = {}
+        for r, (_ok, fp) in enumerate(rows):
+            programs.setdefault(fp, []).append(r)
+        if len(programs) > 1:
+            listed = "; ".join(
+                f"ranks {ranks} run program {fp:016x}" for fp, ranks in programs.items()
+            )
+            lines.append(f"ranks run different programs ({listed}; this rank, "
+                         f"{base.rank}, runs {self.fingerprint:016x})")
+        for r, (ok, _fp) in enumerate(rows):
+            if ok == 0:
+                why = reports[r]["error"] if reports[r] else "its inputs were rejected"
+                lines.append(f"rank {r} rejected its inputs: {why}")
+        return f"@{self.entry}: " + "; ".join(lines)
 
     def check_inputs(self, inputs: Sequence[Any]) -> None:
         name = f"@{self.entry}"
@@ -139,7 +294,7 @@ class Program:
             raise ProgramInputError(
                 f"{name} takes {len(self.input_types)} inputs, got {len(inputs)}"
             )
-        for i, (value, t) in enumerate(zip(inputs, self.input_types)):
+        for i, (value, t) in enumerate(zip(inputs, self.input_types, strict=True)):
             if not isinstance(value, torch.Tensor) or not matches_type(value, t):
                 raise ProgramInputError(
                     f"{name} input #{i} must be {t} ({element_dtype(t)}), got "
@@ -153,33 +308,44 @@ class Program:
             return op.algorithm.data
         return None
 
-    def _bind_torch(self, group: Any) -> CompiledBlock:
+    def _bind_torch(self, group: Any) -> tuple[CompiledBlock, list[Any], Any]:
         from distir.backends.resources import ProcessGroupResource, create_declared_groups
 
         base = ProcessGroupResource(group)
+        base.domain.check(f"@{self.entry}")
         resources = create_declared_groups(self.groups, base, timeout=self.timeout)
+        domain = base.domain
 
         def bind(op: Operation):
             impl = self.choices[op]
             regions = [compiler.compile_combine(op)] if isinstance(op, AllReduceOp) and (
                 op.kind is None
             ) else []
-            invocation = make_invocation(op, regions)
+            invocation = make_invocation(op, regions, op_options(op))
             resource = resources[invocation.group]
             n_results = len(op.results)
+            description = invocation.description
 
             def kernel(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                results = impl.execute(invocation, xs, resource, in_place=False)
-                for i in range(n_results):
-                    check_result_shape(invocation, i, results[i])
+                domain.check(description)
+                try:
+                    results = impl.execute(invocation, xs, resource, in_place=False)
+                    for i in range(n_results):
+                        check_result_shape(invocation, i, results[i])
+                except BaseException as e:
+                    # Peers may be blocked in this collective or the next:
+                    # poison the domain so nothing else enters the backend.
+                    domain.poison(e)
+                    raise
                 return results
 
             return kernel
 
         compiler = BlockCompiler(self.module, bind)
         compiled = compiler.compile_function(self.entry)
-        self._bound[group] = compiled
-        return compiled
+        live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
+        self._bound[group] = (compiled, live, base)
+        return self._bound[group]
 
     def _entry_function(self) -> func.FuncOp:
         for op in self.module.ops:
@@ -219,8 +385,17 @@ def compile(
     implementations: Mapping[str, str] | None = None,
     registry: ImplementationRegistry | None = None,
     timeout: timedelta = timedelta(seconds=60),
+    deadline: timedelta = timedelta(seconds=60),
+    agreement: bool = True,
+    verify_spmd: bool = True,
 ) -> Program:
-    """Verify, lower (`pipeline`, in `distir-opt -p` syntax) and plan a program."""
+    """Verify, lower (`pipeline`, in `distir-opt -p` syntax) and plan a program.
+
+    `deadline` bounds every collective of every run (overridable per run and
+    per op with a `deadline_ms` attribute); `agreement` makes ranks check,
+    at each run, that they run the same program on accepted inputs;
+    `verify_spmd` rejects collectives under rank-dependent control flow.
+    """
     module = load_module(source)
     _verify(module, "the program does not verify")
     if pipeline:
@@ -231,12 +406,22 @@ def compile(
         except ValueError as e:  # unknown pass or bad option
             raise CompileError(f"pipeline {pipeline!r}: {e}") from None
         _verify(module, f"the program does not verify after {pipeline!r}")
+    if verify_spmd:
+        from distir.passes.verify_spmd import SPMDViolation
+        from distir.passes.verify_spmd import verify_spmd as check_spmd
+
+        try:
+            check_spmd(module, entry)
+        except SPMDViolation as e:
+            raise CompileError(str(e)) from None
     return Program(
         module,
         entry=entry,
         registry=registry,
         implementations=implementations,
         timeout=timeout,
+        deadline=deadline,
+        agreement=agreement,
     )
 
 
