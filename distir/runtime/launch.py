@@ -32,9 +32,12 @@ from distir.errors import DistirError
 class LaunchError(DistirError):
     """One or more ranks failed or did not finish in time."""
 
-    def __init__(self, message: str, failures: dict[int, str]):
+    def __init__(self, message: str, failures: dict[int, str], results: dict[int, Any]):
         super().__init__(message)
+        #: rank -> why it failed
         self.failures = failures
+        #: rank -> result, for the ranks that finished
+        self.results = results
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,9 @@ def _rank_entry(
         finally:
             dist.destroy_process_group()
     except BaseException as e:  # the parent reports it, naming this rank
-        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        if not isinstance(e, DistirError):
+        if isinstance(e, DistirError):
+            detail = f"{type(e).__name__}: {e}"
+        else:
             detail = traceback.format_exc().strip()
         results.put((rank, False, detail))
 
@@ -212,5 +216,8 @@ def launch(
         lines = [f"{len(failures)} of {nproc} ranks failed:"]
         for r, why in sorted(failures.items()):
             lines.append(f"  rank {r}: {why}")
-        raise LaunchError("\n".join(lines), failures)
+        finished = {
+            r: _deserialize(outcome[1]) for r, outcome in outcomes.items() if outcome[0]
+        }
+        raise LaunchError("\n".join(lines), failures, finished)
     return [_deserialize(outcomes[r][1]) for r in range(nproc)]
