@@ -181,6 +181,8 @@ def build_program(
     for sym, parts in (groups or {}).items():
         module.body.block.add_op(GroupOp(sym, parts))
     block = Block(arg_types=arg_types)
+    for i, arg in enumerate(block.args):
+        arg.name_hint = f"arg{i}"
     with ImplicitBuilder(block):
         out = body(*block.args)
         if out is None:
