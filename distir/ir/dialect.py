@@ -42,6 +42,7 @@ from xdsl.ir import (
     SSAValue,
 )
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
@@ -54,6 +55,7 @@ from xdsl.irdl import (
     result_def,
     traits_def,
     var_operand_def,
+    var_result_def,
 )
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
@@ -1034,6 +1036,578 @@ class VariableAllToAllOp(CollectiveOp):
 
 
 ###############################################################################
+# Point-to-point
+###############################################################################
+
+
+class PeerOp(GroupMemberOp, ABC):
+    """A point-to-point op: only the two ranks involved take part.
+
+    Unlike collectives, point-to-point ops may sit under rank-dependent
+    control flow (rank 0 sends, rank 1 receives). Peers are ranks of the
+    op's group: a static attribute or an index operand. Every message carries
+    a small header (dtype and shape), checked by the receiver, so a mismatch
+    is an error naming the op instead of garbage.
+    """
+
+    traits = traits_def(CollectiveEffect())
+
+    @staticmethod
+    def _peer_props(peer: int | SSAValue | Operation, name: str, props: dict) -> list:
+        if isinstance(peer, int):
+            props[name] = IntegerAttr(peer, i64)
+            return []
+        return [SSAValue.get(peer)]
+
+    def _verify_static_peer(self, attr: IntegerAttr | None, what: str) -> None:
+        if attr is None:
+            return
+        peer = attr.value.data
+        if peer < 0:
+            raise VerifyException(f"'{self.name}' {what} must be >= 0, got {peer}")
+        size = self.static_group_size()
+        if size is not None and peer >= size:
+            raise VerifyException(
+                f"'{self.name}' {what} {peer} is outside group {self.group} of size {size}"
+            )
+
+
+def _print_peer(printer: Printer, keyword: str, attr: IntegerAttr | None, value) -> None:
+    printer.print_string(f" {keyword} ")
+    if attr is not None:
+        printer.print_string(str(attr.value.data))
+    else:
+        printer.print_operand(value)
+
+
+def _parse_peer(parser: Parser, keyword: str):
+    parser.parse_keyword(keyword)
+    operand = parser.parse_optional_unresolved_operand()
+    if operand is not None:
+        return operand
+    return parser.parse_integer(allow_boolean=False)
+
+
+def _resolve_peer(parser: Parser, peer) -> int | SSAValue:
+    return peer if isinstance(peer, int) else parser.resolve_operand(peer, IndexType())
+
+
+@irdl_op_definition
+class SendOp(PeerOp):
+    """Sends `x` to group rank `to`, which must run a matching `dist.recv`
+    (or `dist.sendrecv`)."""
+
+    name = "dist.send"
+
+    input = operand_def(TensorType)
+    dest_value = opt_operand_def(IndexType)
+    dest = opt_prop_def(IntegerAttr[I64])
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    def __init__(self, input, dest, group: SymbolRefAttr | str | None = None):
+        props: dict[str, Attribute] = {}
+        dynamic = self._peer_props(dest, "dest", props)
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(operands=[SSAValue.get(input), dynamic], properties=props)
+
+    def verify_(self) -> None:
+        self.verify_group()
+        if (self.dest is None) == (self.dest_value is None):
+            raise VerifyException("'dist.send' needs exactly one destination")
+        self._verify_static_peer(self.dest, "destination")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        _print_peer(printer, "to", self.dest, self.dest_value)
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> SendOp:
+        x = parser.parse_unresolved_operand()
+        dest = _parse_peer(parser, "to")
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        op = cls(parser.resolve_operand(x, t), _resolve_peer(parser, dest), group)
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class RecvOp(PeerOp):
+    """Receives a tensor of the result type from group rank `from`."""
+
+    name = "dist.recv"
+
+    source_value = opt_operand_def(IndexType)
+    source = opt_prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    def __init__(self, source, result_type: TensorType, group: SymbolRefAttr | str | None = None):
+        props: dict[str, Attribute] = {}
+        dynamic = self._peer_props(source, "source", props)
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(operands=[dynamic], result_types=[result_type], properties=props)
+
+    def verify_(self) -> None:
+        self.verify_group()
+        if (self.source is None) == (self.source_value is None):
+            raise VerifyException("'dist.recv' needs exactly one source")
+        self._verify_static_peer(self.source, "source")
+
+    def print(self, printer: Printer) -> None:
+        _print_peer(printer, "from", self.source, self.source_value)
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> RecvOp:
+        source = _parse_peer(parser, "from")
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        if not isinstance(t, TensorType):
+            parser.raise_error(f"'dist.recv' receives a tensor, not {t}")
+        op = cls(_resolve_peer(parser, source), t, group)
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class SendRecvOp(PeerOp):
+    """Sends `x` to `to` and receives the result from `from`, as one paired
+    exchange that cannot deadlock (a ring shift is one `dist.sendrecv` on
+    every rank)."""
+
+    name = "dist.sendrecv"
+
+    input = operand_def(TensorType)
+    dest_value = opt_operand_def(IndexType)
+    source_value = opt_operand_def(IndexType)
+    dest = opt_prop_def(IntegerAttr[I64])
+    source = opt_prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    def __init__(self, input, dest, source, result_type: TensorType | None = None,
+                 group: SymbolRefAttr | str | None = None):
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {}
+        dest_operands = self._peer_props(dest, "dest", props)
+        source_operands = self._peer_props(source, "source", props)
+        if group is not None:
+            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        super().__init__(
+            operands=[input, dest_operands, source_operands],
+            result_types=[result_type or input.type],
+            properties=props,
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+        if (self.dest is None) == (self.dest_value is None):
+            raise VerifyException("'dist.sendrecv' needs exactly one destination")
+        if (self.source is None) == (self.source_value is None):
+            raise VerifyException("'dist.sendrecv' needs exactly one source")
+        self._verify_static_peer(self.dest, "destination")
+        self._verify_static_peer(self.source, "source")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        _print_peer(printer, "to", self.dest, self.dest_value)
+        _print_peer(printer, "from", self.source, self.source_value)
+        _print_group(printer, self.group)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> SendRecvOp:
+        x = parser.parse_unresolved_operand()
+        dest = _parse_peer(parser, "to")
+        source = _parse_peer(parser, "from")
+        group = _parse_group(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        parser.parse_punctuation("->")
+        result_type = parser.parse_type()
+        if not isinstance(result_type, TensorType):
+            parser.raise_error(f"'dist.sendrecv' receives a tensor, not {result_type}")
+        op = cls(
+            parser.resolve_operand(x, t),
+            _resolve_peer(parser, dest),
+            _resolve_peer(parser, source),
+            result_type,
+            group,
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+###############################################################################
+# Waves
+###############################################################################
+
+
+@irdl_op_definition
+class WaveOp(IRDLOperation):
+    """Submits every collective of its body, in order, before awaiting any.
+
+    The body holds collectives and point-to-point ops only, each reading
+    values defined before the wave (none reads another's result), and ends
+    in `dist.yield`; the wave's results are the yielded values, available
+    once every op of the wave completed. Ranks with nothing to send still
+    submit the whole wave (zero-size payloads), so peers never wait on them.
+    """
+
+    name = "dist.wave"
+
+    outputs = var_result_def(TensorType)
+    body = region_def("single_block")
+
+    traits = traits_def(CollectiveEffect())
+
+    def __init__(self, body: Region, result_types: Sequence[Attribute]):
+        super().__init__(result_types=[list(result_types)], regions=[body])
+
+    def verify_(self) -> None:
+        block = self.body.block
+        inner = set()
+        for op in block.ops:
+            if isinstance(op, YieldOp):
+                continue
+            if not isinstance(op, CollectiveOp | PeerOp) or isinstance(op, WaveOp):
+                raise VerifyException(
+                    f"'dist.wave' may hold only collectives and point-to-point ops, "
+                    f"found '{op.name}'"
+                )
+            for value in op.operands:
+                if value in inner:
+                    raise VerifyException(
+                        f"'{op.name}' in a 'dist.wave' reads the result of another op "
+                        "of the same wave; results exist only after the wave"
+                    )
+            inner.update(op.results)
+        last = block.last_op
+        if not isinstance(last, YieldOp):
+            raise VerifyException("'dist.wave' body must end in `dist.yield`")
+        if [v.type for v in last.arguments] != [r.type for r in self.outputs]:
+            raise VerifyException(
+                "'dist.wave' must yield values of its result types "
+                f"({', '.join(str(r.type) for r in self.outputs)})"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+        printer.print_op_attributes(self.attributes)
+        if self.outputs:
+            printer.print_string(" : ")
+            printer.print_list([r.type for r in self.outputs], printer.print_attribute)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> WaveOp:
+        region = parser.parse_region()
+        attrs = parser.parse_optional_attr_dict()
+        types: list[Attribute] = []
+        if parser.parse_optional_punctuation(":") is not None:
+            types = _parse_type_list(parser)
+        op = cls(region, types)
+        op.attributes.update(attrs)
+        return op
+
+
+###############################################################################
+# Meshes and mesh-to-mesh transfers
+###############################################################################
+
+
+@irdl_op_definition
+class MeshOp(IRDLOperation):
+    """Declares a mesh: an n-D grid of global ranks, in row-major order.
+
+    `dist.mesh @train [2, 2] ranks [0, 1, 2, 3]`
+    """
+
+    name = "dist.mesh"
+
+    sym_name = prop_def(StringAttr)
+    shape = prop_def(DenseArrayBase)
+    ranks = prop_def(DenseArrayBase)
+
+    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp))
+
+    def __init__(self, sym_name: str, shape: Sequence[int], ranks: Sequence[int]):
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(sym_name),
+                "shape": DenseArrayBase.from_list(i64, list(shape)),
+                "ranks": DenseArrayBase.from_list(i64, list(ranks)),
+            }
+        )
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape.get_values())
+
+    @property
+    def rank_list(self) -> tuple[int, ...]:
+        return tuple(self.ranks.get_values())
+
+    def verify_(self) -> None:
+        shape, ranks = self.mesh_shape, self.rank_list
+        if not shape or any(d < 1 for d in shape):
+            raise VerifyException(f"mesh @{self.sym_name.data} needs a shape of positive sizes")
+        count = 1
+        for d in shape:
+            count *= d
+        if count != len(ranks):
+            raise VerifyException(
+                f"mesh @{self.sym_name.data} of shape {list(shape)} needs {count} ranks, "
+                f"got {len(ranks)}"
+            )
+        if len(set(ranks)) != len(ranks) or any(r < 0 for r in ranks):
+            raise VerifyException(
+                f"mesh @{self.sym_name.data} ranks must be distinct and >= 0"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.sym_name.data)
+        printer.print_string(f" {list(self.mesh_shape)} ranks {list(self.rank_list)}")
+        printer.print_op_attributes(self.attributes)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> MeshOp:
+        name = parser.parse_symbol_name().data
+        shape = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, lambda: parser.parse_integer(False, False)
+        )
+        parser.parse_keyword("ranks")
+        ranks = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, lambda: parser.parse_integer(False, False)
+        )
+        op = cls(name, shape, ranks)
+        op.attributes.update(parser.parse_optional_attr_dict())
+        return op
+
+
+REPLICATED = -1
+
+
+def _print_layout(printer: Printer, dims: Sequence[int]) -> None:
+    printer.print_string("[" + ", ".join("*" if d == REPLICATED else str(d) for d in dims) + "]")
+
+
+def _parse_layout(parser: Parser) -> list[int]:
+    def entry() -> int:
+        if parser.parse_optional_punctuation("*") is not None:
+            return REPLICATED
+        return parser.parse_integer(allow_boolean=False, allow_negative=False)
+
+    return parser.parse_comma_separated_list(parser.Delimiter.SQUARE, entry)
+
+
+@irdl_op_definition
+class TransferOp(IRDLOperation):
+    """Moves a logically global tensor from one mesh layout to another.
+
+    The global tensor has shape `global`. On the source mesh each tensor
+    dimension is sharded over a mesh axis (`0`, `1`, ...) or replicated
+    (`*`), in `torch.tensor_split` chunks; with `partial [a]` the source
+    values are partial sums over mesh axis a. Every rank of either mesh
+    runs the op: a source rank passes its local shard as `x` (others pass an
+    empty tensor), and a destination rank gets its local shard of the
+    destination layout (others get an empty tensor). Partial sources are
+    summed on arrival, in source-rank order; replicated sources are read
+    once, spread over the replicas.
+    """
+
+    name = "dist.transfer"
+
+    input = operand_def(TensorType)
+    source_mesh = prop_def(SymbolRefAttr)
+    source_layout = prop_def(DenseArrayBase)
+    source_partial = prop_def(DenseArrayBase)
+    dest_mesh = prop_def(SymbolRefAttr)
+    dest_layout = prop_def(DenseArrayBase)
+    global_shape = prop_def(DenseArrayBase)
+    result = result_def(TensorType)
+
+    traits = traits_def(CollectiveEffect())
+
+    def __init__(
+        self,
+        input,
+        *,
+        source_mesh: str,
+        source_layout: Sequence[int | None],
+        dest_mesh: str,
+        dest_layout: Sequence[int | None],
+        global_shape: Sequence[int],
+        source_partial: Sequence[int] = (),
+        result_type: TensorType | None = None,
+    ):
+        input = SSAValue.get(input)
+
+        def layout(dims: Sequence[int | None]) -> DenseArrayBase:
+            return DenseArrayBase.from_list(i64, [REPLICATED if d is None else d for d in dims])
+
+        super().__init__(
+            operands=[input],
+            result_types=[result_type or input.type],
+            properties={
+                "source_mesh": SymbolRefAttr(source_mesh),
+                "source_layout": layout(source_layout),
+                "source_partial": DenseArrayBase.from_list(i64, list(source_partial)),
+                "dest_mesh": SymbolRefAttr(dest_mesh),
+                "dest_layout": layout(dest_layout),
+                "global_shape": DenseArrayBase.from_list(i64, list(global_shape)),
+            },
+        )
+
+    def layouts(self) -> tuple[tuple[int | None, ...], tuple[int, ...], tuple[int | None, ...]]:
+        """(source dims, source partial axes, destination dims), None = replicated."""
+
+        def dims(attr: DenseArrayBase) -> tuple[int | None, ...]:
+            return tuple(None if d == REPLICATED else d for d in attr.get_values())
+
+        return dims(self.source_layout), tuple(self.source_partial.get_values()), dims(
+            self.dest_layout
+        )
+
+    def meshes(self) -> tuple[MeshOp, MeshOp]:
+        found = []
+        for ref in (self.source_mesh, self.dest_mesh):
+            mesh = SymbolTable.lookup_symbol(self, ref)
+            if not isinstance(mesh, MeshOp):
+                raise VerifyException(
+                    f"'dist.transfer' names mesh {ref} but no `dist.mesh` of that name is "
+                    "declared at module level"
+                )
+            found.append(mesh)
+        return found[0], found[1]
+
+    def verify_(self) -> None:
+        t_in, t_out = self.input.type, self.result.type
+        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
+        rank = len(self.global_shape.get_values())
+        if any(d < 0 for d in self.global_shape.get_values()):
+            raise VerifyException("'dist.transfer' global shape must be non-negative")
+        for what, t in (("input", t_in), ("result", t_out)):
+            if t.get_num_dims() != rank:
+                raise VerifyException(
+                    f"'dist.transfer' {what} {t} must have the rank of the global shape ({rank})"
+                )
+        if t_in.element_type != t_out.element_type:
+            raise VerifyException("'dist.transfer' input and result element types differ")
+        src, partial, dst = self.layouts()
+        for what, dims in (("source", src), ("destination", dst)):
+            if len(dims) != rank:
+                raise VerifyException(
+                    f"'dist.transfer' {what} layout has {len(dims)} entries for a rank-{rank} "
+                    "tensor"
+                )
+        top = self.get_toplevel_object()
+        if isinstance(top, ModuleOp):
+            src_mesh, dst_mesh = self.meshes()
+            for what, dims, mesh in (("source", src, src_mesh), ("destination", dst, dst_mesh)):
+                axes = [d for d in dims if d is not None]
+                if len(set(axes)) != len(axes):
+                    raise VerifyException(
+                        f"'dist.transfer' {what} layout shards two dims over one mesh axis"
+                    )
+                if any(a >= len(mesh.mesh_shape) for a in axes):
+                    raise VerifyException(
+                        f"'dist.transfer' {what} layout names a mesh axis that mesh "
+                        f"@{mesh.sym_name.data} (rank {len(mesh.mesh_shape)}) lacks"
+                    )
+            for a in partial:
+                if a < 0 or a >= len(src_mesh.mesh_shape) or a in src:
+                    raise VerifyException(
+                        f"'dist.transfer' partial axis {a} must be a mesh axis of "
+                        f"@{src_mesh.sym_name.data} that shards no dim"
+                    )
+
+    def print(self, printer: Printer) -> None:
+        src, partial, dst = self.layouts()
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        printer.print_string(" from ")
+        printer.print_attribute(self.source_mesh)
+        printer.print_string(" ")
+        _print_layout(printer, [REPLICATED if d is None else d for d in src])
+        if partial:
+            printer.print_string(f" partial {list(partial)}")
+        printer.print_string(" to ")
+        printer.print_attribute(self.dest_mesh)
+        printer.print_string(" ")
+        _print_layout(printer, [REPLICATED if d is None else d for d in dst])
+        printer.print_string(f" global {list(self.global_shape.get_values())}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> TransferOp:
+        x = parser.parse_unresolved_operand()
+        parser.parse_keyword("from")
+        src_mesh = parser.parse_attribute()
+        src = _parse_layout(parser)
+        partial: list[int] = []
+        if parser.parse_optional_keyword("partial") is not None:
+            partial = parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE, lambda: parser.parse_integer(False, False)
+            )
+        parser.parse_keyword("to")
+        dst_mesh = parser.parse_attribute()
+        dst = _parse_layout(parser)
+        parser.parse_keyword("global")
+        shape = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, lambda: parser.parse_integer(False, False)
+        )
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t_in = parser.parse_type()
+        parser.parse_punctuation("->")
+        t_out = parser.parse_type()
+        if not isinstance(src_mesh, SymbolRefAttr) or not isinstance(dst_mesh, SymbolRefAttr):
+            parser.raise_error("'dist.transfer' meshes are symbols such as @train")
+        if not isinstance(t_out, TensorType):
+            parser.raise_error(f"'dist.transfer' result must be a tensor, got {t_out}")
+        op = cls(
+            parser.resolve_operand(x, t_in),
+            source_mesh=src_mesh.root_reference.data,
+            source_layout=[None if d == REPLICATED else d for d in src],
+            dest_mesh=dst_mesh.root_reference.data,
+            dest_layout=[None if d == REPLICATED else d for d in dst],
+            global_shape=shape,
+            source_partial=partial,
+            result_type=t_out,
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+###############################################################################
 # Combine-region terminator
 ###############################################################################
 
@@ -1044,7 +1618,9 @@ class YieldOp(AbstractYieldOperation[Attribute]):
 
     name = "dist.yield"
 
-    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(AllReduceOp), Pure()))
+    traits = lazy_traits_def(
+        lambda: (IsTerminator(), HasParent(AllReduceOp, WaveOp), Pure())
+    )
 
 
 ###############################################################################
@@ -1059,13 +1635,19 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     VariableAllToAllOp,
 )
 
+PEER_OPS: tuple[type[PeerOp], ...] = (SendOp, RecvOp, SendRecvOp)
+
 Dist = Dialect(
     "dist",
     [
         GroupOp,
+        MeshOp,
         RankOp,
         GroupSizeOp,
         *COLLECTIVE_OPS,
+        *PEER_OPS,
+        WaveOp,
+        TransferOp,
         YieldOp,
     ],
     [ReductionKindAttr],
