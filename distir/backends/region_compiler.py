@@ -21,11 +21,14 @@ from xdsl.ir import Block, Operation, SSAValue
 
 from distir.backends.local_ops import LOCAL_KERNELS, Kernel
 from distir.errors import DistirError, OpError, UnsupportedOpError
-from distir.ir.dialect import AllReduceOp, YieldOp
+from distir.ir.dialect import AllReduceOp, WaveOp, YieldOp
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
 DistBinder = Callable[[Operation], Kernel]
+#: submits a dist op and returns the function that awaits its results
+Starter = Callable[..., Callable[[], tuple[torch.Tensor, ...]]]
+DistStarter = Callable[[Operation], Starter]
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,15 @@ class CompiledBlock:
 class BlockCompiler:
     """Compiles blocks of one module; `bind_dist_op` supplies dist kernels."""
 
-    def __init__(self, module: ModuleOp | None, bind_dist_op: DistBinder | None):
+    def __init__(
+        self,
+        module: ModuleOp | None,
+        bind_dist_op: DistBinder | None,
+        bind_dist_start: DistStarter | None = None,
+    ):
         self.module = module
         self.bind_dist_op = bind_dist_op
+        self.bind_dist_start = bind_dist_start
         self._functions: dict[str, CompiledBlock] = {}
         self._compiling: set[str] = set()
 
@@ -158,6 +167,10 @@ class BlockCompiler:
                 return factory(op), ()
             except NotImplementedError as e:
                 raise UnsupportedOpError(op, f"not supported: {e}") from e
+        if isinstance(op, WaveOp):
+            if self.bind_dist_op is None:
+                raise UnsupportedOpError(op, "a combine region may not hold a wave")
+            return self._wave_kernel(op)
         if op.name.startswith("dist."):
             if self.bind_dist_op is None:
                 raise UnsupportedOpError(
@@ -176,6 +189,34 @@ class BlockCompiler:
             "no kernel for this op (supported: dist, arith, tensor, linalg.broadcast, "
             "func.call, scf.for, scf.if)",
         )
+
+    def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
+        """Starts every op of the wave in order, then awaits them in order."""
+        inner = [o for o in op.body.block.ops if not isinstance(o, YieldOp)]
+        captured: list[SSAValue] = []
+        for o in inner:
+            for v in o.operands:
+                if v not in captured:
+                    captured.append(v)
+        plans = []
+        for o in inner:
+            start = (
+                self.bind_dist_start(o)
+                if self.bind_dist_start is not None
+                else _eager_start(self.bind_dist_op(o))  # type: ignore[misc]
+            )
+            plans.append((start, tuple(captured.index(v) for v in o.operands)))
+        produced = {r: (k, j) for k, o in enumerate(inner) for j, r in enumerate(o.results)}
+        terminator = op.body.block.last_op
+        assert isinstance(terminator, YieldOp)
+        yielded = tuple(produced[v] for v in terminator.arguments)
+
+        def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            waiters = [start(*[values[i] for i in idx]) for start, idx in plans]
+            results = [wait() for wait in waiters]
+            return tuple(results[k][j] for k, j in yielded)
+
+        return run, captured
 
     def _for_kernel(self, op: scf.ForOp) -> tuple[Kernel, Sequence[SSAValue]]:
         body = self.compile_block(op.body.block)
@@ -243,6 +284,14 @@ class _CapturingBlock(CompiledBlock):
 
 def _with_captures(inner: CompiledBlock, n_args: int, n_local: int, captured) -> CompiledBlock:
     return _CapturingBlock(inner, n_args, n_local, captured)
+
+
+def _eager_start(kernel: Kernel) -> Starter:
+    def start(*inputs: torch.Tensor) -> Callable[[], tuple[torch.Tensor, ...]]:
+        results = kernel(*inputs)
+        return lambda: results
+
+    return start
 
 
 def _call_kernel(callee: CompiledBlock) -> Kernel:

@@ -31,6 +31,8 @@ from distir.ir.dialect import (
     AllReduceOp,
     BroadcastOp,
     GroupMemberOp,
+    PeerOp,
+    TransferOp,
     VariableAllToAllOp,
 )
 from distir.ir.parsing import describe_op
@@ -69,6 +71,10 @@ def decode_properties(op: Operation) -> dict[str, Any]:
         props["axis"] = op.axis.value.data
         if isinstance(op, AllGatherOp):
             props["uneven"] = op.counts is not None
+    elif isinstance(op, PeerOp | TransferOp):
+        from distir.backends.p2p import p2p_properties
+
+        props.update(p2p_properties(op))
     return props
 
 
@@ -113,6 +119,18 @@ class Implementation:
         in_place: bool,
     ) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
+
+    def start(
+        self, invocation: Invocation, inputs: Sequence[torch.Tensor], resources: Any
+    ) -> Callable[[], tuple[torch.Tensor, ...]]:
+        """Submits the op and returns a function that awaits its results.
+
+        Waves submit every op with `start` before awaiting any. The default
+        runs `execute` to completion at once; implementations over async
+        collectives override it to return before the payload completes.
+        """
+        results = self.execute(invocation, inputs, resources, in_place=False)
+        return lambda: results
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

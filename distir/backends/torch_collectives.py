@@ -68,6 +68,21 @@ def gather_stacked(
     return out.view(res.size, *x.shape)
 
 
+def _awaiting(
+    resources: ProcessGroupResource,
+    work: object,
+    invocation: Invocation,
+    results: tuple[torch.Tensor, ...],
+) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """The waiter of a submitted collective: completes it under the deadline."""
+
+    def wait() -> tuple[torch.Tensor, ...]:
+        resources.complete(work, invocation)
+        return results
+
+    return wait
+
+
 def _explain_layouts(what: str) -> Callable[[list[list[int]]], str]:
     def explain(rows: list[list[int]]) -> str:
         shown = "; ".join(f"rank {r}: {describe_descriptor(row)}" for r, row in enumerate(rows))
@@ -100,6 +115,9 @@ class BroadcastImplementation(Implementation):
     operation_types = (BroadcastOp,)
 
     def execute(self, invocation, inputs, resources, *, in_place):
+        return self.start(invocation, inputs, resources)()
+
+    def start(self, invocation, inputs, resources):
         x = inputs[0]
         root = invocation.properties["root"]
         if root is None:
@@ -117,10 +135,8 @@ class BroadcastImplementation(Implementation):
         y = fresh_copy(x) if resources.rank == root else torch.empty(
             x.shape, dtype=x.dtype, device=x.device
         )
-        resources.complete(
-            dist.broadcast(y, group=resources.group, group_src=root, async_op=True), invocation
-        )
-        return (y,)
+        work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
+        return _awaiting(resources, work, invocation, (y,))
 
 
 class NativeAllReduceImplementation(Implementation):
@@ -131,6 +147,9 @@ class NativeAllReduceImplementation(Implementation):
         return isinstance(op, AllReduceOp) and op.kind is not None
 
     def execute(self, invocation, inputs, resources, *, in_place):
+        return self.start(invocation, inputs, resources)()
+
+    def start(self, invocation, inputs, resources):
         x = inputs[0]
         resources.agree(invocation, tensor_descriptor(x), None, x.device,
                         _explain_layouts("input layouts"))
@@ -138,8 +157,7 @@ class NativeAllReduceImplementation(Implementation):
         work = dist.all_reduce(
             y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group, async_op=True
         )
-        resources.complete(work, invocation)
-        return (y,)
+        return _awaiting(resources, work, invocation, (y,))
 
 
 def fold_in_rank_order(
@@ -352,6 +370,21 @@ def distributed_operation_contributions(
     ]
     if ciphertext_add is not None:
         contributions.append(CombineCiphertextAddImplementation(ciphertext_add))
+    # Point-to-point algorithms (ring, halving-doubling, recursive-doubling,
+    # ciphertext-ring), appended last. The registry takes a requested name
+    # first, else the highest priority, and on a tie the earliest contribution:
+    # the all-reduce algorithms have priority 0 and come after native and
+    # gather-fold, so they run only when the op's `algorithm` (or
+    # `implementations=`) names them; ciphertext-ring has priority 1, so it
+    # replaces exact-modular-sum (0) by default, while a prepared
+    # `ciphertext_add` (rns-combine, also 1, contributed earlier) still wins.
+    from distir.backends.ring import ring_contributions
+
+    contributions.extend(ring_contributions())
+    # Point-to-point ops and mesh transfers: one implementation each.
+    from distir.backends.p2p import p2p_contributions
+
+    contributions.extend(p2p_contributions())
     return contributions
 
 

@@ -9,11 +9,14 @@ naming the collective and the condition otherwise.
 
 A value is *rank-varying* when it may differ between ranks:
 - `dist.rank` results and `dist.variable_all_to_all` results;
+- results of point-to-point ops and mesh transfers (each rank gets its own);
 - the entry function's arguments (each rank passes its own inputs; broadcast
   one to make it uniform);
 - anything computed from a rank-varying value, and results of control flow
   that is itself rank-dependent.
-Constants, `dist.group_size` and the results of broadcast, all-reduce,
+Point-to-point ops may sit under rank-dependent control flow (rank 0 sends,
+rank 1 receives); waves and mesh transfers may not. Constants,
+`dist.group_size` and the results of broadcast, all-reduce,
 ciphertext all-reduce and all-gather are uniform.
 """
 
@@ -35,8 +38,11 @@ from distir.ir.dialect import (
     BroadcastOp,
     CollectiveOp,
     GroupSizeOp,
+    PeerOp,
     RankOp,
+    TransferOp,
     VariableAllToAllOp,
+    WaveOp,
 )
 from distir.ir.parsing import describe_op
 
@@ -81,7 +87,7 @@ class UniformityAnalysis:
             self._op(op, control)
 
     def _op(self, op: Operation, control: _Why | None) -> None:
-        if isinstance(op, CollectiveOp) and control is not None:
+        if isinstance(op, CollectiveOp | WaveOp | TransferOp) and control is not None:
             raise SPMDViolation(
                 f"{describe_op(op)} runs under control flow that differs between "
                 f"ranks: {control.text}; every rank of the group must reach it"
@@ -89,7 +95,12 @@ class UniformityAnalysis:
         if isinstance(op, RankOp):
             self.varying[op.result] = _Why(f"{describe_op(op)} differs on every rank")
             return
-        if isinstance(op, VariableAllToAllOp):
+        if isinstance(op, WaveOp):
+            # Its ops run unconditionally; its results are as uniform as theirs.
+            self._block(op.body.block, None)
+            self._results_from_terminators(op, None)
+            return
+        if isinstance(op, VariableAllToAllOp | PeerOp | TransferOp):
             for r in op.results:
                 self.varying[r] = _Why(f"{describe_op(op)} returns different data per rank")
             return

@@ -35,9 +35,11 @@ from distir.ir.dialect import (
     AllReduceAddCiphertextOp,
     AllReduceOp,
     BroadcastOp,
-    CollectiveOp,
     GroupOp,
+    MeshOp,
     VariableAllToAllOp,
+    WaveOp,
+    YieldOp,
     group_declarations,
 )
 from distir.ir.parsing import describe_op, make_context, parse_module
@@ -78,6 +80,14 @@ def _find_failing_op(module: ModuleOp) -> Operation | None:
         except DiagnosticException:
             return op
     return None
+
+
+def is_executable_dist_op(op: Operation) -> bool:
+    """Ops an implementation executes (a wave is executed through its ops;
+    groups, meshes and yields are declarations and terminators)."""
+    return op.name.startswith("dist.") and not isinstance(
+        op, WaveOp | GroupOp | MeshOp | YieldOp
+    )
 
 
 def program_fingerprint(module: ModuleOp, entry: str) -> int:
@@ -177,7 +187,7 @@ class Program:
         self.choices = {
             op: self.registry.select(op, self._requested_name(op))
             for op in module.walk()
-            if isinstance(op, CollectiveOp) or op.name in ("dist.rank", "dist.group_size")
+            if is_executable_dist_op(op)
         }
         # Compile once with placeholder binding: any unsupported local op fails here.
         BlockCompiler(module, lambda op: (lambda *a: ())).compile_function(entry)
@@ -316,13 +326,16 @@ class Program:
         resources = create_declared_groups(self.groups, base, timeout=self.timeout)
         domain = base.domain
 
-        def bind(op: Operation):
+        def prepare(op: Operation):
             impl = self.choices[op]
             regions = [compiler.compile_combine(op)] if isinstance(op, AllReduceOp) and (
                 op.kind is None
             ) else []
             invocation = make_invocation(op, regions, op_options(op))
-            resource = resources[invocation.group]
+            return impl, invocation, resources[invocation.group]
+
+        def bind(op: Operation):
+            impl, invocation, resource = prepare(op)
             n_results = len(op.results)
             description = invocation.description
 
@@ -341,7 +354,33 @@ class Program:
 
             return kernel
 
-        compiler = BlockCompiler(self.module, bind)
+        def bind_start(op: Operation):
+            impl, invocation, resource = prepare(op)
+            description = invocation.description
+
+            def start(*xs: torch.Tensor):
+                domain.check(description)
+                try:
+                    wait = impl.start(invocation, xs, resource)
+                except BaseException as e:
+                    domain.poison(e)
+                    raise
+
+                def finish() -> tuple[torch.Tensor, ...]:
+                    try:
+                        results = wait()
+                        for i in range(len(results)):
+                            check_result_shape(invocation, i, results[i])
+                    except BaseException as e:
+                        domain.poison(e)
+                        raise
+                    return results
+
+                return finish
+
+            return start
+
+        compiler = BlockCompiler(self.module, bind, bind_start)
         compiled = compiler.compile_function(self.entry)
         live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
         self._bound[group] = (compiled, live, base)

@@ -35,9 +35,14 @@ from distir.ir.dialect import (
     BroadcastOp,
     GroupOp,
     GroupSizeOp,
+    PeerOp,
     RankOp,
+    RecvOp,
+    SendOp,
+    TransferOp,
     VariableAllToAllOp,
 )
+from distir.ir.layouts import local_box
 
 _FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "sum": torch.add,
@@ -68,6 +73,7 @@ class SimulatedWorld:
         self.timeout = timeout
         self._cond = threading.Condition()
         self._meetings: dict[tuple, _Meeting] = {}
+        self._mailboxes: dict[tuple, list[torch.Tensor]] = {}
         self.failed: BaseException | None = None
 
     def exchange(
@@ -115,6 +121,27 @@ class SimulatedWorld:
                 self.failed = error
             self._cond.notify_all()
 
+    # Point-to-point: one FIFO mailbox per (group, source, destination).
+
+    def post(self, key: tuple, payload: torch.Tensor) -> None:
+        with self._cond:
+            self._mailboxes.setdefault(key, []).append(payload)
+            self._cond.notify_all()
+
+    def take(self, key: tuple, description: str) -> torch.Tensor:
+        with self._cond:
+            box = self._mailboxes.setdefault(key, [])
+            ok = self._cond.wait_for(lambda: box or self.failed is not None,
+                                     timeout=self.timeout)
+            if box:
+                return box.pop(0)
+            if self.failed is not None:
+                raise SimulationError(f"{description}: another rank failed first ({self.failed})")
+            assert not ok
+            raise SimulationError(
+                f"{description}: no message from group rank {key[1]} within {self.timeout} s"
+            )
+
 
 class SimulatedRank:
     """Binds a rank's dist ops to reference semantics over a SimulatedWorld."""
@@ -140,6 +167,10 @@ class SimulatedRank:
 
     def bind(self, op: Operation, regions: Sequence[Callable]) -> Callable:
         invocation = make_invocation(op, regions)
+        if isinstance(op, PeerOp):
+            return self._bind_peer(op, invocation)
+        if isinstance(op, TransferOp):
+            return self._bind_transfer(invocation)
         semantics = _SEMANTICS[type(op)]
 
         def kernel(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -157,6 +188,112 @@ class SimulatedRank:
             return semantics(invocation, everyone, me)
 
         return kernel
+
+
+    def _bind_peer(self, op: PeerOp, invocation: Invocation) -> Callable:
+        def peer(name: str, dynamic: list, size: int) -> int:
+            value = invocation.properties.get(name)
+            value = int(dynamic.pop(0)) if value is None else value
+            check_root(invocation, value, size)
+            return value
+
+        def receive(members, me, source) -> torch.Tensor:
+            message = self.world.take((members, source, me), invocation.description)
+            declared = invocation.result_shapes[0]
+            if message.dtype != invocation.properties["result_dtype"] or message.dim() != len(
+                declared
+            ) or any(d is not None and d != s for d, s in zip(declared, message.shape)):
+                raise CollectiveMismatchError(
+                    invocation.description,
+                    f"group rank {source} sent {message.dtype} {list(message.shape)}, which "
+                    "this op's result type does not admit",
+                )
+            return message
+
+        def kernel(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            members = self.members(invocation)
+            me = members.index(self.rank)
+            if isinstance(op, SendOp):
+                dest = peer("dest", list(inputs[1:]), len(members))
+                self.world.post((members, me, dest), inputs[0].clone())
+                return ()
+            if isinstance(op, RecvOp):
+                return (receive(members, me, peer("source", list(inputs), len(members))),)
+            dynamic = list(inputs[1:])
+            dest = peer("dest", dynamic, len(members))
+            source = peer("source", dynamic, len(members))
+            self.world.post((members, me, dest), inputs[0].clone())
+            return (receive(members, me, source),)
+
+        return kernel
+
+    def _bind_transfer(self, invocation: Invocation) -> Callable:
+        src_mesh, src_layout, dst_mesh, dst_layout, shape, _ = invocation.properties["plan"]
+        members = tuple(sorted(set(src_mesh.ranks) | set(dst_mesh.ranks)))
+        key = ("transfer",) + members
+
+        def kernel(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            if self.rank not in members:
+                return (torch.empty([0] * len(shape), dtype=x.dtype),)
+            if self.rank in src_mesh.ranks:
+                box = local_box(src_mesh, src_layout, shape, self.rank)
+                if tuple(x.shape) != tuple(box.sizes):
+                    raise fail(invocation, f"rank {self.rank} of source mesh @{src_mesh.name} "
+                               f"holds a shard of shape {list(x.shape)}, but its layout gives "
+                               f"it {list(box.sizes)}")
+            seq = self._sequence.get(key, 0)
+            self._sequence[key] = seq + 1
+            everyone = self.world.exchange((key, seq), members, self.rank,
+                                           invocation.description, (x,))
+            shards = {r: ops[0] for r, ops in zip(members, everyone)}
+            whole = _reconstruct_global(invocation, src_mesh, src_layout, shape, shards)
+            if self.rank not in dst_mesh.ranks:
+                return (torch.empty([0] * len(shape), dtype=x.dtype),)
+            box = local_box(dst_mesh, dst_layout, shape, self.rank)
+            index = tuple(slice(o, o + n) for o, n in zip(box.offsets, box.sizes))
+            return (whole[index].clone(),)
+
+        return kernel
+
+
+def _mesh_coordinate(mesh, index: int) -> tuple[int, ...]:
+    coord = []
+    for size in reversed(mesh.shape):
+        coord.append(index % size)
+        index //= size
+    return tuple(reversed(coord))
+
+
+def _reconstruct_global(invocation, mesh, layout, shape, shards) -> torch.Tensor:
+    """The global tensor from its source shards, straight from the definition:
+    one replica of every shard (coordinate 0 along replicated axes), summed
+    over the partial axes in ascending rank order; other replicas must agree."""
+    sharding = {axis for axis in layout.dims if axis is not None}
+    replicated = [
+        a for a in range(len(mesh.shape)) if a not in sharding and a not in layout.partial
+    ]
+    coords = {rank: _mesh_coordinate(mesh, i) for i, rank in enumerate(mesh.ranks)}
+    canonical = {
+        tuple(c for a, c in enumerate(coord) if a not in replicated): rank
+        for rank, coord in coords.items()
+        if all(coord[a] == 0 for a in replicated)
+    }
+    whole = torch.zeros(shape, dtype=shards[mesh.ranks[0]].dtype)
+    for rank in sorted(mesh.ranks):
+        key = tuple(c for a, c in enumerate(coords[rank]) if a not in replicated)
+        owner = canonical[key]
+        if owner != rank:
+            if not torch.equal(shards[owner], shards[rank]):
+                raise CollectiveMismatchError(
+                    invocation.description,
+                    f"replicas disagree: rank {rank} and rank {owner} hold the same shard "
+                    "with different values",
+                )
+            continue
+        box = local_box(mesh, layout, shape, rank)
+        where = tuple(slice(o, o + n) for o, n in zip(box.offsets, box.sizes))
+        whole[where] += shards[rank]
+    return whole
 
 
 # Local checks: the same mistakes the torch backend rejects before communicating.
