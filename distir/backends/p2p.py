@@ -29,7 +29,7 @@ from distir.backends.resources import (
 from distir.backends.validation import check_root, fail
 from distir.errors import CollectiveMismatchError
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp, TransferOp
-from distir.ir.layouts import Layout, Mesh, local_box, transfer_map
+from distir.ir.layouts import local_box, transfer_map
 
 HEADER_SIZE = 10
 _CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
@@ -140,13 +140,7 @@ class SendRecvImplementation(Implementation):
 def transfer_plan(op: TransferOp):
     """(source mesh, source layout, destination mesh, destination layout,
     global shape, map) of a transfer op: computed once, at compile time."""
-    src_mesh_op, dst_mesh_op = op.meshes()
-    src_dims, partial, dst_dims = op.layouts()
-    src_mesh = Mesh(src_mesh_op.sym_name.data, src_mesh_op.mesh_shape, src_mesh_op.rank_list)
-    dst_mesh = Mesh(dst_mesh_op.sym_name.data, dst_mesh_op.mesh_shape, dst_mesh_op.rank_list)
-    src_layout = Layout(src_dims, partial)
-    dst_layout = Layout(dst_dims)
-    shape = tuple(op.global_shape.get_values())
+    src_mesh, src_layout, dst_mesh, dst_layout, shape = op.transfer_spec()
     return src_mesh, src_layout, dst_mesh, dst_layout, shape, transfer_map(
         src_mesh, src_layout, dst_mesh, dst_layout, shape
     )

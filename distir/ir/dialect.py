@@ -1492,6 +1492,21 @@ class TransferOp(IRDLOperation):
             self.dest_layout
         )
 
+    def transfer_spec(self):
+        """(source Mesh, source Layout, destination Mesh, destination Layout,
+        global shape) as `distir.ir.layouts` values."""
+        from distir.ir.layouts import Layout, Mesh
+
+        src_op, dst_op = self.meshes()
+        src_dims, partial, dst_dims = self.layouts()
+        return (
+            Mesh(src_op.sym_name.data, src_op.mesh_shape, src_op.rank_list),
+            Layout(src_dims, partial),
+            Mesh(dst_op.sym_name.data, dst_op.mesh_shape, dst_op.rank_list),
+            Layout(dst_dims),
+            tuple(self.global_shape.get_values()),
+        )
+
     def meshes(self) -> tuple[MeshOp, MeshOp]:
         found = []
         for ref in (self.source_mesh, self.dest_mesh):

@@ -51,6 +51,12 @@ def _verify_spmd() -> type[ModulePass]:
     return VerifySPMDPass
 
 
+def _print_transfer_maps() -> type[ModulePass]:
+    from distir.passes.print_transfer_maps import PrintTransferMapsPass
+
+    return PrintTransferMapsPass
+
+
 DISTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lower-ciphertext-add": _lower_ciphertext_add,
     "defer-modular-reduction": _defer_modular_reduction,
@@ -58,6 +64,7 @@ DISTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "select-all-reduce-algorithm": _select_all_reduce_algorithm,
     "bucket-all-reduces": _bucket_all_reduces,
     "verify-spmd": _verify_spmd,
+    "print-transfer-maps": _print_transfer_maps,
 }
 
 
