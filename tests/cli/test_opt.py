@@ -28,8 +28,10 @@ OP_FAMILY_EXAMPLES = [
     "broadcast.mlir",
     "ciphertext_add.mlir",
     "custom_combine.mlir",
+    "point_to_point.mlir",
     "subgroups.mlir",
     "variable_all_to_all.mlir",
+    "wave.mlir",
 ]
 SEPARATOR = "// -----\n"
 

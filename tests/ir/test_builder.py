@@ -36,12 +36,12 @@ def test_rank_queries_and_broadcast() -> None:
         """\
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]
-  func.func @main(%0: tensor<4xf32>) -> (tensor<4xf32>, index) {
-    %1 = dist.rank : index
-    %2 = dist.group_size group @pairs : index
-    %3 = dist.broadcast %0 root 1 group @pairs : tensor<4xf32>
-    %4 = dist.broadcast %3 root %1 : tensor<4xf32>
-    func.return %4, %2 : tensor<4xf32>, index
+  func.func @main(%arg0: tensor<4xf32>) -> (tensor<4xf32>, index) {
+    %0 = dist.rank : index
+    %1 = dist.group_size group @pairs : index
+    %2 = dist.broadcast %arg0 root 1 group @pairs : tensor<4xf32>
+    %3 = dist.broadcast %2 root %0 : tensor<4xf32>
+    func.return %3, %1 : tensor<4xf32>, index
   }
 }""",
     )
@@ -54,9 +54,9 @@ def test_native_all_reduce(kind: str) -> None:
         module,
         f"""\
 builtin.module {{
-  func.func @main(%0: tensor<8xi32>) -> tensor<8xi32> {{
-    %1 = dist.all_reduce {kind} %0 : tensor<8xi32>
-    func.return %1 : tensor<8xi32>
+  func.func @main(%arg0: tensor<8xi32>) -> tensor<8xi32> {{
+    %0 = dist.all_reduce {kind} %arg0 : tensor<8xi32>
+    func.return %0 : tensor<8xi32>
   }}
 }}""",
     )
@@ -76,13 +76,13 @@ def test_generic_all_reduce_with_extra_and_commutative() -> None:
         """\
 builtin.module {
   dist.group @g [[0, 1]]
-  func.func @main(%0: tensor<4xi64>, %1: tensor<4xi64>) -> tensor<4xi64> {
-    %2 = dist.all_reduce %0, %1 group @g commutative : tensor<4xi64>, tensor<4xi64> combine(%3, %4, %5) {
-      %6 = arith.addi %3, %4 : tensor<4xi64>
-      %7 = arith.remui %6, %5 : tensor<4xi64>
-      dist.yield %7 : tensor<4xi64>
+  func.func @main(%arg0: tensor<4xi64>, %arg1: tensor<4xi64>) -> tensor<4xi64> {
+    %0 = dist.all_reduce %arg0, %arg1 group @g commutative : tensor<4xi64>, tensor<4xi64> combine(%1, %2, %3) {
+      %4 = arith.addi %1, %2 : tensor<4xi64>
+      %5 = arith.remui %4, %3 : tensor<4xi64>
+      dist.yield %5 : tensor<4xi64>
     }
-    func.return %2 : tensor<4xi64>
+    func.return %0 : tensor<4xi64>
   }
 }""",
     )
@@ -105,9 +105,9 @@ def test_ciphertext_add() -> None:
         module,
         """\
 builtin.module {
-  func.func @main(%0: tensor<2x3x16xi64>, %1: tensor<3xi64>) -> tensor<2x3x16xi64> {
-    %2 = dist.all_reduce_add_ciphertext %0, %1 basis "P" max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
-    func.return %2 : tensor<2x3x16xi64>
+  func.func @main(%arg0: tensor<2x3x16xi64>, %arg1: tensor<3xi64>) -> tensor<2x3x16xi64> {
+    %0 = dist.all_reduce_add_ciphertext %arg0, %arg1 basis "P" max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
+    func.return %0 : tensor<2x3x16xi64>
   }
 }""",
     )
@@ -130,11 +130,11 @@ def test_even_and_uneven_all_gather() -> None:
         """\
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]
-  func.func @main(%0: tensor<4x4xf32>, %1: tensor<2xi64>) -> (tensor<4x?xf32>, tensor<8x4xf32>, tensor<?x4xf32>) {
-    %2 = dist.all_gather %0 axis 1 : tensor<4x4xf32> -> tensor<4x?xf32>
-    %3 = dist.all_gather %0 axis 0 group @pairs : tensor<4x4xf32> -> tensor<8x4xf32>
-    %4 = dist.all_gather %0 counts(%1 : tensor<2xi64>) axis 0 : tensor<4x4xf32> -> tensor<?x4xf32>
-    func.return %2, %3, %4 : tensor<4x?xf32>, tensor<8x4xf32>, tensor<?x4xf32>
+  func.func @main(%arg0: tensor<4x4xf32>, %arg1: tensor<2xi64>) -> (tensor<4x?xf32>, tensor<8x4xf32>, tensor<?x4xf32>) {
+    %0 = dist.all_gather %arg0 axis 1 : tensor<4x4xf32> -> tensor<4x?xf32>
+    %1 = dist.all_gather %arg0 axis 0 group @pairs : tensor<4x4xf32> -> tensor<8x4xf32>
+    %2 = dist.all_gather %arg0 counts(%arg1 : tensor<2xi64>) axis 0 : tensor<4x4xf32> -> tensor<?x4xf32>
+    func.return %0, %1, %2 : tensor<4x?xf32>, tensor<8x4xf32>, tensor<?x4xf32>
   }
 }""",
     )
@@ -155,9 +155,9 @@ def test_variable_all_to_all() -> None:
         """\
 builtin.module {
   dist.group @ep [[0, 1, 2, 3]]
-  func.func @main(%0: tensor<?x16xf32>, %1: tensor<4xi64>) -> (tensor<?x16xf32>, tensor<4xi64>) {
-    %2, %3 = dist.variable_all_to_all %0, %1 axis 0 group @ep : tensor<?x16xf32>, tensor<4xi64> -> tensor<?x16xf32>
-    func.return %2, %3 : tensor<?x16xf32>, tensor<4xi64>
+  func.func @main(%arg0: tensor<?x16xf32>, %arg1: tensor<4xi64>) -> (tensor<?x16xf32>, tensor<4xi64>) {
+    %0, %1 = dist.variable_all_to_all %arg0, %arg1 axis 0 group @ep : tensor<?x16xf32>, tensor<4xi64> -> tensor<?x16xf32>
+    func.return %0, %1 : tensor<?x16xf32>, tensor<4xi64>
   }
 }""",
     )

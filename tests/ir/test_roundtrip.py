@@ -138,6 +138,45 @@ builtin.module {
   dist.group @odd [[1, 3, 5]]
   dist.group @ragged [[0], [1, 2, 3]] {note = "uneven"}
 }""",
+    "point_to_point": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4xf32>, %peer: index) -> (tensor<4xf32>, tensor<4xf32>, tensor<8xf32>, tensor<4xf32>) {
+    dist.send %x to 1 : tensor<4xf32>
+    dist.send %x to %peer group @pairs {tag = 1 : i64} : tensor<4xf32>
+    %a = dist.recv from 0 : tensor<4xf32>
+    %b = dist.recv from %peer group @pairs : tensor<4xf32>
+    %c = dist.sendrecv %x to 1 from %peer : tensor<4xf32> -> tensor<8xf32>
+    %d = dist.sendrecv %x to %peer from 0 group @pairs : tensor<4xf32> -> tensor<4xf32>
+    func.return %a, %b, %c, %d : tensor<4xf32>, tensor<4xf32>, tensor<8xf32>, tensor<4xf32>
+  }
+}""",
+    "waves": """\
+builtin.module {
+  func.func @main(%x: tensor<4xf32>, %y: tensor<8xi64>) -> (tensor<4xf32>, tensor<8xi64>) {
+    %s, %t = dist.wave {
+      %0 = dist.all_reduce sum %x : tensor<4xf32>
+      %1 = dist.broadcast %y root 0 : tensor<8xi64>
+      dist.send %x to 1 : tensor<4xf32>
+      dist.yield %0, %1 : tensor<4xf32>, tensor<8xi64>
+    } : tensor<4xf32>, tensor<8xi64>
+    dist.wave {
+      dist.send %x to 0 : tensor<4xf32>
+      dist.yield
+    }
+    func.return %s, %t : tensor<4xf32>, tensor<8xi64>
+  }
+}""",
+    "meshes_and_transfers": """\
+builtin.module {
+  dist.mesh @train [2, 2] ranks [0, 1, 2, 3]
+  dist.mesh @serve [4] ranks [4, 5, 6, 7] {note = "inference"}
+  func.func @main(%x: tensor<2x4xf32>, %p: tensor<4x8xf32>) -> (tensor<2x8xf32>, tensor<1x8xf32>) {
+    %y = dist.transfer %x from @train [0, 1] to @serve [*, 0] global [4, 8] : tensor<2x4xf32> -> tensor<2x8xf32>
+    %z = dist.transfer %p from @train [*, 1] partial [0] to @serve [0, *] global [4, 8] {tag = 2 : i64} : tensor<4x8xf32> -> tensor<1x8xf32>
+    func.return %y, %z : tensor<2x8xf32>, tensor<1x8xf32>
+  }
+}""",
 }
 
 

@@ -31,6 +31,7 @@ X4 = "%x: tensor<4xf32>"
 I8 = "%x: tensor<8xi64>"
 CT = "%ct: tensor<2x3x16xi64>, %q: tensor<3xi64>"
 PAIRS = "dist.group @pairs [[0, 1], [2, 3]]"
+TRAIN = "dist.mesh @train [2, 2] ranks [0, 1, 2, 3]"
 
 # name -> (program, expected message substring)
 INVALID: dict[str, tuple[str, str]] = {
@@ -54,7 +55,7 @@ INVALID: dict[str, tuple[str, str]] = {
     ),
     "group_not_declared": (
         _func(X4, "%y = dist.all_reduce sum %x group @missing : tensor<4xf32>\nfunc.return"),
-        "'dist.all_reduce' names group @missing but no `dist.group` of that name",
+        "'dist.all_reduce' names group @missing but no `dist.group` of that name is declared at module level",
     ),
     "group_symbol_is_not_a_group": (
         _func(X4, "%r = dist.rank group @main : index\nfunc.return"),
@@ -63,7 +64,7 @@ INVALID: dict[str, tuple[str, str]] = {
     # dist.broadcast
     "broadcast_without_root": (
         _func(X4, '%y = "dist.broadcast"(%x) : (tensor<4xf32>) -> tensor<4xf32>\nfunc.return'),
-        "'dist.broadcast' needs exactly one root",
+        "'dist.broadcast' needs exactly one root: a static `root N` or an index operand `root %r`",
     ),
     "broadcast_with_two_roots": (
         _func(
@@ -330,6 +331,174 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.variable_all_to_all' send counts has 4 entries for a group of size 2",
     ),
+    # dist.send / dist.recv / dist.sendrecv
+    "send_without_destination": (
+        _func(
+            X4,
+            '"dist.send"(%x) <{operandSegmentSizes = array<i32: 1, 0>}> : (tensor<4xf32>) -> ()\nfunc.return',
+        ),
+        "'dist.send' needs exactly one destination",
+    ),
+    "send_negative_destination": (
+        _func(X4, "dist.send %x to -1 : tensor<4xf32>\nfunc.return"),
+        "'dist.send' destination must be >= 0, got -1",
+    ),
+    "send_destination_outside_group": (
+        _func(X4, "dist.send %x to 2 group @pairs : tensor<4xf32>\nfunc.return", groups=PAIRS),
+        "'dist.send' destination 2 is outside group @pairs of size 2",
+    ),
+    "recv_without_source": (
+        _func("", '%y = "dist.recv"() : () -> tensor<4xf32>\nfunc.return'),
+        "'dist.recv' needs exactly one source",
+    ),
+    "recv_source_outside_group": (
+        _func("", "%y = dist.recv from 3 group @pairs : tensor<4xf32>\nfunc.return", groups=PAIRS),
+        "'dist.recv' source 3 is outside group @pairs of size 2",
+    ),
+    "sendrecv_two_destinations": (
+        _func(
+            f"{X4}, %d: index",
+            '%y = "dist.sendrecv"(%x, %d) <{dest = 1 : i64, source = 0 : i64, '
+            "operandSegmentSizes = array<i32: 1, 1, 0>}> : (tensor<4xf32>, index) -> tensor<4xf32>\n"
+            "func.return",
+        ),
+        "'dist.sendrecv' needs exactly one destination",
+    ),
+    "sendrecv_without_source": (
+        _func(
+            X4,
+            '%y = "dist.sendrecv"(%x) <{dest = 1 : i64, '
+            "operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<4xf32>) -> tensor<4xf32>\n"
+            "func.return",
+        ),
+        "'dist.sendrecv' needs exactly one source",
+    ),
+    "sendrecv_negative_source": (
+        _func(
+            X4, "%y = dist.sendrecv %x to 1 from -3 : tensor<4xf32> -> tensor<4xf32>\nfunc.return"
+        ),
+        "'dist.sendrecv' source must be >= 0, got -3",
+    ),
+    # dist.wave
+    "wave_holds_a_local_op": (
+        _func(
+            X4,
+            "%y = dist.wave {\n"
+            "  %z = arith.addf %x, %x : tensor<4xf32>\n"
+            "  dist.yield %z : tensor<4xf32>\n"
+            "} : tensor<4xf32>\nfunc.return",
+        ),
+        "'dist.wave' may hold only collectives and point-to-point ops, found 'arith.addf'",
+    ),
+    "wave_reads_its_own_result": (
+        _func(
+            X4,
+            "%y = dist.wave {\n"
+            "  %a = dist.all_reduce sum %x : tensor<4xf32>\n"
+            "  %b = dist.broadcast %a root 0 : tensor<4xf32>\n"
+            "  dist.yield %b : tensor<4xf32>\n"
+            "} : tensor<4xf32>\nfunc.return",
+        ),
+        "'dist.broadcast' in a 'dist.wave' reads the result of another op of the same wave; "
+        "results exist only after the wave",
+    ),
+    "wave_yield_types": (
+        _func(
+            X4,
+            "%y = dist.wave {\n"
+            "  %a = dist.all_reduce sum %x : tensor<4xf32>\n"
+            "  dist.yield %a : tensor<4xf32>\n"
+            "} : tensor<8xf32>\nfunc.return",
+        ),
+        "'dist.wave' must yield values of its result types (tensor<8xf32>)",
+    ),
+    # dist.mesh
+    "mesh_shape_not_positive": (
+        "dist.mesh @m [2, 0] ranks []",
+        "mesh @m needs a shape of positive sizes",
+    ),
+    "mesh_rank_count": (
+        "dist.mesh @m [2, 2] ranks [0, 1, 2]",
+        "mesh @m of shape [2, 2] needs 4 ranks, got 3",
+    ),
+    "mesh_ranks_repeat": (
+        "dist.mesh @m [2] ranks [3, 3]",
+        "mesh @m ranks must be distinct and >= 0",
+    ),
+    # dist.transfer
+    "transfer_mesh_not_declared": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            "%y = dist.transfer %x from @train [0, *] to @nowhere [0, *] global [4, 8]"
+            " : tensor<2x8xf32> -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' names mesh @nowhere but no `dist.mesh` of that name is declared at module level",
+    ),
+    "transfer_global_shape_negative": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            '%y = "dist.transfer"(%x) <{source_mesh = @train, source_layout = array<i64: 0, -1>, '
+            "source_partial = array<i64>, dest_mesh = @train, dest_layout = array<i64: 0, -1>, "
+            "global_shape = array<i64: -4, 8>}> : (tensor<2x8xf32>) -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' global shape must be non-negative",
+    ),
+    "transfer_input_rank": (
+        _func(
+            "%x: tensor<16xf32>",
+            "%y = dist.transfer %x from @train [0, *] to @train [0, *] global [4, 8]"
+            " : tensor<16xf32> -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' input tensor<16xf32> must have the rank of the global shape (2)",
+    ),
+    "transfer_element_types": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            "%y = dist.transfer %x from @train [0, *] to @train [0, *] global [4, 8]"
+            " : tensor<2x8xf32> -> tensor<2x8xf64>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' input and result element types differ",
+    ),
+    "transfer_layout_length": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            "%y = dist.transfer %x from @train [0] to @train [0, *] global [4, 8]"
+            " : tensor<2x8xf32> -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' source layout has 1 entries for a rank-2 tensor",
+    ),
+    "transfer_two_dims_on_one_axis": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            "%y = dist.transfer %x from @train [0, *] to @train [1, 1] global [4, 8]"
+            " : tensor<2x8xf32> -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' destination layout shards two dims over one mesh axis",
+    ),
+    "transfer_axis_the_mesh_lacks": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            "%y = dist.transfer %x from @train [2, *] to @train [0, *] global [4, 8]"
+            " : tensor<2x8xf32> -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' source layout names a mesh axis that mesh @train (rank 2) lacks",
+    ),
+    "transfer_partial_axis_shards_a_dim": (
+        _func(
+            "%x: tensor<2x8xf32>",
+            "%y = dist.transfer %x from @train [0, *] partial [0] to @train [0, *] global [4, 8]"
+            " : tensor<2x8xf32> -> tensor<2x8xf32>\nfunc.return",
+            groups=TRAIN,
+        ),
+        "'dist.transfer' partial axis 0 must be a mesh axis of @train that shards no dim",
+    ),
 }
 
 
@@ -368,60 +537,58 @@ def test_invalid_program_reports_its_rule(name: str) -> None:
     assert message in verify_error(text)
 
 
-def test_every_verifier_message_of_the_dialect_is_exercised() -> None:
-    """Each `raise VerifyException(` in dialect.py has a case above: counted by
-    the messages' distinctive fragments so a new rule without a test fails."""
+# Raise sites no program can reach, each with the reason (reported upstream):
+UNREACHABLE = {
+    # Every op of a wave body that is not a `dist.yield` is rejected first by
+    # "may hold only collectives ..." (a `linalg.yield` there says "found
+    # 'linalg.yield'"), and an empty body by xDSL's empty-block check.
+    "'dist.wave' body must end in `dist.yield`",
+}
+
+
+def _raise_site_fragments() -> list[str]:
+    """For each `raise VerifyException(...)` in dialect.py, the longest
+    literal piece of its message (f-string values left out)."""
+    import ast
     import inspect
 
     from distir.ir import dialect
 
-    source = inspect.getsource(dialect)
-    raises = source.count("raise VerifyException(")
-    # `_verify_same_except_axis`, `_verify_axis` and `_verify_counts_type` are
-    # shared by two ops, `lookup_group` by all; each raise site is listed once.
-    raise_sites = {
-        "declares no subgroup",
-        "has an empty subgroup",
-        "is negative",
-        "appears in",
-        "names group",
-        "needs exactly one root",
-        "'dist.broadcast' result type",
-        "root must be >= 0",
-        "is outside group",
-        "'dist.all_reduce' result type",
-        "not both",
-        "takes no extra operands",
-        "needs an integer element type",
-        "single-block combine",
-        "combine region must take",
-        "combine argument #",
-        "must end in",
-        "must yield one value",
-        "defined outside it",
-        "limbs must be i64",
-        "moduli must be i64",
-        "must have rank >= 2",
-        "must have rank 1 ([L])",
-        "moduli for",
-        "must equal the ciphertext type",
-        "max_modulus_bits must be in",
-        "is out of range for",
-        "must be a tensor of integers",
-        "must have rank 1, got",
-        "result element type",
-        "must have the rank of",
-        "which is not the axis",
-        "counts has",
-        "rows on axis",
-        "must be a multiple",
-        "recv counts type",
-        "send counts has",
-    }
-    assert raises == len(raise_sites), f"{raises} raise sites, {len(raise_sites)} known"
+    fragments = []
+    for node in ast.walk(ast.parse(inspect.getsource(dialect))):
+        if not (
+            isinstance(node, ast.Raise)
+            and isinstance(node.exc, ast.Call)
+            and getattr(node.exc.func, "id", None) == "VerifyException"
+        ):
+            continue
+        message = node.exc.args[0]
+        parts = message.values if isinstance(message, ast.JoinedStr) else [message]
+        literals = [p.value for p in parts if isinstance(p, ast.Constant)]
+        fragments.append(max(literals, key=len))
+    return fragments
+
+
+def test_every_verifier_message_of_the_dialect_is_exercised() -> None:
+    """A new rule in dialect.py without an invalid program here fails this."""
+    fragments = _raise_site_fragments()
+    assert len(fragments) >= 58
     messages = " | ".join([*(message for _, message in INVALID.values()), CAPTURE_MESSAGE])
-    missing = [frag for frag in raise_sites if frag not in messages]
-    assert not missing
+    missing = [f for f in fragments if f not in messages and f not in UNREACHABLE]
+    assert not missing, f"verifier rules without a test: {missing}"
+
+
+def test_wave_body_not_ending_in_yield_is_rejected() -> None:
+    text = _func(
+        X4,
+        "%y = dist.wave {\n"
+        "  %a = dist.all_reduce sum %x : tensor<4xf32>\n"
+        "  linalg.yield %a : tensor<4xf32>\n"
+        "} : tensor<4xf32>\nfunc.return",
+    )
+    assert "'dist.wave' may hold only collectives and point-to-point ops, found 'linalg.yield'" in (
+        verify_error(text)
+    )
 
 
 def test_valid_neighbours_of_the_invalid_programs_verify() -> None:
@@ -463,7 +630,8 @@ def test_valid_neighbours_of_the_invalid_programs_verify() -> None:
 
 def test_dist_yield_outside_an_all_reduce() -> None:
     text = _func(X4, "dist.yield %x : tensor<4xf32>")
-    assert "'dist.yield' expects parent op 'dist.all_reduce'" in verify_error(text)
+    message = verify_error(text)
+    assert "'dist.yield' expects parent op" in message and "'dist.all_reduce'" in message
 
 
 def test_generic_all_reduce_built_without_region_block() -> None:

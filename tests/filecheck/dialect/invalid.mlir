@@ -96,5 +96,41 @@ func.func @main(%x: tensor<?x16xf32>, %c: tensor<4xi64>) {
 
 func.func @main(%x: tensor<4xf32>) {
   dist.yield %x : tensor<4xf32>
-// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.yield' expects parent op 'dist.all_reduce'
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.yield' expects parent op {{.*}}'dist.all_reduce'
+}
+
+// -----
+
+dist.group @pairs [[0, 1], [2, 3]]
+func.func @main(%x: tensor<4xf32>) {
+  dist.send %x to 2 group @pairs : tensor<4xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.send' destination 2 is outside group @pairs of size 2
+  func.return
+}
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.wave {
+    %a = dist.all_reduce sum %x : tensor<4xf32>
+    %b = dist.broadcast %a root 0 : tensor<4xf32>
+// The wave reports it, so the location is the wave's.
+// CHECK: invalid.mlir:[[# @LINE - 4]]:3: error: 'dist.broadcast' in a 'dist.wave' reads the result of another op of the same wave
+    dist.yield %b : tensor<4xf32>
+  } : tensor<4xf32>
+  func.return
+}
+
+// -----
+
+dist.mesh @train [2, 2] ranks [0, 1, 2]
+// CHECK: invalid.mlir:[[# @LINE - 1]]:1: error: mesh @train of shape [2, 2] needs 4 ranks, got 3
+
+// -----
+
+dist.mesh @train [2, 2] ranks [0, 1, 2, 3]
+func.func @main(%x: tensor<2x8xf32>) {
+  %y = dist.transfer %x from @train [0, *] partial [0] to @train [0, *] global [4, 8] : tensor<2x8xf32> -> tensor<2x8xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.transfer' partial axis 0 must be a mesh axis of @train that shards no dim
+  func.return
 }

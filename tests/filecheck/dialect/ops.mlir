@@ -97,3 +97,45 @@ func.func @all_to_all(%x: tensor<?x16xf32>, %c: tensor<4xi64>) -> (tensor<?x16xf
 // CHECK-LABEL: func.func @all_to_all
 // CHECK-NEXT:    %y, %rc = dist.variable_all_to_all %x, %c axis 0 group @world4 : tensor<?x16xf32>, tensor<4xi64> -> tensor<?x16xf32>
 // CHECK-NEXT:    func.return %y, %rc : tensor<?x16xf32>, tensor<4xi64>
+
+func.func @point_to_point(%x: tensor<4xf32>, %peer: index) -> (tensor<4xf32>, tensor<8xf32>) {
+  dist.send %x to 1 : tensor<4xf32>
+  %a = dist.recv from %peer group @pairs : tensor<4xf32>
+  %b = dist.sendrecv %x to %peer from 0 : tensor<4xf32> -> tensor<8xf32>
+  func.return %a, %b : tensor<4xf32>, tensor<8xf32>
+}
+
+// CHECK-LABEL: func.func @point_to_point
+// CHECK-NEXT:    dist.send %x to 1 : tensor<4xf32>
+// CHECK-NEXT:    %a = dist.recv from %peer group @pairs : tensor<4xf32>
+// CHECK-NEXT:    %b = dist.sendrecv %x to %peer from 0 : tensor<4xf32> -> tensor<8xf32>
+
+func.func @wave(%x: tensor<4xf32>, %y: tensor<8xi64>) -> (tensor<4xf32>, tensor<8xi64>) {
+  %s, %t = dist.wave {
+    %0 = dist.all_reduce sum %x : tensor<4xf32>
+    %1 = dist.broadcast %y root 0 : tensor<8xi64>
+    dist.yield %0, %1 : tensor<4xf32>, tensor<8xi64>
+  } : tensor<4xf32>, tensor<8xi64>
+  func.return %s, %t : tensor<4xf32>, tensor<8xi64>
+}
+
+// CHECK-LABEL: func.func @wave
+// CHECK-NEXT:    %s, %t = dist.wave {
+// CHECK-NEXT:      %0 = dist.all_reduce sum %x : tensor<4xf32>
+// CHECK-NEXT:      %1 = dist.broadcast %y root 0 : tensor<8xi64>
+// CHECK-NEXT:      dist.yield %0, %1 : tensor<4xf32>, tensor<8xi64>
+// CHECK-NEXT:    } : tensor<4xf32>, tensor<8xi64>
+
+dist.mesh @train [2, 2] ranks [0, 1, 2, 3]
+dist.mesh @serve [4] ranks [4, 5, 6, 7]
+
+// CHECK:       dist.mesh @train [2, 2] ranks [0, 1, 2, 3]
+// CHECK-NEXT:  dist.mesh @serve [4] ranks [4, 5, 6, 7]
+
+func.func @transfer(%p: tensor<4x8xf32>) -> tensor<1x8xf32> {
+  %z = dist.transfer %p from @train [*, 1] partial [0] to @serve [0, *] global [4, 8] : tensor<4x8xf32> -> tensor<1x8xf32>
+  func.return %z : tensor<1x8xf32>
+}
+
+// CHECK-LABEL: func.func @transfer
+// CHECK-NEXT:    %z = dist.transfer %p from @train [*, 1] partial [0] to @serve [0, *] global [4, 8] : tensor<4x8xf32> -> tensor<1x8xf32>
