@@ -4,16 +4,33 @@
     program = distir.compile("examples/all_reduce.mlir", pipeline="canonicalize")
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
+
+Attributes load lazily, so that `distir-opt` and other IR-only tools do not
+import torch.
 """
 
-from distir.runtime.program import Program, compile, simulate
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distir.runtime.launch import launch
+    from distir.runtime.program import Program, compile, simulate
 
 __all__ = ["Program", "compile", "launch", "simulate"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
+    if name in ("Program", "compile", "simulate"):
+        from distir.runtime import program
+
+        return getattr(program, name)
     if name == "launch":
         from distir.runtime.launch import launch
 
         return launch
-    raise AttributeError(name)
+    if name == "errors":
+        import distir.errors as errors
+
+        return errors
+    raise AttributeError(f"module 'distir' has no attribute {name!r}")

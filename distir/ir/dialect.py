@@ -121,6 +121,22 @@ class CollectiveEffect(MemoryEffect):
         }
 
 
+class CombineIsolatedFromAbove(IsolatedFromAbove):
+    """xDSL's IsolatedFromAbove (which cse and canonicalize respect), with a
+    message that says how to fix a combine region reading an outer value."""
+
+    def verify(self, op: Operation) -> None:
+        for region in op.regions:
+            for inner in region.walk():
+                for value in inner.operands:
+                    if not op.is_ancestor(value.owner) or value.owner is op:
+                        name = f"%{value.name_hint}" if value.name_hint else "a value"
+                        raise VerifyException(
+                            f"'{op.name}' combine region uses {name} defined outside it; "
+                            "pass it as an extra operand instead"
+                        )
+
+
 ###############################################################################
 # Shared parsing and printing helpers
 ###############################################################################
@@ -139,9 +155,10 @@ def _print_group(printer: Printer, group: SymbolRefAttr | None) -> None:
 def _parse_group(parser: Parser) -> SymbolRefAttr | None:
     if parser.parse_optional_keyword("group") is None:
         return None
+    pos = parser.pos
     attr = parser.parse_attribute()
     if not isinstance(attr, SymbolRefAttr):
-        parser.raise_error("expected a group symbol such as @tp after `group`")
+        parser.raise_error("expected a group symbol such as @tp after `group`", pos)
     return attr
 
 
@@ -328,9 +345,10 @@ class _RankQueryOp(GroupMemberOp, ABC):
         group = _parse_group(parser)
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
+        type_pos = parser.pos
         result_type = parser.parse_type()
         if not isinstance(result_type, IndexType):
-            parser.raise_error(f"'{cls.name}' returns index, not {result_type}")
+            parser.raise_error(f"'{cls.name}' returns index, not {result_type}", type_pos)
         op = cls(group)
         op.attributes.update(attrs)
         return op
@@ -483,7 +501,7 @@ class AllReduceOp(CollectiveOp):
 
     # The combine region is a function of its block arguments only: values
     # from outside travel as extra operands, and cse must not hoist into it.
-    traits = traits_def(CollectiveEffect(), IsolatedFromAbove())
+    traits = traits_def(CollectiveEffect(), CombineIsolatedFromAbove())
 
     def __init__(
         self,
@@ -581,15 +599,6 @@ class AllReduceOp(CollectiveOp):
                 "'dist.all_reduce' combine must yield one value of type "
                 f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
             )
-        for inner in self.combine.walk():
-            for value in inner.operands:
-                owner = value.owner
-                defining_block = owner if isinstance(owner, Block) else owner.parent_block()
-                if defining_block is None or not self.combine.is_ancestor(defining_block):
-                    raise VerifyException(
-                        f"'dist.all_reduce' combine region uses {value.name_hint and '%' + value.name_hint or 'a value'} "
-                        "defined outside it; pass it as an extra operand instead"
-                    )
 
     def print(self, printer: Printer) -> None:
         if self.kind is not None:
@@ -923,9 +932,10 @@ class AllGatherOp(CollectiveOp):
         parser.parse_punctuation(":")
         t_in = parser.parse_type()
         parser.parse_punctuation("->")
+        type_pos = parser.pos
         t_out = parser.parse_type()
         if not isinstance(t_out, TensorType):
-            parser.raise_error(f"'dist.all_gather' result must be a tensor, got {t_out}")
+            parser.raise_error(f"'dist.all_gather' result must be a tensor, got {t_out}", type_pos)
         op = cls(
             parser.resolve_operand(x, t_in), t_out, axis=axis, counts=counts, group=group
         )
@@ -1019,10 +1029,11 @@ class VariableAllToAllOp(CollectiveOp):
         parser.parse_punctuation(",")
         t_counts = parser.parse_type()
         parser.parse_punctuation("->")
+        type_pos = parser.pos
         t_out = parser.parse_type()
         if not isinstance(t_out, TensorType):
             parser.raise_error(
-                f"'dist.variable_all_to_all' result must be a tensor, got {t_out}"
+                f"'dist.variable_all_to_all' result must be a tensor, got {t_out}", type_pos
             )
         op = cls(
             parser.resolve_operand(x, t_in),
@@ -1176,9 +1187,10 @@ class RecvOp(PeerOp):
         group = _parse_group(parser)
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
+        type_pos = parser.pos
         t = parser.parse_type()
         if not isinstance(t, TensorType):
-            parser.raise_error(f"'dist.recv' receives a tensor, not {t}")
+            parser.raise_error(f"'dist.recv' receives a tensor, not {t}", type_pos)
         op = cls(_resolve_peer(parser, source), t, group)
         op.attributes.update(attrs)
         return op
@@ -1246,9 +1258,10 @@ class SendRecvOp(PeerOp):
         parser.parse_punctuation(":")
         t = parser.parse_type()
         parser.parse_punctuation("->")
+        type_pos = parser.pos
         result_type = parser.parse_type()
         if not isinstance(result_type, TensorType):
-            parser.raise_error(f"'dist.sendrecv' receives a tensor, not {result_type}")
+            parser.raise_error(f"'dist.sendrecv' receives a tensor, not {result_type}", type_pos)
         op = cls(
             parser.resolve_operand(x, t),
             _resolve_peer(parser, dest),
@@ -1585,6 +1598,7 @@ class TransferOp(IRDLOperation):
     def parse(cls, parser: Parser) -> TransferOp:
         x = parser.parse_unresolved_operand()
         parser.parse_keyword("from")
+        mesh_pos = parser.pos
         src_mesh = parser.parse_attribute()
         src = _parse_layout(parser)
         partial: list[int] = []
@@ -1603,11 +1617,12 @@ class TransferOp(IRDLOperation):
         parser.parse_punctuation(":")
         t_in = parser.parse_type()
         parser.parse_punctuation("->")
+        type_pos = parser.pos
         t_out = parser.parse_type()
         if not isinstance(src_mesh, SymbolRefAttr) or not isinstance(dst_mesh, SymbolRefAttr):
-            parser.raise_error("'dist.transfer' meshes are symbols such as @train")
+            parser.raise_error("'dist.transfer' meshes are symbols such as @train", mesh_pos)
         if not isinstance(t_out, TensorType):
-            parser.raise_error(f"'dist.transfer' result must be a tensor, got {t_out}")
+            parser.raise_error(f"'dist.transfer' result must be a tensor, got {t_out}", type_pos)
         op = cls(
             parser.resolve_operand(x, t_in),
             source_mesh=src_mesh.root_reference.data,

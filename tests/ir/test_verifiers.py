@@ -507,7 +507,6 @@ INVALID: dict[str, tuple[str, str]] = {
 # xDSL checks traits before `verify_`, so the dialect's message ("pass it as an
 # extra operand instead") is dead code and users get xDSL's generic
 # "Operation using value defined out of its IsolatedFromAbove parent".
-# Strict xfail: this starts failing (XPASS) once the dialect's message shows.
 CAPTURE = _func(
     X4,
     "%y = dist.all_reduce %x : tensor<4xf32> combine(%a, %b) {\n"
@@ -521,14 +520,13 @@ CAPTURE_MESSAGE = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="dialect bug: IsolatedFromAbove pre-empts the message")
 def test_combine_capturing_an_outer_value_names_the_fix() -> None:
     assert CAPTURE_MESSAGE in verify_error(CAPTURE)
 
 
 def test_combine_capturing_an_outer_value_is_rejected() -> None:
     message = verify_error(CAPTURE)
-    assert "defined out of its IsolatedFromAbove parent" in message or CAPTURE_MESSAGE in message
+    assert CAPTURE_MESSAGE in message
 
 
 @pytest.mark.parametrize("name", INVALID)
