@@ -26,7 +26,7 @@ from distir.backends.resources import (
     describe_descriptor,
     tensor_descriptor,
 )
-from distir.backends.validation import check_root, fail
+from distir.backends.validation import check_peer, fail
 from distir.errors import CollectiveMismatchError
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp, TransferOp
 from distir.ir.layouts import local_box, transfer_map
@@ -38,7 +38,7 @@ _CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 def _peer(invocation: Invocation, static: str, dynamic: torch.Tensor | None, size: int) -> int:
     peer = invocation.properties.get(static)
     peer = int(dynamic) if peer is None else peer
-    check_root(invocation, peer, size)
+    check_peer(invocation, "destination" if static == "dest" else "source", peer, size)
     return peer
 
 

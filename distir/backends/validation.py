@@ -23,6 +23,11 @@ def check_root(invocation: Invocation, root: int, size: int) -> None:
         raise fail(invocation, f"root {root} is outside the group (size {size})")
 
 
+def check_peer(invocation: Invocation, what: str, peer: int, size: int) -> None:
+    if not 0 <= peer < size:
+        raise fail(invocation, f"{what} {peer} is outside the group (size {size})")
+
+
 def check_counts(
     invocation: Invocation, what: str, counts: torch.Tensor, size: int
 ) -> list[int]:

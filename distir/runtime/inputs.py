@@ -8,6 +8,8 @@ entry function uses them:
 - its ciphertext: random limbs reduced modulo those moduli;
 - `counts` of an uneven `dist.all_gather`: `counts[r] = r + 1` on every rank,
   and the gathered argument gets `rank + 1` rows on the axis;
+- the source of a `dist.transfer`: the rank's local shard of its source
+  layout (an empty tensor on ranks outside the source mesh);
 - `send_counts` of `dist.variable_all_to_all`: `(rank + peer) % 3`, and the
   payload gets as many rows as that sums to;
 - extra operands of a generic `dist.all_reduce` and dynamic broadcast roots,
@@ -34,8 +36,10 @@ from distir.ir.dialect import (
     AllReduceAddCiphertextOp,
     AllReduceOp,
     BroadcastOp,
+    TransferOp,
     VariableAllToAllOp,
 )
+from distir.ir.layouts import local_box
 
 #: Odd 60-bit moduli: P·(q−1) < 2^63 holds up to P = 8, as in SEAL's 60-bit primes.
 DEFAULT_MODULI = [(1 << 60) - 93, (1 << 60) - 173, (1 << 60) - 233, (1 << 60) - 299]
@@ -80,6 +84,16 @@ def synthesize_inputs(
             if counts is not None:
                 fixed[counts] = torch.arange(1, world_size + 1, dtype=element_dtype(types[counts]))
             set_rows(_arg_index(op.input), op.axis.value.data, rank + 1)
+        elif isinstance(op, TransferOp):
+            arg = _arg_index(op.input)
+            if arg is not None:
+                src_mesh, src_layout, _, _, shape = op.transfer_spec()
+                sizes = (
+                    local_box(src_mesh, src_layout, shape, rank).sizes
+                    if rank in src_mesh.ranks
+                    else (0,) * len(shape)
+                )
+                shapes[arg] = list(sizes)
         elif isinstance(op, VariableAllToAllOp):
             counts = _arg_index(op.send_counts)
             sends = [(rank + peer) % 3 for peer in range(world_size)]

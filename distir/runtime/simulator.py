@@ -24,6 +24,7 @@ from distir.backends.validation import (
     check_axis_rows,
     check_ciphertext,
     check_counts,
+    check_peer,
     check_root,
     fail,
 )
@@ -194,7 +195,7 @@ class SimulatedRank:
         def peer(name: str, dynamic: list, size: int) -> int:
             value = invocation.properties.get(name)
             value = int(dynamic.pop(0)) if value is None else value
-            check_root(invocation, value, size)
+            check_peer(invocation, "destination" if name == "dest" else "source", value, size)
             return value
 
         def receive(members, me, source) -> torch.Tensor:
