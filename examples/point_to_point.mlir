@@ -1,4 +1,4 @@
-// Point-to-point: a ring shift with one deadlock-free dist.sendrecv, then, inside each pair of @pairs, group rank 0 sends and group rank 1 receives. Run: distir-run examples/point_to_point.mlir --nproc 4
+// Point-to-point: a ring shift with one deadlock-free dist.sendrecv, then, inside each pair of @pairs, group rank 0 sends and group rank 1 receives. Run: distir-run examples/point_to_point.mlir --nproc 4 (print it: distir-opt examples/point_to_point.mlir)
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]
   func.func @main(%x: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
