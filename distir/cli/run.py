@@ -151,8 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Compile once here: a bad program fails before any rank starts.
         distir.compile(request.program, request.pipeline)
         if under_torchrun():
+            import torch.distributed as dist
+
             ctx = init_from_environment(request.backend)
-            report = run_rank(request, ctx.rank, ctx.world_size)
+            try:
+                report = run_rank(request, ctx.rank, ctx.world_size)
+            finally:
+                dist.destroy_process_group()
             print_report(request, [report], f"torchrun rank {ctx.rank} of {ctx.world_size}")
             return 0
         reports = launch(
