@@ -30,6 +30,8 @@ KernelFactory = Callable[[Operation], Kernel]
 
 LOCAL_KERNELS: dict[type[Operation], KernelFactory] = {}
 
+_SIGN_BIT = -(1 << 63)
+
 
 def kernel(*op_types: type[Operation]):
     def register(factory: KernelFactory) -> KernelFactory:
@@ -92,9 +94,6 @@ def _divsi(op: Operation) -> Kernel:
 @kernel(arith.RemSIOp)
 def _remsi(op: Operation) -> Kernel:
     return lambda a, b: (torch.fmod(a, b),)
-
-
-_SIGN_BIT = -(1 << 63)
 
 
 def _as_uint64(x: torch.Tensor) -> np.ndarray:
@@ -181,6 +180,9 @@ def _cmpi(op: arith.CmpiOp) -> Kernel:
     width = _int_width(op.lhs.type)
     if predicate >= 6 and width < 64:
         return lambda a, b: (fn(_unsigned(a, width), _unsigned(b, width)),)
+    if predicate >= 6:
+        # Flipping the sign bit maps unsigned 64-bit order onto signed order.
+        return lambda a, b: (fn(a ^ _SIGN_BIT, b ^ _SIGN_BIT),)
     return lambda a, b: (fn(a, b),)
 
 

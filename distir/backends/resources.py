@@ -103,10 +103,13 @@ class ProcessGroupResource:
                     f"{self.name} (rank {self.rank} of {self.size} waited {waited:.2f} s; "
                     "a peer is late, hung or running something else)",
                 ) from None
+            lost_peer = any(
+                word in text.lower() for word in ("connection", "closed", "reset", "peer")
+            )
             raise CollectiveFailed(
                 invocation.description,
                 f"the {self.backend} backend failed on group {self.name} after "
-                f"{waited:.2f} s (a peer may have exited): {text}",
+                f"{waited:.2f} s{' (a peer may have exited)' if lost_peer else ''}: {text}",
             ) from None
 
     def agree(

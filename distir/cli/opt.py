@@ -113,24 +113,6 @@ def locate_verify_error(
     return located
 
 
-class _DriverParser(LocatedParser):
-    """A LocatedParser that reports an op it cannot build as a parse error.
-
-    Some ops only fail when their Python constructor runs (an integer that
-    does not fit in i64 raises VerifyException from `IntegerAttr`); without
-    this those failures would surface with no location.
-    """
-
-    def parse_operation(self) -> Operation:
-        start = self._current_token.span
-        try:
-            return super().parse_operation()
-        except ParseError:
-            raise
-        except (DiagnosticException, ValueError) as e:
-            raise ParseError(start, str(e)) from e
-
-
 class DistirOptMain(xDSLOptMain):
     """xDSL's opt driver with distir's dialects, passes, parser and errors."""
 
@@ -159,7 +141,7 @@ class DistirOptMain(xDSLOptMain):
         super().register_all_frontends()
 
         def parse_mlir(io: IO[bytes]) -> ModuleOp:
-            parser = _DriverParser(self.ctx, io.read(), self.get_input_name())
+            parser = LocatedParser(self.ctx, io.read(), self.get_input_name())
             parser.line_offset = self._line_offset
             return parser.parse_module(not self.args.no_implicit_module)
 

@@ -251,6 +251,14 @@ class GroupOp(IRDLOperation):
                         "more than one place"
                     )
                 seen.add(rank)
+            if list(part) != sorted(part):
+                # torch.distributed numbers a group's members in ascending
+                # global order, whatever order they are listed in.
+                raise VerifyException(
+                    f"group @{self.sym_name.data}: subgroup {list(part)} must list its "
+                    f"ranks in ascending order ({sorted(part)}), the order that numbers "
+                    "them within the group"
+                )
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")

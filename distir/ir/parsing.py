@@ -19,18 +19,30 @@ from xdsl.dialects.scf import Scf
 from xdsl.dialects.tensor import Tensor
 from xdsl.ir import Operation
 from xdsl.parser import Parser
+from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from distir.ir.dialect import Dist
 
 
 class LocatedParser(Parser):
-    """A Parser that stamps `FileLineColLoc` on each op lacking a location."""
+    """A Parser that stamps `FileLineColLoc` on each op lacking a location,
+    and reports an op it cannot build as a located parse error.
+
+    Some ops only fail when their constructor runs (an integer that does not
+    fit in i64, a type constraint checked while resolving operands); xDSL
+    raises those as VerifyException with no location.
+    """
 
     line_offset: int = 0
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span
-        op = super().parse_operation()
+        try:
+            op = super().parse_operation()
+        except ParseError:
+            raise
+        except (DiagnosticException, ValueError) as e:
+            raise ParseError(start, str(e)) from e
         if isinstance(op.location, UnknownLoc):
             where = start.get_location()
             op.location = FileLineColLoc(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
+from xdsl.utils.arg_spec import ArgSpecParseError
 
 
 def _lower_ciphertext_add() -> type[ModulePass]:
@@ -84,7 +85,10 @@ def parse_pipeline(spec: str) -> PassPipeline:
     def verify_after(_prev: ModulePass, module: ModuleOp, _next: ModulePass) -> None:
         module.verify()
 
-    return PassPipeline.parse_spec(get_all_passes(), spec, callback=verify_after)
+    try:
+        return PassPipeline.parse_spec(get_all_passes(), spec, callback=verify_after)
+    except ArgSpecParseError as e:  # a BaseException in xDSL 0.74: make it a ValueError
+        raise ValueError(f"malformed pipeline {spec!r}: {e}") from None
 
 
 def apply_pipeline(ctx: Context, module: ModuleOp, spec: str) -> None:

@@ -189,8 +189,13 @@ class Program:
             for op in module.walk()
             if is_executable_dist_op(op)
         }
-        # Compile once with placeholder binding: any unsupported local op fails here.
-        BlockCompiler(module, lambda op: (lambda *a: ())).compile_function(entry)
+        # Compile once with placeholder binding: any unsupported local op, in the
+        # program or in a combine region, fails here rather than at run time.
+        checker = BlockCompiler(module, lambda op: (lambda *a: ()))
+        checker.compile_function(entry)
+        for op in module.walk():
+            if isinstance(op, AllReduceOp) and op.kind is None:
+                checker.compile_combine(op)
         self._bound: dict[Any, CompiledBlock] = {}
         self._contexts: dict[Any, Any] = {}
 
@@ -267,9 +272,13 @@ class Program:
         rows = gathered.view(base.size, 2).tolist()
         if all(ok == 1 and fp == self.fingerprint for ok, fp in rows):
             return
-        # Something differs: every rank knows, so every rank explains and raises.
+        # Something differs: every rank knows, so every rank explains and raises
+        # (the rank whose own inputs were rejected raises that error itself).
         details = self._explain_disagreement(rows, local_error, inputs, base, step)
-        error = ProgramMismatch(details)
+        error: DistirError = ProgramMismatch(details)
+        if local_error is not None:
+            local_error.add_note(details)
+            error = local_error
         base.domain.poison(error)
         raise error
 

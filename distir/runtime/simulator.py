@@ -75,6 +75,8 @@ class SimulatedWorld:
         self._cond = threading.Condition()
         self._meetings: dict[tuple, _Meeting] = {}
         self._mailboxes: dict[tuple, list[torch.Tensor]] = {}
+        #: ranks whose program returned: they will never reach another collective
+        self.finished: set[int] = set()
         self.failed: BaseException | None = None
 
     def exchange(
@@ -90,13 +92,23 @@ class SimulatedWorld:
             meeting = self._meetings.setdefault(key, _Meeting({}))
             meeting.arrived[me] = (description, payload)
             self._cond.notify_all()
+            def gone() -> list[int]:
+                return [m for m in members if m in self.finished and m not in meeting.arrived]
+
             ok = self._cond.wait_for(
-                lambda: len(meeting.arrived) == len(members) or self.failed is not None,
+                lambda: len(meeting.arrived) == len(members)
+                or self.failed is not None
+                or bool(gone()),
                 timeout=self.timeout,
             )
             if self.failed is not None and len(meeting.arrived) < len(members):
                 raise SimulationError(
                     f"{description}: another rank failed first ({self.failed})"
+                )
+            if gone() and len(meeting.arrived) < len(members):
+                raise SimulationError(
+                    f"{description}: ranks {gone()} finished the program without reaching "
+                    f"this collective (rank {me} waits in it)"
                 )
             if not ok:
                 missing = sorted(set(members) - set(meeting.arrived))
@@ -115,6 +127,11 @@ class SimulatedWorld:
                 description, f"ranks reached different collectives ({per_rank})"
             )
         return [arrived[m][1] for m in members]
+
+    def finish(self, rank: int) -> None:
+        with self._cond:
+            self.finished.add(rank)
+            self._cond.notify_all()
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
@@ -434,6 +451,7 @@ def run_simulation(
     def body(rank: int) -> None:
         try:
             results[rank] = run_rank(SimulatedRank(world, rank, groups))
+            world.finish(rank)
         except BaseException as e:  # reported below, with the rank
             errors.append((rank, e))
             world.fail(e)

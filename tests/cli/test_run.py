@@ -206,11 +206,6 @@ def test_an_unknown_pass(tmp_path) -> None:
     assert "no-such-pass" in proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a VerifyException raised while parsing (arith.extui on a tensor) "
-    "escapes distir.compile, so distir-run prints a Traceback",
-)
 def test_a_type_error_caught_while_parsing(tmp_path) -> None:
     path = tmp_path / "extui.mlir"
     path.write_text("""\
@@ -224,11 +219,6 @@ func.func @main(%a: tensor<4xi1>) -> tensor<4xi64> {
     assert f"{path}:2:" in proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a malformed pipeline spec raises xDSL's ArgSpecParseError out of "
-    "distir.compile, so distir-run prints a Traceback",
-)
 def test_a_malformed_pipeline() -> None:
     proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "-p", "canonicalize,,")
     assert_clean_failure(proc)

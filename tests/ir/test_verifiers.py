@@ -53,6 +53,11 @@ INVALID: dict[str, tuple[str, str]] = {
         "dist.group @g [[0, 1], [1, 2]]",
         "group @g: rank 1 appears in more than one place",
     ),
+    "group_ranks_not_ascending": (
+        "dist.group @g [[2, 0], [1]]",
+        "group @g: subgroup [2, 0] must list its ranks in ascending order ([0, 2]), the "
+        "order that numbers them within the group",
+    ),
     "group_not_declared": (
         _func(X4, "%y = dist.all_reduce sum %x group @missing : tensor<4xf32>\nfunc.return"),
         "'dist.all_reduce' names group @missing but no `dist.group` of that name is declared at module level",

@@ -184,11 +184,6 @@ def test_cmpi_on_i64_with_non_negative_operands(pred) -> None:
         assert int(s) == b - int(bool(c)) * a
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: arith.cmpi ult/ule/ugt/uge on i64 (and index) compares signed: "
-    "local_ops._cmpi only reinterprets operands as unsigned below 64 bits",
-)
 @pytest.mark.parametrize("pred", ["ult", "ule", "ugt", "uge"])
 def test_unsigned_cmpi_on_i64_with_the_sign_bit_set(pred) -> None:
     program = distir.compile(COMPARE_EXTEND.format(w=64, pred=pred))
@@ -550,11 +545,6 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
         pytest.param(
             UNSUPPORTED_IN_COMBINE,
             "arith.ceildivsi",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: compile() does not compile combine regions, so an "
-                "unsupported op inside one passes compile() and fails only at run time",
-            ),
         ),
     ],
     ids=["top-level", "in-scf-for", "in-callee", "cmpf-predicate", "in-combine-region"],

@@ -320,12 +320,6 @@ func.func @main(%x: tensor<2xi64>) -> (index, index, tensor<2xi64>, tensor<?xi64
 }}
 """
 
-UNSORTED_SUBGROUP = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a subgroup listed out of order ([[2, 0], [1]]) means group rank 0 = "
-    "global 2 to the simulator but global 0 to the torch backend (torch.distributed."
-    "new_group sorts its ranks): rank, all_gather order and broadcast root all differ",
-)
 
 
 def subgroups(p: int, seed: int) -> list[tuple[Case, list]]:
@@ -341,8 +335,6 @@ def subgroups(p: int, seed: int) -> list[tuple[Case, list]]:
         return [
             (Case("subgroups-sizes-2-and-1", SUBGROUPS_P3.format(parts="[[0, 2], [1]]"), args,
                   seed=seed), []),
-            (Case("subgroups-listed-out-of-order", SUBGROUPS_P3.format(parts="[[2, 0], [1]]"),
-                  args, seed=seed), [UNSORTED_SUBGROUP]),
         ]
     return []
 

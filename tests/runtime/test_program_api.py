@@ -157,12 +157,6 @@ def test_an_unknown_pass_option_is_a_compile_error() -> None:
         distir.compile(SUM_AND_BROADCAST, "canonicalize{no-such-option=1}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BaseException,
-    reason="BUG: a malformed pipeline spec raises xDSL's ArgSpecParseError (a "
-    "BaseException, not even an Exception) out of distir.compile instead of CompileError",
-)
 def test_a_malformed_pipeline_is_a_compile_error() -> None:
     try:
         distir.compile(SUM_AND_BROADCAST, "canonicalize,,")
@@ -204,13 +198,6 @@ def test_a_parse_error_is_a_located_compile_error(tmp_path) -> None:
     assert "Traceback" not in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BaseException,
-    reason="BUG: a VerifyException raised while parsing (an op's type constraint, "
-    "e.g. arith.extui on a tensor) escapes distir.compile unwrapped: load_module "
-    "only catches ParseError",
-)
 def test_a_type_constraint_violated_while_parsing_is_a_compile_error(tmp_path) -> None:
     text = """\
 func.func @main(%a: tensor<4xi1>) -> tensor<4xi64> {
@@ -405,11 +392,6 @@ def test_run_names_the_rejected_input(world, inputs, message) -> None:
     assert message in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with program agreement (the default), Program.run raises "
-    "ProgramMismatch, not ProgramInputError, on the rank whose own inputs are wrong",
-)
 def test_run_rejects_bad_inputs_with_program_input_error(world) -> None:
     program = distir.compile(SUM_AND_BROADCAST)
     with pytest.raises(ProgramInputError):
