@@ -24,6 +24,8 @@ from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.ir import Attribute, Operation
 
 from distir.backends.dtypes import element_dtype, static_shape
+from distir.errors import OpError
+from distir.ir.dialect import AssertReducedOp
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]
 KernelFactory = Callable[[Operation], Kernel]
@@ -364,5 +366,26 @@ def _broadcast(op: LinalgBroadcastOp) -> Kernel:
         view = [1 if d in added else s for d, s in enumerate(shape)]
         # A broadcast view: no copy. Kernels never write into their inputs.
         return (x.reshape(view).expand(shape),)
+
+    return run
+
+
+@kernel(AssertReducedOp)
+def _assert_reduced(op: AssertReducedOp) -> Kernel:
+    from distir.backends.registry import make_invocation
+    from distir.backends.validation import check_ciphertext
+
+    invocation = make_invocation(op)
+    bits = None if op.max_modulus_bits is None else op.max_modulus_bits.value.data
+
+    def run(limbs: torch.Tensor, moduli: torch.Tensor) -> tuple[()]:
+        q_max = check_ciphertext(invocation, limbs, moduli)
+        if bits is not None and q_max >= 1 << bits:
+            raise OpError(
+                invocation.description,
+                f"modulus {q_max} is not below 2^{bits}, the bound (max_modulus_bits "
+                f"{bits}) this program was lowered under",
+            )
+        return ()
 
     return run

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from xdsl.dialects.builtin import IntegerAttr
 from xdsl.ir import Operation
 
 from distir.backends.dtypes import static_shape
 from distir.errors import UnsupportedOpError
 from distir.ir.dialect import (
+    ASSUMED_GROUP_SIZE,
     AllGatherOp,
     AllReduceAddCiphertextOp,
     AllReduceOp,
@@ -62,6 +64,10 @@ def decode_properties(op: Operation) -> dict[str, Any]:
         props["kind"] = None if op.kind is None else str(op.kind.data)
         props["commutative"] = op.commutative is not None
         props["algorithm"] = None if op.algorithm is None else op.algorithm.data
+        assumed = op.attributes.get(ASSUMED_GROUP_SIZE)
+        props["assumed_max_group_size"] = (
+            assumed.value.data if isinstance(assumed, IntegerAttr) else None
+        )
     elif isinstance(op, AllReduceAddCiphertextOp):
         props["modulus_basis"] = op.modulus_basis.data
         props["max_modulus_bits"] = (

@@ -100,3 +100,16 @@ def check_ciphertext(
 def deferred_sum_is_exact(group_size: int, q_max: int) -> bool:
     """P·(q_max − 1) ≤ 2^63 − 1: an int64 sum of reduced limbs cannot overflow."""
     return group_size * (q_max - 1) <= INT64_MAX
+
+
+def check_group_assumption(invocation: Invocation, size: int) -> None:
+    """A pass proved this op exact only up to some group size: hold it to that."""
+    limit = invocation.properties.get("assumed_max_group_size")
+    if limit is not None and size > limit:
+        raise fail(
+            invocation,
+            f"this reduction was proved exact for groups of at most {limit} ranks "
+            f"(defer-modular-reduction{{max-group-size={limit}}}) but the group has {size}; "
+            "its int64 sum could overflow. Recompile with a larger max-group-size or "
+            "without defer-modular-reduction",
+        )

@@ -92,6 +92,10 @@ class ReductionKind(StrEnum):
 
 BITWISE_KINDS = frozenset({ReductionKind.BAND, ReductionKind.BOR, ReductionKind.BXOR})
 
+#: Discardable attribute of a collective whose exactness a pass proved only
+#: for groups of at most this many ranks; executors refuse larger groups.
+ASSUMED_GROUP_SIZE = "assumed_max_group_size"
+
 
 @irdl_attr_definition
 class ReductionKindAttr(EnumAttribute[ReductionKind], SpacedOpaqueSyntaxAttribute):
@@ -802,6 +806,79 @@ class AllReduceAddCiphertextOp(CollectiveOp):
             max_modulus_bits=bits,
             group=group,
         )
+        op.attributes.update(attrs)
+        return op
+
+
+class RaisesEffect(MemoryEffect):
+    """An op that may raise: never deleted, merged or moved by cse and dce."""
+
+    @classmethod
+    def get_effects(cls, op: Operation) -> set[EffectInstance]:
+        return {EffectInstance(MemoryEffectKind.WRITE)}
+
+
+@irdl_op_definition
+class AssertReducedOp(IRDLOperation):
+    """Fails, naming this op, unless every limb is reduced: `2 <= q_l < 2^62`
+    and `0 <= x[..., l, :] < q_l`. Lowerings of the ciphertext all-reduce
+    emit it, so a lowered program rejects bad limbs as the op itself does
+    instead of summing them into a silently wrong result. With
+    `max_modulus_bits b` it also checks the bound a pass relied on: every
+    `q_l < 2^b`."""
+
+    name = "dist.assert_reduced"
+
+    input = operand_def(TensorType)
+    moduli = operand_def(TensorType)
+    max_modulus_bits = opt_prop_def(IntegerAttr[I64])
+
+    traits = traits_def(RaisesEffect())
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        moduli: SSAValue | Operation,
+        max_modulus_bits: int | None = None,
+    ):
+        props = {}
+        if max_modulus_bits is not None:
+            props["max_modulus_bits"] = IntegerAttr(max_modulus_bits, i64)
+        super().__init__(operands=[SSAValue.get(input), SSAValue.get(moduli)], properties=props)
+
+    def verify_(self) -> None:
+        ct, mod = self.input.type, self.moduli.type
+        assert isinstance(ct, TensorType) and isinstance(mod, TensorType)
+        if ct.element_type != i64 or mod.element_type != i64:
+            raise VerifyException("'dist.assert_reduced' limbs and moduli must be i64")
+        if ct.get_num_dims() < 2 or mod.get_num_dims() != 1:
+            raise VerifyException(
+                "'dist.assert_reduced' takes limbs [..., L, N] and moduli [L]"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_list([self.input, self.moduli], printer.print_operand)
+        if self.max_modulus_bits is not None:
+            printer.print_string(f" max_modulus_bits {self.max_modulus_bits.value.data}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_list([self.input.type, self.moduli.type], printer.print_attribute)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AssertReducedOp:
+        ct = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        mod = parser.parse_unresolved_operand()
+        bits = None
+        if parser.parse_optional_keyword("max_modulus_bits") is not None:
+            bits = parser.parse_integer(allow_boolean=False)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        ct_t = parser.parse_type()
+        parser.parse_punctuation(",")
+        mod_t = parser.parse_type()
+        op = cls(parser.resolve_operand(ct, ct_t), parser.resolve_operand(mod, mod_t), bits)
         op.attributes.update(attrs)
         return op
 
@@ -1686,6 +1763,7 @@ Dist = Dialect(
         *PEER_OPS,
         WaveOp,
         TransferOp,
+        AssertReducedOp,
         YieldOp,
     ],
     [ReductionKindAttr],

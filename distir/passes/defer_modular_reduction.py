@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, i64
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -49,7 +49,13 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, ReductionKind
+from distir.ir.dialect import (
+    ASSUMED_GROUP_SIZE,
+    AllReduceAddCiphertextOp,
+    AllReduceOp,
+    AssertReducedOp,
+    ReductionKind,
+)
 from distir.ir.parsing import format_location
 from distir.passes._rewrite_utils import broadcast_moduli, with_location
 
@@ -68,10 +74,14 @@ def constant_moduli(op: AllReduceAddCiphertextOp) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether an op may be rewritten, and the sentence that says why."""
+    """Whether an op may be rewritten, the sentence that says why, and the
+    assumptions the rewrite rests on that the IR alone does not guarantee
+    (checked again at run time)."""
 
     rewrite: bool
     reason: str
+    assumed_group_size: int | None = None
+    assumed_modulus_bits: int | None = None
 
 
 def decide(op: AllReduceAddCiphertextOp, max_group_size: int | None) -> Decision:
@@ -114,7 +124,12 @@ def decide(op: AllReduceAddCiphertextOp, max_group_size: int | None) -> Decision
     facts = f"{size_source}, {moduli_source}"
     if bound > INT64_MAX:
         return Decision(False, f"P*(q_max-1) = {bound} exceeds 2^63-1 ({facts})")
-    return Decision(True, f"P*(q_max-1) = {bound} <= 2^63-1 ({facts})")
+    return Decision(
+        True,
+        f"P*(q_max-1) = {bound} <= 2^63-1 ({facts})",
+        assumed_group_size=None if op.static_group_size() is not None else group_size,
+        assumed_modulus_bits=None if constants is not None else op.max_modulus_bits.value.data,
+    )
 
 
 def remark(op: AllReduceAddCiphertextOp, verdict: str, reason: str) -> None:
@@ -141,13 +156,18 @@ class DeferredReduction(RewritePattern):
             return
         total = AllReduceOp(op.input, kind=ReductionKind.SUM, group=op.group)
         total.attributes.update(op.attributes)
+        if decision.assumed_group_size is not None:
+            # Checked when the program binds to a group: a larger one would overflow.
+            total.attributes[ASSUMED_GROUP_SIZE] = IntegerAttr(decision.assumed_group_size, i64)
         total.result.name_hint = "sum"
+        # The op rejected unreduced limbs (and the bound checks the declared moduli).
+        check = AssertReducedOp(op.input, op.moduli, decision.assumed_modulus_bits)
         prelude, moduli = broadcast_moduli(op.input, op.moduli)
         reduced = arith.RemUIOp(total.result, moduli)
-        with_location([*prelude, total, reduced], op.location)
+        with_location([check, *prelude, total, reduced], op.location)
         if self.remarks:
             remark(op, "deferred to a native sum and one remainder", decision.reason)
-        rewriter.insert(prelude)
+        rewriter.insert([check, *prelude])
         rewriter.replace(op, [total, reduced], [reduced.result])
 
 

@@ -64,7 +64,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, YieldOp
+from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp, YieldOp
 from distir.passes._rewrite_utils import broadcast_moduli, with_location
 
 
@@ -132,8 +132,10 @@ class CiphertextAddLowering(RewritePattern):
             group=op.group,
         )
         reduce.attributes.update(op.attributes)
-        with_location([*prelude, reduce], op.location)
-        rewriter.insert(prelude)
+        # The op rejected unreduced limbs; the lowered program must too.
+        check = AssertReducedOp(op.input, op.moduli)
+        with_location([check, *prelude, reduce], op.location)
+        rewriter.insert([check, *prelude])
         rewriter.replace(op, reduce)
 
 

@@ -25,10 +25,11 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from distir.backends.dtypes import describe_tensor, element_dtype, matches_type
+from distir.backends.local_ops import LOCAL_KERNELS
 from distir.backends.region_compiler import BlockCompiler, CompiledBlock
 from distir.backends.registry import ImplementationRegistry, make_invocation
 from distir.backends.resources import _all_gather_single
-from distir.backends.validation import check_result_shape
+from distir.backends.validation import check_group_assumption, check_result_shape
 from distir.errors import CompileError, DistirError, ProgramInputError, ProgramMismatch
 from distir.ir.dialect import (
     AllGatherOp,
@@ -84,9 +85,12 @@ def _find_failing_op(module: ModuleOp) -> Operation | None:
 
 def is_executable_dist_op(op: Operation) -> bool:
     """Ops an implementation executes (a wave is executed through its ops;
-    groups, meshes and yields are declarations and terminators)."""
-    return op.name.startswith("dist.") and not isinstance(
-        op, WaveOp | GroupOp | MeshOp | YieldOp
+    groups, meshes and yields are declarations and terminators; local checks
+    such as `dist.assert_reduced` are plain kernels)."""
+    return (
+        op.name.startswith("dist.")
+        and not isinstance(op, WaveOp | GroupOp | MeshOp | YieldOp)
+        and type(op) not in LOCAL_KERNELS
     )
 
 
@@ -341,7 +345,10 @@ class Program:
                 op.kind is None
             ) else []
             invocation = make_invocation(op, regions, op_options(op))
-            return impl, invocation, resources[invocation.group]
+            resource = resources[invocation.group]
+            if isinstance(resource, ProcessGroupResource):
+                check_group_assumption(invocation, resource.size)
+            return impl, invocation, resource
 
         def bind(op: Operation):
             impl, invocation, resource = prepare(op)

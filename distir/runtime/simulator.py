@@ -24,6 +24,7 @@ from distir.backends.validation import (
     check_axis_rows,
     check_ciphertext,
     check_counts,
+    check_group_assumption,
     check_peer,
     check_root,
     fail,
@@ -197,6 +198,7 @@ class SimulatedRank:
             if isinstance(op, RankOp | GroupSizeOp):
                 value = me if isinstance(op, RankOp) else len(members)
                 return (torch.tensor(value, dtype=torch.int64),)
+            check_group_assumption(invocation, len(members))
             _LOCAL_CHECKS.get(type(op), _no_check)(invocation, inputs, me, len(members))
             seq = self._sequence.get(members, 0)
             self._sequence[members] = seq + 1

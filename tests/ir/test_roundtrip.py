@@ -107,6 +107,14 @@ builtin.module {
     func.return %z : tensor<?x16xi64>
   }
 }""",
+    "assert_reduced": """\
+builtin.module {
+  func.func @main(%ct: tensor<2x3x16xi64>, %q: tensor<3xi64>) {
+    dist.assert_reduced %ct, %q : tensor<2x3x16xi64>, tensor<3xi64>
+    dist.assert_reduced %ct, %q max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
+    func.return
+  }
+}""",
     "all_gather_even": """\
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]

@@ -175,6 +175,21 @@ INVALID: dict[str, tuple[str, str]] = {
         "'dist.all_reduce' combine must yield one value of type tensor<4xf32>, "
         "got (tensor<4xf32>, tensor<4xf32>)",
     ),
+    # dist.assert_reduced
+    "assert_reduced_not_i64": (
+        _func(
+            "%ct: tensor<2x3x16xi32>, %q: tensor<3xi64>",
+            "dist.assert_reduced %ct, %q : tensor<2x3x16xi32>, tensor<3xi64>\nfunc.return",
+        ),
+        "'dist.assert_reduced' limbs and moduli must be i64",
+    ),
+    "assert_reduced_ranks": (
+        _func(
+            "%ct: tensor<16xi64>, %q: tensor<3xi64>",
+            "dist.assert_reduced %ct, %q : tensor<16xi64>, tensor<3xi64>\nfunc.return",
+        ),
+        "'dist.assert_reduced' takes limbs [..., L, N] and moduli [L]",
+    ),
     # dist.all_reduce_add_ciphertext
     "ciphertext_limbs_not_i64": (
         _func(

@@ -16,6 +16,7 @@ func.func @constant_moduli(%ct: tensor<4x8xi64>) -> tensor<4x8xi64> {
 
 // CHECK-LABEL: func.func @constant_moduli(%ct: tensor<4x8xi64>) -> tensor<4x8xi64> {
 // CHECK-NEXT:    %q = arith.constant dense<[4611686018427387904, 3, 5, 7]> : tensor<4xi64>
+// CHECK-NEXT:    dist.assert_reduced %ct, %q : tensor<4x8xi64>, tensor<4xi64>
 // CHECK-NEXT:    %empty = tensor.empty() : tensor<4x8xi64>
 // CHECK-NEXT:    %q_bcast = linalg.broadcast ins(%q:tensor<4xi64>) outs(%empty:tensor<4x8xi64>) dimensions = [1]
 // CHECK-NEXT:    %sum = dist.all_reduce sum %ct group @pair : tensor<4x8xi64>
@@ -42,7 +43,8 @@ func.func @declared_bits(%ct: tensor<4x8xi64>, %q: tensor<4xi64>) -> tensor<4x8x
 // REMARK-NEXT: remark: {{.*}}:[[# @LINE - 3]]:3: 'dist.all_reduce_add_ciphertext' deferred to a native sum and one remainder: P*(q_max-1) = 3458764513820540922 <= 2^63-1 (P<=3 from max-group-size, q_max<=2^60-1 from max_modulus_bits 60)
 
 // CHECK-LABEL: func.func @declared_bits
-// CHECK:         %sum = dist.all_reduce sum %ct : tensor<4x8xi64>
+// CHECK-NEXT:    dist.assert_reduced %ct, %q max_modulus_bits 60 : tensor<4x8xi64>, tensor<4xi64>
+// CHECK:         %sum = dist.all_reduce sum %ct {assumed_max_group_size = 3 : i64} : tensor<4x8xi64>
 // CHECK-NEXT:    %y = arith.remui %sum, %q_bcast : tensor<4x8xi64>
 
 // Nothing is known about the moduli: kept.

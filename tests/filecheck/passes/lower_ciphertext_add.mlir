@@ -14,6 +14,7 @@ func.func @static(%ct: tensor<2x4x8xi64>, %q: tensor<4xi64>) -> tensor<2x4x8xi64
 }
 
 // CHECK-LABEL: func.func @static(%ct: tensor<2x4x8xi64>, %q: tensor<4xi64>) -> tensor<2x4x8xi64> {
+// CHECK-NEXT:    dist.assert_reduced %ct, %q : tensor<2x4x8xi64>, tensor<4xi64>
 // CHECK-NEXT:    %empty = tensor.empty() : tensor<2x4x8xi64>
 // CHECK-NEXT:    %q_bcast = linalg.broadcast ins(%q:tensor<4xi64>) outs(%empty:tensor<2x4x8xi64>) dimensions = [0, 2]
 // CHECK-NEXT:    %y = dist.all_reduce %ct, %q_bcast group @tp commutative : tensor<2x4x8xi64>, tensor<2x4x8xi64> combine(%lhs, %rhs, %mod) {
@@ -34,6 +35,7 @@ func.func @dynamic(%ct: tensor<?x?x8xi64>, %q: tensor<4xi64>) -> tensor<?x?x8xi6
 }
 
 // CHECK-LABEL: func.func @dynamic(%ct: tensor<?x?x8xi64>, %q: tensor<4xi64>) -> tensor<?x?x8xi64> {
+// CHECK-NEXT:    dist.assert_reduced %ct, %q : tensor<?x?x8xi64>, tensor<4xi64>
 // CHECK-NEXT:    %q_cast = tensor.cast %q : tensor<4xi64> to tensor<?xi64>
 // CHECK-NEXT:    %c0 = arith.constant 0 : index
 // CHECK-NEXT:    %dim0 = tensor.dim %ct, %c0 : tensor<?x?x8xi64>
