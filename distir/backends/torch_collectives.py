@@ -371,11 +371,11 @@ def distributed_operation_contributions(
     if ciphertext_add is not None:
         contributions.append(CombineCiphertextAddImplementation(ciphertext_add))
     # Point-to-point algorithms (ring, halving-doubling, recursive-doubling,
-    # ciphertext-ring), appended last. The registry takes a requested name
+    # ciphertext-auto), appended last. The registry takes a requested name
     # first, else the highest priority, and on a tie the earliest contribution:
     # the all-reduce algorithms have priority 0 and come after native and
     # gather-fold, so they run only when the op's `algorithm` (or
-    # `implementations=`) names them; ciphertext-ring has priority 1, so it
+    # `implementations=`) names them; ciphertext-auto has priority 1, so it
     # replaces exact-modular-sum (0) by default, while a prepared
     # `ciphertext_add` (rns-combine, also 1, contributed earlier) still wins.
     from distir.backends.ring import ring_contributions
