@@ -150,6 +150,12 @@ def _is_integer_tensor(t: Attribute) -> bool:
     return isinstance(t, TensorType) and isinstance(t.element_type, IntegerType)
 
 
+def _add_group(props: dict[str, Attribute], group: SymbolRefAttr | str | None) -> None:
+    """Sets the `group` property from a symbol or a name (None: the world)."""
+    if group is not None:
+        props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+
+
 def _print_group(printer: Printer, group: SymbolRefAttr | None) -> None:
     if group is not None:
         printer.print_string(" group ")
@@ -421,8 +427,7 @@ class BroadcastOp(CollectiveOp):
             operands.append([])
         else:
             operands.append([SSAValue.get(root)])
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(
             operands=operands, result_types=[input.type], properties=props
         )
@@ -534,8 +539,7 @@ class AllReduceOp(CollectiveOp):
             props["commutative"] = UnitAttr()
         if algorithm is not None:
             props["algorithm"] = StringAttr(algorithm)
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(
             operands=[input, [SSAValue.get(e) for e in extras]],
             result_types=[input.type],
@@ -716,8 +720,7 @@ class AllReduceAddCiphertextOp(CollectiveOp):
         props: dict[str, Attribute] = {"modulus_basis": StringAttr(modulus_basis)}
         if max_modulus_bits is not None:
             props["max_modulus_bits"] = IntegerAttr(max_modulus_bits, i64)
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(
             operands=[input, SSAValue.get(moduli)],
             result_types=[input.type],
@@ -945,8 +948,7 @@ class AllGatherOp(CollectiveOp):
         group: SymbolRefAttr | str | None = None,
     ):
         props: dict[str, Attribute] = {"axis": IntegerAttr(axis, i64)}
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(
             operands=[SSAValue.get(input), [] if counts is None else [SSAValue.get(counts)]],
             result_types=[result_type],
@@ -1058,8 +1060,7 @@ class VariableAllToAllOp(CollectiveOp):
     ):
         send_counts = SSAValue.get(send_counts)
         props: dict[str, Attribute] = {"axis": IntegerAttr(axis, i64)}
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(
             operands=[SSAValue.get(input), send_counts],
             result_types=[result_type, send_counts.type],
@@ -1204,8 +1205,7 @@ class SendOp(PeerOp):
     def __init__(self, input, dest, group: SymbolRefAttr | str | None = None):
         props: dict[str, Attribute] = {}
         dynamic = self._peer_props(dest, "dest", props)
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(operands=[SSAValue.get(input), dynamic], properties=props)
 
     def verify_(self) -> None:
@@ -1249,8 +1249,7 @@ class RecvOp(PeerOp):
     def __init__(self, source, result_type: TensorType, group: SymbolRefAttr | str | None = None):
         props: dict[str, Attribute] = {}
         dynamic = self._peer_props(source, "source", props)
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(operands=[dynamic], result_types=[result_type], properties=props)
 
     def verify_(self) -> None:
@@ -1304,8 +1303,7 @@ class SendRecvOp(PeerOp):
         props: dict[str, Attribute] = {}
         dest_operands = self._peer_props(dest, "dest", props)
         source_operands = self._peer_props(source, "source", props)
-        if group is not None:
-            props["group"] = SymbolRefAttr(group) if isinstance(group, str) else group
+        _add_group(props, group)
         super().__init__(
             operands=[input, dest_operands, source_operands],
             result_types=[result_type or input.type],
