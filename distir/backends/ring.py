@@ -20,12 +20,10 @@ ciphertext op, by priority:
   exchanged and combined log2(P) times; the only choice for a combine that is
   not elementwise, which cannot be cut into chunks.
 * `ciphertext-auto` (`dist.all_reduce_add_ciphertext`, chosen by default):
-  deferred modular reduction where the headroom P·(q_max−1) ≤ 2^63−1 allows
-  it: the ring adds limbs without reducing and reduces the owned 1/P chunk
-  once before the all-gather (or, for larger P on shared cores, the native
-  int64 sum and one reduction); with less headroom, the ring reduces a
-  segment only before it would overflow, which for q_max near 2^62 is a
-  modular ring.
+  the ring with lazy modular reduction: limbs are added without reducing
+  while the headroom P·(q_max−1) ≤ 2^63−1 lasts and the owned 1/P chunk is
+  reduced once before the all-gather; with less headroom a segment is reduced
+  only before it would overflow, which for q_max near 2^62 is a modular ring.
 
 "Elementwise" means the combine region computes every output element from the
 same element of its operands: arith ops on tensors of the op's shape, splat
@@ -80,10 +78,13 @@ __all__ = [
     "ring_contributions",
 ]
 
-#: Bytes per message segment: small enough that combining one segment overlaps
-#: the transfer of the next, large enough that per-message Python and gloo
-#: costs (tens of microseconds) stay below a few percent.
-SEGMENT_BYTES = 1 << 20
+#: Bytes per message segment; None picks one eighth of a chunk, clamped to
+#: [MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES]: small enough that combining one
+#: segment overlaps the transfer of the next, large enough that the
+#: per-message costs (about 100 us of Python and gloo posting) stay small.
+SEGMENT_BYTES: int | None = None
+MIN_SEGMENT_BYTES = 1 << 20
+MAX_SEGMENT_BYTES = 4 << 20
 
 #: Issue CPU sends from a helper thread (see `_SendThread`).
 THREADED_SENDS = True
@@ -179,8 +180,11 @@ def segment_ranges(start: int, stop: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(stop, a + size)) for a in range(start, stop, size)]
 
 
-def _segment_elements(element_size: int) -> int:
-    return max(1, SEGMENT_BYTES // element_size)
+def _segment_elements(element_size: int, chunk_elements: int) -> int:
+    if SEGMENT_BYTES is not None:
+        return max(1, SEGMENT_BYTES // element_size)
+    wanted = chunk_elements * element_size // 8
+    return max(1, min(MAX_SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, wanted)) // element_size)
 
 
 ###############################################################################
@@ -482,7 +486,7 @@ class RegionCombine:
 
 def _is_splat(op: arith.ConstantOp) -> bool:
     value = op.value
-    return isinstance(value, DenseIntOrFPElementsAttr) and len(value.get_values()) == 1
+    return isinstance(value, DenseIntOrFPElementsAttr) and value.is_splat()
 
 
 def _is_index_constant(op: Operation) -> bool:
@@ -498,7 +502,11 @@ def _is_constant(value: SSAValue, number: int) -> bool:
     attr = owner.value
     if isinstance(attr, IntegerAttr):
         return attr.value.data == number
-    return isinstance(attr, DenseIntOrFPElementsAttr) and list(attr.get_values()) == [number]
+    return (
+        isinstance(attr, DenseIntOrFPElementsAttr)
+        and attr.is_splat()
+        and attr.get_values()[0] == number
+    )
 
 
 def _operands_are(op: Operation, a: SSAValue, b: SSAValue) -> bool:
@@ -724,7 +732,7 @@ def ring_all_reduce(
     size, rank = resources.size, resources.rank
     n = x.numel()
     offsets = split_even(n, size)
-    seg = _segment_elements(x.element_size())
+    seg = _segment_elements(x.element_size(), offsets[1])
     nxt = resources.global_rank((rank + 1) % size)
     prv = resources.global_rank((rank - 1) % size)
     widest = max(offsets[c + 1] - offsets[c] for c in range(size))
@@ -801,7 +809,7 @@ def halving_doubling_all_reduce(
     power of two."""
     size, rank = resources.size, resources.rank
     n = x.numel()
-    seg = _segment_elements(x.element_size())
+    seg = _segment_elements(x.element_size(), n // 2)
     p2, virtual, pair = _virtual_layout(size, rank)
     ex = _Exchange(resources, invocation)
     if pair is not None:
@@ -1045,21 +1053,22 @@ class RecursiveDoublingAllReduceImplementation(Implementation):
 
 
 class CiphertextAllReduceImplementation(Implementation):
-    """`dist.all_reduce_add_ciphertext`, its strategy picked at run time from
-    the group size P and the largest modulus q_max:
+    """`dist.all_reduce_add_ciphertext` as a ring with lazy modular reduction,
+    its schedule picked at run time from the group size P and the largest
+    modulus q_max (`lazy_reduction_schedule`):
 
-    * `deferred-ring` (P·(q_max−1) ≤ 2^63−1, P ≤ DEFERRED_RING_MAX_SIZE):
-      the ring adds limbs without reducing and reduces once, on the owned
-      1/P chunk, before the all-gather;
-    * `deferred-native` (the same headroom, larger P): the backend's native
-      int64 sum, then one bounded reduction of the whole result; on a host
-      whose cores are shared by several ranks, gloo's C++ ring outruns a
-      Python-level ring by more than the reduction it would save;
-    * `lazy-ring` (less headroom): the ring, reducing a segment only before
-      its next addition could pass 2^63−1; with q_max near 2^62 that is a
-      modular ring, one reduction after every addition.
+    * `deferred-ring` when P·(q_max−1) ≤ 2^63−1: limbs are added without
+      reduction through the reduce-scatter and the owned 1/P chunk is reduced
+      once, tile by tile, before the all-gather;
+    * `lazy-ring` otherwise: a segment is reduced only before its next
+      addition could pass 2^63−1; with q_max near 2^62 that is a modular
+      ring, one reduction after every addition.
 
-    Limbs are checked to be reduced before any message is sent.
+    (A native int64 sum followed by one reduction of the whole result was
+    measured too: at P=4 on two cores it took 1.6x gloo's sum against 1.06x
+    for the deferred ring, as it reduces all the data, out of cache.)
+    Limbs are checked to be reduced, and the ranks agree on it, before any
+    limb is sent.
     """
 
     name = "ciphertext-auto"
@@ -1090,19 +1099,10 @@ class CiphertextAllReduceImplementation(Implementation):
             out.copy_(flat)
             return (out.view(ct.shape),)
         moduli_pieces = ModuliPieces.per_row(moduli.to(ct.device), ct.shape)
-        strategy = ciphertext_strategy(size, q_max)
-        self.last_strategy = strategy
-        if strategy == "deferred-native":
-            out.copy_(flat)
-            resources.complete(
-                dist.all_reduce(out, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
-                invocation,
-            )
-            _reduce_bounded(out, moduli_pieces, 0, size)
-        else:
-            lazy = LazyModularAdd(moduli_pieces)
-            combines = [lazy.step_combine(b) for b in lazy_reduction_schedule(size, q_max)]
-            ring_all_reduce(flat, out, combines.__getitem__, resources, invocation)
+        self.last_strategy = ciphertext_strategy(size, q_max)
+        lazy = LazyModularAdd(moduli_pieces)
+        combines = [lazy.step_combine(b) for b in lazy_reduction_schedule(size, q_max)]
+        ring_all_reduce(flat, out, combines.__getitem__, resources, invocation)
         return (out.view(ct.shape),)
 
 
@@ -1116,19 +1116,10 @@ def _explain_ciphertexts(rows: list[list[int]]) -> str:
     return _explain_layouts([row[1:] for row in rows])
 
 
-#: Largest group size for which the deferred ciphertext sum runs as a ring
-#: rather than as a native sum plus one reduction. Measured on a 2-core host:
-#: at P=2 the ring matches gloo's sum and reduces half the data; at P=4 (four
-#: ranks on two cores) the ring alone costs 1.3-1.6x the native sum.
-DEFERRED_RING_MAX_SIZE = 2
-
-
 def ciphertext_strategy(size: int, q_max: int) -> str:
-    """`deferred-ring`, `deferred-native` or `lazy-ring` (see
+    """`deferred-ring` when P·(q_max−1) ≤ 2^63−1, else `lazy-ring` (see
     `CiphertextAllReduceImplementation`)."""
-    if size * (q_max - 1) <= INT64_MAX:
-        return "deferred-ring" if size <= DEFERRED_RING_MAX_SIZE else "deferred-native"
-    return "lazy-ring"
+    return "deferred-ring" if size * (q_max - 1) <= INT64_MAX else "lazy-ring"
 
 
 def lazy_reduction_schedule(size: int, q_max: int) -> list[int]:
@@ -1168,7 +1159,14 @@ def check_reduced_ciphertext(
         return check_ciphertext(invocation, ct, moduli)
     if ct.numel():
         rows = ct.reshape(-1, ct.shape[-1])
-        low, high = torch.aminmax(rows, dim=1)
+        if rows.shape[0] <= 256 and rows.is_contiguous():
+            # A global min-max per row reads memory about twice as fast as
+            # aminmax along a dimension.
+            bounds = [torch.aminmax(row) for row in rows]
+            low = torch.stack([b.min for b in bounds])
+            high = torch.stack([b.max for b in bounds])
+        else:
+            low, high = torch.aminmax(rows, dim=1)
         q_rows = moduli.to(ct.device).repeat(rows.shape[0] // moduli.numel())
         if bool(((low < 0) | (high >= q_rows)).any()):
             return check_ciphertext(invocation, ct, moduli)

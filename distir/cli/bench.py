@@ -388,32 +388,54 @@ def _progress(family: str, size: int, nbytes: int, rows: Sequence[dict]) -> None
 
 
 def dispatch_rank(context, chain: int, repeats: int, backend: str) -> dict:
-    """A 1-rank group: `chain` dependent all-reduces of 4 floats, through
-    Program.run, through the implementation alone, and as raw calls."""
+    """A 1-rank group: `chain` dependent all-reduces of 4 floats, as raw
+    calls, through the op's implementation alone, through Program.run, and
+    through Program.run with an implementation that reduces in place (what
+    the runtime would run if it could donate dead intermediates): the last
+    one isolates the runtime's own dispatch cost."""
     import torch
     import torch.distributed as dist
 
     import distir
-    from distir.backends.registry import make_invocation
+    from distir.backends.registry import Implementation, ImplementationRegistry, make_invocation
     from distir.backends.resources import ProcessGroupResource
+    from distir.ir.dialect import AllReduceOp
+
+    class InPlaceSum(Implementation):
+        name = "in-place-sum"
+        operation_types = (AllReduceOp,)
+
+        def execute(self, invocation, inputs, resources, *, in_place):
+            dist.all_reduce(inputs[0], group=resources.group)
+            return (inputs[0],)
+
+    class NoCollective(Implementation):
+        name = "no-collective"
+        operation_types = (AllReduceOp,)
+
+        def execute(self, invocation, inputs, resources, *, in_place):
+            return (inputs[0],)
 
     device = "cuda" if backend == "nccl" else "cpu"
     sync = _timer(device)
     t = "tensor<4xf32>"
     body = "\n  ".join(f"%x{i + 1} = dist.all_reduce sum %x{i} : {t}" for i in range(chain))
+    text = _program([("x0", t)], body, [(f"x{chain}", t)])
     start = time.perf_counter()
-    program = distir.compile(_program([("x0", t)], body, [(f"x{chain}", t)]))
+    program = distir.compile(text)
     compile_s = time.perf_counter() - start
+    in_place = distir.compile(text, registry=ImplementationRegistry([InPlaceSum()]))
+    no_collective = distir.compile(text, registry=ImplementationRegistry([NoCollective()]))
     x = torch.rand(4, device=device)
+    scratch = x.clone()
     op = next(op for op in program.choices if op.name == "dist.all_reduce")
     implementation = program.choices[op]
     invocation = make_invocation(op)
     resource = ProcessGroupResource(None)
 
     def raw():
-        y = x
         for _ in range(chain):
-            dist.all_reduce(y)
+            dist.all_reduce(scratch)
 
     def raw_out_of_place():
         y = x
@@ -426,12 +448,20 @@ def dispatch_rank(context, chain: int, repeats: int, backend: str) -> dict:
         for _ in range(chain):
             (y,) = implementation.execute(invocation, (y,), resource, in_place=False)
 
-    def distir_run():
+    def program_run():
         program.run(x)
+
+    def program_run_in_place():
+        in_place.run(scratch)
+
+    def program_run_without_collectives():
+        no_collective.run(scratch)
 
     measured: dict[str, list[float]] = {}
     calls = [("raw", raw), ("raw_out_of_place", raw_out_of_place),
-             ("implementation_only", implementation_only), ("program_run", distir_run)]  # fmt: skip
+             ("implementation_only", implementation_only), ("program_run", program_run),
+             ("program_run_in_place", program_run_in_place),
+             ("program_run_without_collectives", program_run_without_collectives)]  # fmt: skip
     for _ in range(2):
         for _, call in calls:
             call()
@@ -451,7 +481,7 @@ def dispatch_rank(context, chain: int, repeats: int, backend: str) -> dict:
         "min_us_per_op": {name: min(v) for name, v in measured.items()},
         "overhead_us_per_op": per_op["program_run"] - per_op["raw"],
         "overhead_vs_out_of_place_us_per_op": per_op["program_run"] - per_op["raw_out_of_place"],
-        "runtime_dispatch_us_per_op": per_op["program_run"] - per_op["implementation_only"],
+        "runtime_dispatch_us_per_op": per_op["program_run_in_place"] - per_op["raw"],
         "implementation_us_per_op": per_op["implementation_only"] - per_op["raw"],
     }
 
@@ -550,11 +580,14 @@ def format_dispatch(d: dict) -> str:
     us = d["us_per_op"]
     return (
         f"dispatch (1 rank, chain of {d['chain']} all-reduces of 4 floats, median of "
-        f"{d['repeats']}): raw {us['raw']:.1f} us/op, raw out-of-place {us['raw_out_of_place']:.1f}, "
-        f"implementation only {us['implementation_only']:.1f}, Program.run {us['program_run']:.1f} "
-        f"-> overhead {d['overhead_us_per_op']:.1f} us/op over raw "
-        f"({d['implementation_us_per_op']:.1f} in the implementation, "
-        f"{d['runtime_dispatch_us_per_op']:.1f} in the runtime's dispatch)"
+        f"{d['repeats']}, us/op): raw in place {us['raw']:.1f}; raw out of place (empty + copy "
+        f"+ all_reduce) {us['raw_out_of_place']:.1f}; native implementation alone "
+        f"{us['implementation_only']:.1f}; Program.run {us['program_run']:.1f}; Program.run with "
+        f"an in-place implementation {us['program_run_in_place']:.1f}; Program.run with an "
+        f"implementation that communicates nothing {us['program_run_without_collectives']:.1f}\n"
+        f"  -> Program.run adds {d['overhead_us_per_op']:.1f} us/op over raw in place "
+        f"({d['overhead_vs_out_of_place_us_per_op']:.1f} over raw out of place); the runtime's "
+        f"own dispatch adds {d['runtime_dispatch_us_per_op']:.1f} us/op"
     )
 
 

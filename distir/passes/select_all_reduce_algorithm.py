@@ -30,10 +30,10 @@ Native all-reduces are left alone: the backend's own collective is the
 fastest way to run them (`recognize-native-reductions` first turns generic
 regions that are one native op into that form). Ops that already record an
 algorithm keep it. `dist.all_reduce_add_ciphertext` has no `algorithm`
-property: its default implementation, `ciphertext-auto`, picks at run time,
-from the group size and the largest modulus, between deferred reduction (a
-ring that reduces only the owned chunk, or a native sum and one reduction)
-and a ring that reduces only when the int64 headroom runs out.
+property: its default implementation, `ciphertext-auto`, is a ring whose
+reduction schedule follows at run time from the group size and the largest
+modulus: deferred to the owned chunk when the int64 headroom allows, else
+only when the headroom runs out (a modular ring for moduli near 2^62).
 
 Options name the algorithm for each case (`commutative`, `ordered`,
 `whole`), e.g. `select-all-reduce-algorithm{commutative=gather-fold}` keeps
@@ -87,7 +87,7 @@ def _shape(t) -> tuple[int, ...] | None:
 
 
 def _is_splat(op: arith.ConstantOp) -> bool:
-    return isinstance(op.value, DenseIntOrFPElementsAttr) and len(op.value.get_values()) == 1
+    return isinstance(op.value, DenseIntOrFPElementsAttr) and op.value.is_splat()
 
 
 def _only_sizes(value: SSAValue) -> bool:
