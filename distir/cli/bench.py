@@ -116,6 +116,7 @@ class Variant:
     name: str
     pipeline: str = ""
     implementations: dict[str, str] | None = None
+    agreement: bool = True  # False: Program.run(..., agreement=False)
 
 
 @dataclass
@@ -141,6 +142,7 @@ def _variants(family: str, size: int) -> tuple[Variant, ...]:
     if family == "ciphertext":
         return (
             Variant("auto"),
+            Variant("auto, no agreement", agreement=False),
             Variant("exact-modular-sum", "", {"dist.all_reduce_add_ciphertext": "exact-modular-sum"}),
             Variant("defer-pass", f"defer-modular-reduction{{max-group-size={size}}}"),
             Variant("lowered+gather-fold", "lower-ciphertext-add"),
@@ -153,6 +155,8 @@ def _variants(family: str, size: int) -> tuple[Variant, ...]:
         )
     if family == "wave":
         return (Variant("separate"), Variant("bucketed", "bucket-all-reduces"))
+    if family == "all_reduce":
+        return (Variant("distir"), Variant("distir, no agreement", agreement=False))
     return (Variant("distir"),)
 
 
@@ -176,7 +180,8 @@ def make_setup(family: str, nbytes: int, size: int, rank: int, device: str) -> S
         buf = x.clone()
         if family == "all_reduce":
             body = f"%y = dist.all_reduce sum %x : {t}"
-            return Setup({"distir": _program([("x", t)], body, [("y", t)])}, (x,),
+            text = _program([("x", t)], body, [("y", t)])
+            return Setup({v.name: text for v in _variants(family, size)}, (x,),
                          lambda: dist.all_reduce(buf), lambda: buf.copy_(x), n * 4)  # fmt: skip
         body = f"%y = dist.broadcast %x root 0 : {t}"
         return Setup({"distir": _program([("x", t)], body, [("y", t)])}, (x,),
@@ -321,8 +326,8 @@ def bench_rank(context, config: BenchConfig) -> list[dict]:
             calls: list[tuple[str, Callable[[], Any], Callable[[], Any] | None]] = [
                 ("raw", setup.raw, setup.reset)
             ]
-            for name, program in programs.items():
-                calls.append((name, _runner(program, setup.inputs), None))
+            for v in variants:
+                calls.append((v.name, _runner(programs[v.name], setup.inputs, v.agreement), None))
             times: dict[str, list[float]] = {name: [] for name, _, _ in calls}
             for i in range(warm + iters):
                 for name, call, reset in calls:
@@ -350,9 +355,13 @@ def bench_rank(context, config: BenchConfig) -> list[dict]:
     return rows
 
 
-def _runner(program, inputs) -> Callable[[], Any]:
-    def run():
-        program.run(*inputs)  # the result is dropped, as a caller would
+def _runner(program, inputs, agreement: bool) -> Callable[[], Any]:
+    if agreement:
+        def run():
+            program.run(*inputs)  # the result is dropped, as a caller would
+    else:
+        def run():
+            program.run(*inputs, agreement=False)
 
     return run
 
