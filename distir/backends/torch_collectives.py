@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from distir.backends.buffers import pooled_copy, pooled_empty
 from distir.backends.registry import Implementation, Invocation
 from distir.backends.resources import (
     ProcessGroupResource,
@@ -54,8 +55,9 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def fresh_copy(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy that owns its memory (inputs may be expanded views)."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+    """A contiguous copy that owns its memory (inputs may be expanded views),
+    from the result pool."""
+    return pooled_copy(x)
 
 
 def gather_stacked(
@@ -63,7 +65,7 @@ def gather_stacked(
 ) -> torch.Tensor:
     """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
     flat = x.contiguous().reshape(-1)
-    out = torch.empty(res.size * flat.numel(), dtype=x.dtype, device=x.device)
+    out = pooled_empty((res.size * flat.numel(),), x)
     res.complete(_all_gather_single(out, flat, group=res.group, async_op=True), invocation)
     return out.view(res.size, *x.shape)
 
@@ -132,9 +134,7 @@ class BroadcastImplementation(Implementation):
             return f"ranks disagree on the root or the message layout ({shown})"
 
         resources.agree(invocation, [root, *tensor_descriptor(x)], error, x.device, explain)
-        y = fresh_copy(x) if resources.rank == root else torch.empty(
-            x.shape, dtype=x.dtype, device=x.device
-        )
+        y = fresh_copy(x) if resources.rank == root else pooled_empty(x.shape, x)
         work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
         return _awaiting(resources, work, invocation, (y,))
 
@@ -336,7 +336,7 @@ class VariableAllToAllImplementation(Implementation):
         )
         recv = recv_t.tolist()
         rows = x.movedim(axis, 0).contiguous()
-        out = torch.empty((sum(recv), *rows.shape[1:]), dtype=x.dtype, device=x.device)
+        out = pooled_empty((sum(recv), *rows.shape[1:]), x)
         work = dist.all_to_all_single(
             out,
             rows,
