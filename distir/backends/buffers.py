@@ -14,6 +14,9 @@ from collections import OrderedDict
 
 import torch
 
+#: Below this size a fresh allocation is cheaper than a pool lookup.
+POOLED_MIN_BYTES = 64 * 1024
+
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -44,7 +47,9 @@ class ResultBuffers:
         self._buffers: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
 
     def empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if device.type != "cpu" or _IDLE_USE_COUNT is None or numel == 0:
+        # Small tensors come cheaper from the allocator than from a pool lookup.
+        small = numel * dtype.itemsize < POOLED_MIN_BYTES
+        if small or device.type != "cpu" or _IDLE_USE_COUNT is None or numel == 0:
             return torch.empty(numel, dtype=dtype, device=device)
         key = (numel, dtype)
         with self._lock:
@@ -71,6 +76,8 @@ def pooled_empty(shape: tuple[int, ...] | torch.Size, like: torch.Tensor) -> tor
     numel = 1
     for d in shape:
         numel *= d
+    if numel * like.dtype.itemsize < POOLED_MIN_BYTES:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
     return RESULTS.empty(numel, like.dtype, like.device).view(shape)
 
 

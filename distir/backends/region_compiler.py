@@ -37,6 +37,38 @@ class Step:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     op: Operation
+    #: slots whose last use is this step: dropped after it, so intermediates
+    #: (and their buffers, which the result pool can then reuse) die early
+    frees: tuple[int, ...] = ()
+
+
+def _with_liveness(steps: list[Step], keep: tuple[int, ...]) -> list[Step]:
+    last_use: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        for slot in step.inputs:
+            last_use[slot] = index
+    kept = set(keep)
+    frees: dict[int, list[int]] = {}
+    for slot, index in last_use.items():
+        if slot not in kept:
+            frees.setdefault(index, []).append(slot)
+    return [
+        Step(s.kernel, s.inputs, s.outputs, s.op, tuple(frees.get(i, ()))) for i, s in enumerate(steps)
+    ]
+
+
+def _run_steps(steps: list[Step], env: list) -> None:
+    for step in steps:
+        try:
+            results = step.kernel(*[env[i] for i in step.inputs])
+        except DistirError:
+            raise
+        except Exception as e:  # a torch error: say which op raised it
+            raise OpError(step.op, f"{type(e).__name__}: {e}") from e
+        for slot, value in zip(step.outputs, results):
+            env[slot] = value
+        for slot in step.frees:
+            env[slot] = None
 
 
 class CompiledBlock:
@@ -63,15 +95,7 @@ class CompiledBlock:
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         env: list = [None] * self.n_slots
         env[: len(args)] = args
-        for step in self.steps:
-            try:
-                results = step.kernel(*[env[i] for i in step.inputs])
-            except DistirError:
-                raise
-            except Exception as e:  # a torch error: say which op raised it
-                raise OpError(step.op, f"{type(e).__name__}: {e}") from e
-            for slot, value in zip(step.outputs, results):
-                env[slot] = value
+        _run_steps(self.steps, env)
         return tuple(env[i] for i in self.returned)
 
 
@@ -150,6 +174,7 @@ class BlockCompiler:
             Step(s.kernel, tuple(map(fix, s.inputs)), s.outputs, s.op) for s in steps
         ]
         returned = tuple(map(fix, returned))
+        steps = _with_liveness(steps, returned)
         if captured:
             # Captured values are passed after the block arguments, but slots
             # after the locals: shuffle them on entry.
@@ -270,15 +295,7 @@ class _CapturingBlock(CompiledBlock):
         env: list = [None] * self.n_slots
         env[: self.n_args] = args[: self.n_args]
         env[self.n_local :] = args[self.n_args :]
-        for step in self.steps:
-            try:
-                results = step.kernel(*[env[i] for i in step.inputs])
-            except DistirError:
-                raise
-            except Exception as e:
-                raise OpError(step.op, f"{type(e).__name__}: {e}") from e
-            for slot, value in zip(step.outputs, results):
-                env[slot] = value
+        _run_steps(self.steps, env)
         return tuple(env[i] for i in self.returned)
 
 

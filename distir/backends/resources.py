@@ -115,7 +115,7 @@ class ProcessGroupResource:
     def agree(
         self,
         invocation: Any,
-        descriptor: Sequence[int],
+        descriptor: Sequence[int] | Callable[[], Sequence[int]],
         local_error: BaseException | None,
         device: torch.device,
         explain: Callable[[list[list[int]]], str],
@@ -124,12 +124,15 @@ class ProcessGroupResource:
 
         Every rank learns whether every other rank accepted its inputs and
         whether the descriptors agree, so all ranks raise together instead
-        of some entering the payload collective and hanging.
+        of some entering the payload collective and hanging. `descriptor`
+        may be a function, called only when the exchange happens.
         """
         if not (self.agreement and invocation.options.get("agree", False)):
             if local_error is not None:
                 raise local_error
             return
+        if callable(descriptor):
+            descriptor = descriptor()
         row = torch.tensor(
             [0 if local_error is not None else 1, *descriptor], dtype=torch.int64, device=device
         )

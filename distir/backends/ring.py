@@ -936,7 +936,7 @@ class _FlatAllReduce(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
-        resources.agree(invocation, tensor_descriptor(x), None, x.device, _explain_layouts)
+        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device, _explain_layouts)
         flat = x.contiguous().reshape(-1)
         out = self.results.empty(flat.numel(), x.dtype, x.device)
         if resources.size == 1 or flat.numel() == 0:
@@ -985,7 +985,7 @@ class RecursiveDoublingAllReduceImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
-        resources.agree(invocation, tensor_descriptor(x), None, x.device, _explain_layouts)
+        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device, _explain_layouts)
         x = x.contiguous()
         kind = invocation.properties["kind"]
         if resources.size == 1 or x.numel() == 0:

@@ -133,7 +133,7 @@ class BroadcastImplementation(Implementation):
             )
             return f"ranks disagree on the root or the message layout ({shown})"
 
-        resources.agree(invocation, [root, *tensor_descriptor(x)], error, x.device, explain)
+        resources.agree(invocation, lambda: [root, *tensor_descriptor(x)], error, x.device, explain)
         y = fresh_copy(x) if resources.rank == root else pooled_empty(x.shape, x)
         work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
         return _awaiting(resources, work, invocation, (y,))
@@ -151,7 +151,7 @@ class NativeAllReduceImplementation(Implementation):
 
     def start(self, invocation, inputs, resources):
         x = inputs[0]
-        resources.agree(invocation, tensor_descriptor(x), None, x.device,
+        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
                         _explain_layouts("input layouts"))
         y = fresh_copy(x)
         work = dist.all_reduce(
@@ -183,7 +183,7 @@ class GatherFoldAllReduceImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
-        resources.agree(invocation, tensor_descriptor(x), None, x.device,
+        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
                         _explain_layouts("input layouts"))
         stacked = gather_stacked(x, resources, invocation)
         result = fold_in_rank_order(invocation.regions[0], stacked.unbind(0), extras)
@@ -277,7 +277,7 @@ class AllGatherImplementation(Implementation):
         axis = invocation.properties["axis"]
         x = inputs[0]
         if len(inputs) == 1:
-            resources.agree(invocation, tensor_descriptor(x), None, x.device,
+            resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
                             _explain_layouts("input layouts"))
             stacked = gather_stacked(x, resources, invocation)
             if axis == 0:
@@ -326,7 +326,7 @@ class VariableAllToAllImplementation(Implementation):
             check_axis_rows(invocation, x, axis, sum(send), "the sum of send counts")
 
         error = _attempt(check)
-        resources.agree(invocation, tensor_descriptor(x, skip_axis=axis), error, x.device,
+        resources.agree(invocation, lambda: tensor_descriptor(x, skip_axis=axis), error, x.device,
                         _explain_layouts("row layouts"))
         send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
         recv_t = torch.empty_like(send_t)
