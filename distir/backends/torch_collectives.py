@@ -134,8 +134,15 @@ class BroadcastImplementation(Implementation):
             return f"ranks disagree on the root or the message layout ({shown})"
 
         resources.agree(invocation, lambda: [root, *tensor_descriptor(x)], error, x.device, explain)
-        y = fresh_copy(x) if resources.rank == root else pooled_empty(x.shape, x)
-        work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
+        if resources.rank != root:
+            y = pooled_empty(x.shape, x)
+            work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
+            return _awaiting(resources, work, invocation, (y,))
+        # The root sends straight from its input (a broadcast only reads it
+        # there) and makes its own result while the message is in flight.
+        source = x.contiguous()
+        work = dist.broadcast(source, group=resources.group, group_src=root, async_op=True)
+        y = fresh_copy(x) if source is x else source
         return _awaiting(resources, work, invocation, (y,))
 
 
