@@ -1035,7 +1035,7 @@ class CiphertextAllReduceImplementation(Implementation):
         ct, moduli = inputs
         q_max, error = 0, None
         try:
-            q_max = check_reduced_ciphertext(invocation, ct, moduli)
+            q_max = check_ciphertext(invocation, ct, moduli)
         except OpError as e:
             error = e
         # Every rank learns whether every rank accepted its limbs (and whether
@@ -1090,39 +1090,6 @@ def lazy_reduction_schedule(size: int, q_max: int) -> list[int]:
             schedule.append(1)
             incoming = bound
     return schedule
-
-
-def check_reduced_ciphertext(
-    invocation: Invocation, ct: torch.Tensor, moduli: torch.Tensor
-) -> int:
-    """`check_ciphertext` in one pass over the limbs (a per-row min and max
-    instead of full-size masks); returns q_max. Any problem is reported by
-    `check_ciphertext` itself, so the messages are the same."""
-    if (
-        ct.dtype != torch.int64
-        or moduli.dtype != torch.int64
-        or moduli.dim() != 1
-        or ct.dim() < 2
-        or ct.shape[-2] != moduli.shape[0]
-    ):
-        return check_ciphertext(invocation, ct, moduli)
-    q = moduli.tolist()
-    if not q or not all(2 <= qi < (1 << 62) for qi in q):
-        return check_ciphertext(invocation, ct, moduli)
-    if ct.numel():
-        rows = ct.reshape(-1, ct.shape[-1])
-        if rows.shape[0] <= 256 and rows.is_contiguous():
-            # A global min-max per row reads memory about twice as fast as
-            # aminmax along a dimension.
-            bounds = [torch.aminmax(row) for row in rows]
-            low = torch.stack([b.min for b in bounds])
-            high = torch.stack([b.max for b in bounds])
-        else:
-            low, high = torch.aminmax(rows, dim=1)
-        q_rows = moduli.to(ct.device).repeat(rows.shape[0] // moduli.numel())
-        if bool(((low < 0) | (high >= q_rows)).any()):
-            return check_ciphertext(invocation, ct, moduli)
-    return max(q)
 
 
 def ring_contributions() -> list[Implementation]:
