@@ -27,7 +27,6 @@ pytestmark = pytest.mark.multirank
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.mlir"))
 #: examples that need four ranks and are worth the time of a four-rank run
-FOUR_RANK_EXAMPLES = ("subgroups.mlir", "variable_all_to_all.mlir")
 RUN_TIMEOUT_S = 150
 
 
@@ -61,14 +60,9 @@ def _example_params():
     params = []
     for path in EXAMPLES:
         needed = required_world_size(path)
-        if needed is None or needed <= 2:
-            params.append(pytest.param(path, 2, id=f"{path.name}-nproc2"))
-        elif path.name in FOUR_RANK_EXAMPLES and needed == 4:
-            params.append(pytest.param(path, 4, id=f"{path.name}-nproc4"))
-        else:
-            params.append(pytest.param(path, needed, id=f"{path.name}-nproc{needed}", marks=(
-                pytest.mark.skip(reason=f"needs {needed} ranks; the CLI tests only run "
-                                 f"two-rank examples and {', '.join(FOUR_RANK_EXAMPLES)}"))))
+        # Every example runs, at the smallest world size it supports.
+        nproc = 2 if needed is None or needed <= 2 else needed
+        params.append(pytest.param(path, nproc, id=f"{path.name}-nproc{nproc}"))
     return params
 
 
