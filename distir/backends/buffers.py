@@ -47,9 +47,7 @@ class ResultBuffers:
         self._buffers: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
 
     def empty(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        # Small tensors come cheaper from the allocator than from a pool lookup.
-        small = numel * dtype.itemsize < POOLED_MIN_BYTES
-        if small or device.type != "cpu" or _IDLE_USE_COUNT is None or numel == 0:
+        if device.type != "cpu" or _IDLE_USE_COUNT is None or numel == 0:
             return torch.empty(numel, dtype=dtype, device=device)
         key = (numel, dtype)
         with self._lock:
@@ -77,6 +75,7 @@ def pooled_empty(shape: tuple[int, ...] | torch.Size, like: torch.Tensor) -> tor
     for d in shape:
         numel *= d
     if numel * like.dtype.itemsize < POOLED_MIN_BYTES:
+        # Small tensors come cheaper from the allocator than from a pool lookup.
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     return RESULTS.empty(numel, like.dtype, like.device).view(shape)
 

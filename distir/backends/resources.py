@@ -45,6 +45,34 @@ def tensor_descriptor(x: torch.Tensor, skip_axis: int | None = None) -> list[int
     return [DTYPE_CODES.get(x.dtype, 99), x.dim(), *head, *[0] * (DESCRIBED_DIMS - len(head))]
 
 
+def ciphertext_descriptor(ct: torch.Tensor, moduli: torch.Tensor) -> list[int]:
+    """[digest of the moduli, *tensor_descriptor(ct)]: ranks must agree on both."""
+    digest = hash(tuple(moduli.tolist())) & ((1 << 62) - 1)
+    return [digest, *tensor_descriptor(ct)]
+
+
+def explain_layouts(what: str) -> Callable[[list[list[int]]], str]:
+    """How `agree` words a disagreement between tensor descriptors."""
+
+    def explain(rows: list[list[int]]) -> str:
+        shown = "; ".join(f"rank {r}: {describe_descriptor(row)}" for r, row in enumerate(rows))
+        return f"ranks pass different {what} ({shown})"
+
+    return explain
+
+
+def explain_ciphertexts(rows: list[list[int]]) -> str:
+    """How `agree` words a disagreement between ciphertext descriptors."""
+    if len({row[0] for row in rows}) > 1:
+        by_moduli: dict[int, list[int]] = {}
+        for r, row in enumerate(rows):
+            by_moduli.setdefault(row[0], []).append(r)
+        return "ranks use different moduli (ranks " + " vs ".join(
+            str(ranks) for ranks in by_moduli.values()
+        ) + ")"
+    return explain_layouts("ciphertext layouts")([row[1:] for row in rows])
+
+
 def describe_descriptor(row: Sequence[int]) -> str:
     names = {code: str(dtype).replace("torch.", "") for dtype, code in DTYPE_CODES.items()}
     dtype, rank, dims = row[0], row[1], row[2 : 2 + min(row[1], DESCRIBED_DIMS)]

@@ -64,10 +64,16 @@ from xdsl.ir import Block, Operation, SSAValue
 from distir.backends.buffers import ResultBuffers
 from distir.backends.local_ops import LOCAL_KERNELS, constant_tensor
 from distir.backends.registry import Implementation, Invocation
-from distir.backends.resources import describe_descriptor, tensor_descriptor
+from distir.backends.resources import (
+    ciphertext_descriptor,
+    explain_ciphertexts,
+    explain_layouts,
+    tensor_descriptor,
+)
 from distir.backends.validation import INT64_MAX, check_ciphertext
 from distir.errors import DeadlineExceeded, OpError
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, YieldOp
+from distir.ir.elementwise import ELEMENTWISE_OPS
 
 __all__ = [
     "CiphertextAllReduceImplementation",
@@ -176,18 +182,6 @@ NATIVE_FOLDS: dict[str, Callable[..., torch.Tensor]] = {
     "bxor": torch.bitwise_xor,
 }
 
-# Ops whose kernels are elementwise on same-shaped tensors (and broadcast a
-# 0-d operand). Kept in step with
-# distir/passes/select_all_reduce_algorithm.py:ELEMENTWISE_OPS.
-ELEMENTWISE_OPS: tuple[type[Operation], ...] = (
-    arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.DivSIOp, arith.DivUIOp,
-    arith.RemSIOp, arith.RemUIOp, arith.AndIOp, arith.OrIOp, arith.XOrIOp,
-    arith.ShLIOp, arith.ShRSIOp, arith.ShRUIOp, arith.MaxSIOp, arith.MinSIOp,
-    arith.MaxUIOp, arith.MinUIOp, arith.AddfOp, arith.SubfOp, arith.MulfOp,
-    arith.DivfOp, arith.NegfOp, arith.MaximumfOp, arith.MinimumfOp,
-    arith.MaxnumfOp, arith.MinnumfOp, arith.ExtSIOp, arith.ExtUIOp,
-    arith.TruncIOp, arith.SIToFPOp, arith.FPToSIOp, arith.ExtFOp, arith.TruncFOp,
-)  # fmt: skip
 
 
 class FunctionCombine:
@@ -897,11 +891,6 @@ def _owned(t: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
 ###############################################################################
 
 
-def _explain_layouts(rows: list[list[int]]) -> str:
-    shown = "; ".join(f"rank {r}: {describe_descriptor(row)}" for r, row in enumerate(rows))
-    return f"ranks pass different input layouts ({shown})"
-
-
 class _FlatAllReduce(Implementation):
     """Shared plumbing: agree on the layout (when the runtime asks, e.g. for
     dynamic shapes), flatten, take a result buffer, handle P = 1 and N = 0,
@@ -936,7 +925,7 @@ class _FlatAllReduce(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
-        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device, _explain_layouts)
+        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device, explain_layouts("input layouts"))
         flat = x.contiguous().reshape(-1)
         out = self.results.empty(flat.numel(), x.dtype, x.device)
         if resources.size == 1 or flat.numel() == 0:
@@ -985,7 +974,7 @@ class RecursiveDoublingAllReduceImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
-        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device, _explain_layouts)
+        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device, explain_layouts("input layouts"))
         x = x.contiguous()
         kind = invocation.properties["kind"]
         if resources.size == 1 or x.numel() == 0:
@@ -1042,8 +1031,8 @@ class CiphertextAllReduceImplementation(Implementation):
         # layouts and moduli agree) before any limb is sent.
         descriptor = [0] * (1 + len(tensor_descriptor(ct)))
         if error is None:
-            descriptor = [hash(tuple(moduli.tolist())) & ((1 << 62) - 1), *tensor_descriptor(ct)]
-        resources.agree(invocation, descriptor, error, ct.device, _explain_ciphertexts)
+            descriptor = ciphertext_descriptor(ct, moduli)
+        resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
         flat = ct.contiguous().reshape(-1)
         out = self.results.empty(flat.numel(), ct.dtype, ct.device)
         size = resources.size
@@ -1056,16 +1045,6 @@ class CiphertextAllReduceImplementation(Implementation):
         combines = [lazy.step_combine(b) for b in lazy_reduction_schedule(size, q_max)]
         ring_all_reduce(flat, out, combines.__getitem__, resources, invocation)
         return (out.view(ct.shape),)
-
-
-def _explain_ciphertexts(rows: list[list[int]]) -> str:
-    if len({row[0] for row in rows}) > 1:
-        by_moduli: dict[int, list[int]] = {}
-        for r, row in enumerate(rows):
-            by_moduli.setdefault(row[0], []).append(r)
-        return "ranks use different moduli (ranks " + " vs ".join(
-            str(ranks) for ranks in by_moduli.values()) + ")"  # fmt: skip
-    return _explain_layouts([row[1:] for row in rows])
 
 
 def ciphertext_strategy(size: int, q_max: int) -> str:

@@ -17,7 +17,10 @@ from distir.backends.buffers import pooled_copy, pooled_empty
 from distir.backends.registry import Implementation, Invocation
 from distir.backends.resources import (
     ProcessGroupResource,
+    ciphertext_descriptor,
     describe_descriptor,
+    explain_ciphertexts,
+    explain_layouts,
     tensor_descriptor,
 )
 from distir.backends.rns import TorchRNSBackend
@@ -83,14 +86,6 @@ def _awaiting(
         return results
 
     return wait
-
-
-def _explain_layouts(what: str) -> Callable[[list[list[int]]], str]:
-    def explain(rows: list[list[int]]) -> str:
-        shown = "; ".join(f"rank {r}: {describe_descriptor(row)}" for r, row in enumerate(rows))
-        return f"ranks pass different {what} ({shown})"
-
-    return explain
 
 
 def _attempt(check: Callable[[], object]) -> BaseException | None:
@@ -159,7 +154,7 @@ class NativeAllReduceImplementation(Implementation):
     def start(self, invocation, inputs, resources):
         x = inputs[0]
         resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
-                        _explain_layouts("input layouts"))
+                        explain_layouts("input layouts"))
         y = fresh_copy(x)
         work = dist.all_reduce(
             y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group, async_op=True
@@ -191,27 +186,12 @@ class GatherFoldAllReduceImplementation(Implementation):
     def execute(self, invocation, inputs, resources, *, in_place):
         x, *extras = inputs
         resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
-                        _explain_layouts("input layouts"))
+                        explain_layouts("input layouts"))
         stacked = gather_stacked(x, resources, invocation)
         result = fold_in_rank_order(invocation.regions[0], stacked.unbind(0), extras)
         if resources.size == 1:
             result = fresh_copy(result)
         return (result,)
-
-
-def _ciphertext_descriptor(ct: torch.Tensor, moduli: torch.Tensor) -> list[int]:
-    digest = hash(tuple(moduli.tolist())) & ((1 << 62) - 1)
-    return [digest, *tensor_descriptor(ct)]
-
-
-def _explain_ciphertexts(rows: list[list[int]]) -> str:
-    if len({row[0] for row in rows}) > 1:
-        groups: dict[int, list[int]] = {}
-        for r, row in enumerate(rows):
-            groups.setdefault(row[0], []).append(r)
-        return "ranks use different moduli (ranks " + " vs ".join(
-            str(g) for g in groups.values()) + ")"
-    return _explain_layouts("ciphertext layouts")([row[1:] for row in rows])
 
 
 class ExactCiphertextAddImplementation(Implementation):
@@ -232,8 +212,8 @@ class ExactCiphertextAddImplementation(Implementation):
             q_max[0] = check_ciphertext(invocation, ct, moduli)
 
         error = _attempt(check)
-        descriptor = _ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
-        resources.agree(invocation, descriptor, error, ct.device, _explain_ciphertexts)
+        descriptor = ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
+        resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
         q_col = moduli.view(-1, 1)
         if deferred_sum_is_exact(resources.size, q_max[0]):
             y = fresh_copy(ct)
@@ -264,8 +244,8 @@ class CombineCiphertextAddImplementation(Implementation):
     def execute(self, invocation, inputs, resources, *, in_place):
         ct, moduli = inputs
         error = _attempt(lambda: check_ciphertext(invocation, ct, moduli))
-        descriptor = _ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
-        resources.agree(invocation, descriptor, error, ct.device, _explain_ciphertexts)
+        descriptor = ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
+        resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
         stacked = gather_stacked(ct, resources, invocation)
         acc = fresh_copy(stacked[0])
         in_place_add = getattr(self.combine, "in_place", None)
@@ -285,7 +265,7 @@ class AllGatherImplementation(Implementation):
         x = inputs[0]
         if len(inputs) == 1:
             resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
-                            _explain_layouts("input layouts"))
+                            explain_layouts("input layouts"))
             stacked = gather_stacked(x, resources, invocation)
             if axis == 0:
                 return (stacked.reshape(-1, *x.shape[1:]) if x.dim() else stacked,)
@@ -305,7 +285,7 @@ class AllGatherImplementation(Implementation):
             if any(row[:p] != rows[0][:p] for row in rows):
                 shown = "; ".join(f"rank {r}: {row[:p]}" for r, row in enumerate(rows))
                 return f"ranks pass different counts ({shown})"
-            return _explain_layouts("input layouts")([row[p:] for row in rows])
+            return explain_layouts("input layouts")([row[p:] for row in rows])
 
         resources.agree(invocation, descriptor, error, x.device, explain)
         # gloo has no uneven all-gather: pad every part to the largest, gather, slice.
@@ -334,7 +314,7 @@ class VariableAllToAllImplementation(Implementation):
 
         error = _attempt(check)
         resources.agree(invocation, lambda: tensor_descriptor(x, skip_axis=axis), error, x.device,
-                        _explain_layouts("row layouts"))
+                        explain_layouts("row layouts"))
         send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
         recv_t = torch.empty_like(send_t)
         resources.complete(

@@ -53,7 +53,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
 )
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -64,18 +64,7 @@ from xdsl.pattern_rewriter import (
 )
 
 from distir.ir.dialect import AllReduceOp, YieldOp
-
-#: Arith ops that act element by element on same-shaped tensors. Kept in step
-#: with distir/backends/ring.py:ELEMENTWISE_OPS, which evaluates them on chunks.
-ELEMENTWISE_OPS: tuple[type[Operation], ...] = (
-    arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.DivSIOp, arith.DivUIOp,
-    arith.RemSIOp, arith.RemUIOp, arith.AndIOp, arith.OrIOp, arith.XOrIOp,
-    arith.ShLIOp, arith.ShRSIOp, arith.ShRUIOp, arith.MaxSIOp, arith.MinSIOp,
-    arith.MaxUIOp, arith.MinUIOp, arith.AddfOp, arith.SubfOp, arith.MulfOp,
-    arith.DivfOp, arith.NegfOp, arith.MaximumfOp, arith.MinimumfOp,
-    arith.MaxnumfOp, arith.MinnumfOp, arith.ExtSIOp, arith.ExtUIOp,
-    arith.TruncIOp, arith.SIToFPOp, arith.FPToSIOp, arith.ExtFOp, arith.TruncFOp,
-)  # fmt: skip
+from distir.ir.elementwise import ELEMENTWISE_OPS
 
 RING = "ring"
 HALVING_DOUBLING = "halving-doubling"
