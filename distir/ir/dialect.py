@@ -162,6 +162,23 @@ def _print_group(printer: Printer, group: SymbolRefAttr | None) -> None:
         printer.print_attribute(group)
 
 
+def _print_signature(
+    printer: Printer,
+    op: Operation,
+    operand_types: Sequence[Attribute],
+    result_type: Attribute | None = None,
+) -> None:
+    """The common tail of dist ops: `[group @g] {attrs} : T, U [-> R]`."""
+    group = op.properties.get("group")
+    _print_group(printer, group if isinstance(group, SymbolRefAttr) else None)
+    printer.print_op_attributes(op.attributes)
+    printer.print_string(" : ")
+    printer.print_list(operand_types, printer.print_attribute)
+    if result_type is not None:
+        printer.print_string(" -> ")
+        printer.print_attribute(result_type)
+
+
 def _parse_group(parser: Parser) -> SymbolRefAttr | None:
     if parser.parse_optional_keyword("group") is None:
         return None
@@ -353,10 +370,7 @@ class _RankQueryOp(GroupMemberOp, ABC):
         self.verify_group()
 
     def print(self, printer: Printer) -> None:
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.result.type)
+        _print_signature(printer, self, [self.result.type])
 
     @classmethod
     def parse(cls, parser: Parser):
@@ -466,10 +480,7 @@ class BroadcastOp(CollectiveOp):
         else:
             assert self.root_value is not None
             printer.print_operand(self.root_value)
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.input.type)
+        _print_signature(printer, self, [self.input.type])
 
     @classmethod
     def parse(cls, parser: Parser) -> BroadcastOp:
@@ -778,12 +789,7 @@ class AllReduceAddCiphertextOp(CollectiveOp):
             printer.print_string_literal(self.modulus_basis.data)
         if self.max_modulus_bits is not None:
             printer.print_string(f" max_modulus_bits {self.max_modulus_bits.value.data}")
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_list(
-            [self.input.type, self.moduli.type], printer.print_attribute
-        )
+        _print_signature(printer, self, [self.input.type, self.moduli.type])
 
     @classmethod
     def parse(cls, parser: Parser) -> AllReduceAddCiphertextOp:
@@ -864,9 +870,7 @@ class AssertReducedOp(IRDLOperation):
         printer.print_list([self.input, self.moduli], printer.print_operand)
         if self.max_modulus_bits is not None:
             printer.print_string(f" max_modulus_bits {self.max_modulus_bits.value.data}")
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_list([self.input.type, self.moduli.type], printer.print_attribute)
+        _print_signature(printer, self, [self.input.type, self.moduli.type])
 
     @classmethod
     def parse(cls, parser: Parser) -> AssertReducedOp:
@@ -996,12 +1000,7 @@ class AllGatherOp(CollectiveOp):
             printer.print_attribute(self.counts.type)
             printer.print_string(")")
         printer.print_string(f" axis {self.axis.value.data}")
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.input.type)
-        printer.print_string(" -> ")
-        printer.print_attribute(self.result.type)
+        _print_signature(printer, self, [self.input.type], self.result.type)
 
     @classmethod
     def parse(cls, parser: Parser) -> AllGatherOp:
@@ -1093,14 +1092,7 @@ class VariableAllToAllOp(CollectiveOp):
         printer.print_string(" ")
         printer.print_list([self.input, self.send_counts], printer.print_operand)
         printer.print_string(f" axis {self.axis.value.data}")
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_list(
-            [self.input.type, self.send_counts.type], printer.print_attribute
-        )
-        printer.print_string(" -> ")
-        printer.print_attribute(self.result.type)
+        _print_signature(printer, self, [self.input.type, self.send_counts.type], self.result.type)
 
     @classmethod
     def parse(cls, parser: Parser) -> VariableAllToAllOp:
@@ -1218,10 +1210,7 @@ class SendOp(PeerOp):
         printer.print_string(" ")
         printer.print_operand(self.input)
         _print_peer(printer, "to", self.dest, self.dest_value)
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.input.type)
+        _print_signature(printer, self, [self.input.type])
 
     @classmethod
     def parse(cls, parser: Parser) -> SendOp:
@@ -1260,10 +1249,7 @@ class RecvOp(PeerOp):
 
     def print(self, printer: Printer) -> None:
         _print_peer(printer, "from", self.source, self.source_value)
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.result.type)
+        _print_signature(printer, self, [self.result.type])
 
     @classmethod
     def parse(cls, parser: Parser) -> RecvOp:
@@ -1324,12 +1310,7 @@ class SendRecvOp(PeerOp):
         printer.print_operand(self.input)
         _print_peer(printer, "to", self.dest, self.dest_value)
         _print_peer(printer, "from", self.source, self.source_value)
-        _print_group(printer, self.group)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.input.type)
-        printer.print_string(" -> ")
-        printer.print_attribute(self.result.type)
+        _print_signature(printer, self, [self.input.type], self.result.type)
 
     @classmethod
     def parse(cls, parser: Parser) -> SendRecvOp:
@@ -1671,11 +1652,7 @@ class TransferOp(IRDLOperation):
         printer.print_string(" ")
         _print_layout(printer, [REPLICATED if d is None else d for d in dst])
         printer.print_string(f" global {list(self.global_shape.get_values())}")
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.input.type)
-        printer.print_string(" -> ")
-        printer.print_attribute(self.result.type)
+        _print_signature(printer, self, [self.input.type], self.result.type)
 
     @classmethod
     def parse(cls, parser: Parser) -> TransferOp:
