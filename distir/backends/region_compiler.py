@@ -179,7 +179,7 @@ class BlockCompiler:
             # Captured values are passed after the block arguments, but slots
             # after the locals: shuffle them on entry.
             inner = CompiledBlock(steps, n_local + len(captured), n_local, returned, ())
-            return _with_captures(inner, len(block.args), n_local, tuple(captured))
+            return _CapturingBlock(inner, len(block.args), n_local, tuple(captured))
         return CompiledBlock(steps, n_local, len(block.args), returned, ())
 
     # -- kernels for one op ---------------------------------------------------
@@ -297,10 +297,6 @@ class _CapturingBlock(CompiledBlock):
         env[self.n_local :] = args[self.n_args :]
         _run_steps(self.steps, env)
         return tuple(env[i] for i in self.returned)
-
-
-def _with_captures(inner: CompiledBlock, n_args: int, n_local: int, captured) -> CompiledBlock:
-    return _CapturingBlock(inner, n_args, n_local, captured)
 
 
 def _eager_start(kernel: Kernel) -> Starter:

@@ -57,12 +57,6 @@ NATIVE_OPS = {
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def fresh_copy(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy that owns its memory (inputs may be expanded views),
-    from the result pool."""
-    return pooled_copy(x)
-
-
 def gather_stacked(
     x: torch.Tensor, res: ProcessGroupResource, invocation: Invocation
 ) -> torch.Tensor:
@@ -137,7 +131,7 @@ class BroadcastImplementation(Implementation):
         # there) and makes its own result while the message is in flight.
         source = x.contiguous()
         work = dist.broadcast(source, group=resources.group, group_src=root, async_op=True)
-        y = fresh_copy(x) if source is x else source
+        y = pooled_copy(x) if source is x else source
         return _awaiting(resources, work, invocation, (y,))
 
 
@@ -155,7 +149,7 @@ class NativeAllReduceImplementation(Implementation):
         x = inputs[0]
         resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
                         explain_layouts("input layouts"))
-        y = fresh_copy(x)
+        y = pooled_copy(x)
         work = dist.all_reduce(
             y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group, async_op=True
         )
@@ -190,7 +184,7 @@ class GatherFoldAllReduceImplementation(Implementation):
         stacked = gather_stacked(x, resources, invocation)
         result = fold_in_rank_order(invocation.regions[0], stacked.unbind(0), extras)
         if resources.size == 1:
-            result = fresh_copy(result)
+            result = pooled_copy(result)
         return (result,)
 
 
@@ -216,7 +210,7 @@ class ExactCiphertextAddImplementation(Implementation):
         resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
         q_col = moduli.view(-1, 1)
         if deferred_sum_is_exact(resources.size, q_max[0]):
-            y = fresh_copy(ct)
+            y = pooled_copy(ct)
             resources.complete(
                 dist.all_reduce(y, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
                 invocation,
@@ -224,7 +218,7 @@ class ExactCiphertextAddImplementation(Implementation):
             torch.remainder(y, q_col, out=y)
             return (y,)
         stacked = gather_stacked(ct, resources, invocation)
-        acc = fresh_copy(stacked[0])
+        acc = pooled_copy(stacked[0])
         for other in stacked.unbind(0)[1:]:
             self.rns.add_mod_(acc, other, moduli)
         return (acc,)
@@ -247,7 +241,7 @@ class CombineCiphertextAddImplementation(Implementation):
         descriptor = ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
         resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
         stacked = gather_stacked(ct, resources, invocation)
-        acc = fresh_copy(stacked[0])
+        acc = pooled_copy(stacked[0])
         in_place_add = getattr(self.combine, "in_place", None)
         for other in stacked.unbind(0)[1:]:
             acc = in_place_add(acc, other, moduli) if in_place_add else self.combine(

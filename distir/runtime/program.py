@@ -201,7 +201,6 @@ class Program:
             if isinstance(op, AllReduceOp) and op.kind is None:
                 checker.compile_combine(op)
         self._bound: dict[Any, CompiledBlock] = {}
-        self._contexts: dict[Any, Any] = {}
 
     # -- inspection -----------------------------------------------------------
 
