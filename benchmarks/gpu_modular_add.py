@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from distir.backends.rns import TorchRNSBackend
+from distir.he.rns import TorchRNSBackend
 
 
 def timed(fn, iters: int, warmup: int = 3) -> float:
@@ -41,7 +41,7 @@ def timed(fn, iters: int, warmup: int = 3) -> float:
 
 def lowered_region(shape: tuple[int, int]):
     import distir
-    from distir.backends.region_compiler import BlockCompiler
+    from distir.interpreters.block_compiler import BlockCompiler
 
     t = f"tensor<{shape[0]}x{shape[1]}xi64>"
     program = distir.compile(

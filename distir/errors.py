@@ -49,7 +49,7 @@ class Poisoned(DistirError):
 
     `first_failure` is the error that poisoned it. Recover explicitly: create
     a new process group (and programs run on it get a fresh domain) or call
-    `distir.runtime.domain.reset_domain(group)` once every rank agrees.
+    `distir.backends.domain.reset_domain(group)` once every rank agrees.
     """
 
     def __init__(self, message: str, first_failure: str):

@@ -55,7 +55,7 @@ def private_update(rank: int, size: int) -> torch.Tensor:
 def rank_main(ctx, public_key: bytes, secret_key: bytes, size: int) -> dict:
     import tenseal as ts
 
-    from distir.backends.seal_interop import ckks_to_limbs, limbs_to_ckks
+    from distir.he.seal import ckks_to_limbs, limbs_to_ckks
 
     # Only rank 0 holds the secret key; the others can encrypt but not decrypt.
     context = ts.context_from(secret_key if ctx.rank == 0 else public_key)
@@ -81,7 +81,7 @@ def main() -> int:
 
     import tenseal as ts
 
-    from distir.backends.seal_interop import ckks_to_limbs
+    from distir.he.seal import ckks_to_limbs
 
     public_key, secret_key = make_keys()
     reports = launch(rank_main, args.nproc, public_key, secret_key, args.size,

@@ -18,18 +18,17 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from distir.backends.dtypes import element_dtype, static_shape
-from distir.backends.registry import Implementation, Invocation
-from distir.backends.resources import (
+from distir.backends.groups import (
     DTYPE_CODES,
     ProcessGroupResource,
     describe_descriptor,
     tensor_descriptor,
 )
-from distir.backends.validation import check_peer, fail
+from distir.backends.registry import Implementation, Invocation
 from distir.errors import CollectiveMismatchError
+from distir.interpreters.checks import check_peer, fail
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp, TransferOp
-from distir.ir.layouts import local_box, transfer_map
+from distir.ir.layouts import local_box
 
 HEADER_SIZE = 10
 _CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
@@ -137,15 +136,6 @@ class SendRecvImplementation(Implementation):
         return (y,)
 
 
-def transfer_plan(op: TransferOp):
-    """(source mesh, source layout, destination mesh, destination layout,
-    global shape, map) of a transfer op: computed once, at compile time."""
-    src_mesh, src_layout, dst_mesh, dst_layout, shape = op.transfer_spec()
-    return src_mesh, src_layout, dst_mesh, dst_layout, shape, transfer_map(
-        src_mesh, src_layout, dst_mesh, dst_layout, shape
-    )
-
-
 def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
     return tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
 
@@ -208,17 +198,3 @@ def p2p_contributions() -> list[Implementation]:
         SendRecvImplementation(),
         TransferImplementation(),
     ]
-
-
-def p2p_properties(op) -> dict:
-    """Static facts the p2p implementations need, decoded at compile time."""
-    props: dict = {}
-    if isinstance(op, SendOp | SendRecvOp):
-        props["dest"] = None if op.dest is None else op.dest.value.data
-    if isinstance(op, RecvOp | SendRecvOp):
-        props["source"] = None if op.source is None else op.source.value.data
-        props["result_dtype"] = element_dtype(op.result.type)
-        props["result_shape"] = static_shape(op.result.type)
-    if isinstance(op, TransferOp):
-        props["plan"] = transfer_plan(op)
-    return props

@@ -16,91 +16,14 @@ Choosing among several implementations of one op is deterministic:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
-from xdsl.dialects.builtin import IntegerAttr
 from xdsl.ir import Operation
 
-from distir.backends.dtypes import static_shape
 from distir.errors import UnsupportedOpError
-from distir.ir.dialect import (
-    ASSUMED_GROUP_SIZE,
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AllReduceOp,
-    BroadcastOp,
-    GroupMemberOp,
-    PeerOp,
-    TransferOp,
-    VariableAllToAllOp,
-)
-from distir.ir.parsing import describe_op
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """Everything an implementation needs about one op, decoded once at
-    compile time: its description for errors, its group, static properties,
-    the static shapes of its results and its compiled regions."""
-
-    op: Operation
-    description: str
-    group: str | None
-    properties: Mapping[str, Any]
-    result_shapes: tuple[tuple[int | None, ...], ...]
-    regions: tuple[Callable[..., tuple[torch.Tensor, ...]], ...] = ()
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-def decode_properties(op: Operation) -> dict[str, Any]:
-    """The properties of a dist op as plain Python values."""
-    props: dict[str, Any] = {}
-    if isinstance(op, BroadcastOp):
-        props["root"] = None if op.root is None else op.root.value.data
-    elif isinstance(op, AllReduceOp):
-        props["kind"] = None if op.kind is None else str(op.kind.data)
-        props["commutative"] = op.commutative is not None
-        props["algorithm"] = None if op.algorithm is None else op.algorithm.data
-        assumed = op.attributes.get(ASSUMED_GROUP_SIZE)
-        props["assumed_max_group_size"] = (
-            assumed.value.data if isinstance(assumed, IntegerAttr) else None
-        )
-    elif isinstance(op, AllReduceAddCiphertextOp):
-        props["modulus_basis"] = op.modulus_basis.data
-        props["max_modulus_bits"] = (
-            None if op.max_modulus_bits is None else op.max_modulus_bits.value.data
-        )
-    elif isinstance(op, AllGatherOp | VariableAllToAllOp):
-        props["axis"] = op.axis.value.data
-        if isinstance(op, AllGatherOp):
-            props["uneven"] = op.counts is not None
-    elif isinstance(op, PeerOp | TransferOp):
-        from distir.backends.p2p import p2p_properties
-
-        props.update(p2p_properties(op))
-    return props
-
-
-def make_invocation(
-    op: Operation,
-    regions: Sequence[Callable[..., tuple[torch.Tensor, ...]]] = (),
-    options: Mapping[str, Any] | None = None,
-) -> Invocation:
-    group = None
-    if isinstance(op, GroupMemberOp) and op.group is not None:
-        group = op.group.root_reference.data
-    return Invocation(
-        op=op,
-        description=describe_op(op),
-        group=group,
-        properties=decode_properties(op),
-        result_shapes=tuple(static_shape(r.type) for r in op.results),
-        regions=tuple(regions),
-        options=dict(options or {}),
-    )
+from distir.interpreters.invocation import Invocation
 
 
 class Implementation:

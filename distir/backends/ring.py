@@ -62,16 +62,16 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, SSAValue
 
 from distir.backends.buffers import ResultBuffers
-from distir.backends.local_ops import LOCAL_KERNELS, constant_tensor
-from distir.backends.registry import Implementation, Invocation
-from distir.backends.resources import (
+from distir.backends.groups import (
     ciphertext_descriptor,
     explain_ciphertexts,
     explain_layouts,
     tensor_descriptor,
 )
-from distir.backends.validation import INT64_MAX, check_ciphertext
+from distir.backends.registry import Implementation, Invocation
 from distir.errors import DeadlineExceeded, OpError
+from distir.interpreters.checks import INT64_MAX, check_ciphertext
+from distir.interpreters.kernels import LOCAL_KERNELS, constant_tensor
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, YieldOp
 from distir.ir.elementwise import ELEMENTWISE_OPS
 
@@ -154,7 +154,7 @@ def _segment_elements(element_size: int, chunk_elements: int) -> int:
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 
 # Single region ops computed in place with `out=`, with the torch function the
-# region's own kernel uses (distir.backends.local_ops), so results are equal.
+# region's own kernel uses (distir.interpreters.kernels), so results are equal.
 IN_PLACE_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     arith.AddiOp: torch.add,
     arith.AddfOp: torch.add,
@@ -358,7 +358,7 @@ class RegionCombine:
     """An elementwise combine region evaluated on flat ranges.
 
     Built once per op from its IR: each op becomes the kernel the region
-    compiler would use (distir.backends.local_ops), splat constants become
+    compiler would use (distir.interpreters.kernels), splat constants become
     0-d tensors that broadcast, other constants and the extra operands are
     sliced like the operands. Values live in slots: the block arguments, the
     sliced constants, the 0-d constants, then one per op. Each tile's result

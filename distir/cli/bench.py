@@ -406,8 +406,9 @@ def dispatch_rank(context, chain: int, repeats: int, backend: str) -> dict:
     import torch.distributed as dist
 
     import distir
-    from distir.backends.registry import Implementation, ImplementationRegistry, make_invocation
-    from distir.backends.resources import ProcessGroupResource
+    from distir.backends.groups import ProcessGroupResource
+    from distir.backends.registry import Implementation, ImplementationRegistry
+    from distir.interpreters.invocation import make_invocation
     from distir.ir.dialect import AllReduceOp
 
     class InPlaceSum(Implementation):

@@ -29,8 +29,8 @@ import torch
 from xdsl.dialects import func
 from xdsl.ir import Attribute, BlockArgument
 
-from distir.backends.dtypes import element_dtype, static_shape
 from distir.errors import DistirError
+from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,

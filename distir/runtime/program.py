@@ -24,13 +24,14 @@ from xdsl.ir import Operation
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
-from distir.backends.dtypes import describe_tensor, element_dtype, matches_type
-from distir.backends.local_ops import LOCAL_KERNELS
-from distir.backends.region_compiler import BlockCompiler, CompiledBlock
-from distir.backends.registry import ImplementationRegistry, make_invocation
-from distir.backends.resources import _all_gather_single
-from distir.backends.validation import check_group_assumption, check_result_shape
+from distir.backends.groups import _all_gather_single
+from distir.backends.registry import ImplementationRegistry
 from distir.errors import CompileError, DistirError, ProgramInputError, ProgramMismatch
+from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
+from distir.interpreters.checks import check_group_assumption, check_result_shape
+from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
+from distir.interpreters.invocation import make_invocation
+from distir.interpreters.kernels import LOCAL_KERNELS
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
@@ -172,7 +173,7 @@ class Program:
         agreement: bool = True,
     ):
         if registry is None:
-            from distir.backends.torch_collectives import distributed_operation_contributions
+            from distir.backends.collectives import distributed_operation_contributions
 
             registry = ImplementationRegistry(distributed_operation_contributions())
         self.module = module
@@ -331,7 +332,7 @@ class Program:
         return None
 
     def _bind_torch(self, group: Any) -> tuple[CompiledBlock, list[Any], Any]:
-        from distir.backends.resources import ProcessGroupResource, create_declared_groups
+        from distir.backends.groups import ProcessGroupResource, create_declared_groups
 
         base = ProcessGroupResource(group)
         base.domain.check(f"@{self.entry}")
@@ -412,7 +413,7 @@ class Program:
     def simulate(
         self, inputs_per_rank: Sequence[Sequence[torch.Tensor]], *, timeout: float = 30.0
     ) -> list[Any]:
-        from distir.runtime.simulator import run_simulation
+        from distir.interpreters.reference import run_simulation
 
         for inputs in inputs_per_rank:
             self.check_inputs(inputs)

@@ -12,7 +12,7 @@ import torch
 import distir
 
 ts = pytest.importorskip("tenseal")
-from distir.backends.seal_interop import ckks_to_limbs, limbs_to_ckks  # noqa: E402
+from distir.he.seal import ckks_to_limbs, limbs_to_ckks  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
 PROGRAM = ROOT / "examples" / "secure_aggregation.mlir"

@@ -348,7 +348,7 @@ def one_rank_world():
 def world(one_rank_world):
     """The one-rank world, with its execution domain cleared after each test
     (a rejected input poisons it by design)."""
-    from distir.runtime.domain import reset_domain
+    from distir.backends.domain import reset_domain
 
     yield
     reset_domain(None)

@@ -9,8 +9,8 @@ ts = pytest.importorskip("tenseal")
 pytest.importorskip("tenseal.sealapi")
 pytest.importorskip("zstandard")
 
-from distir.backends.rns import TorchRNSBackend, prepare_ciphertext_add_combine  # noqa: E402
-from distir.backends.seal_interop import (  # noqa: E402
+from distir.he.rns import TorchRNSBackend, prepare_ciphertext_add_combine  # noqa: E402
+from distir.he.seal import (  # noqa: E402
     _encode_varint,
     _proto_fields,
     _read_varint,

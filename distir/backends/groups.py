@@ -104,7 +104,7 @@ class ProcessGroupResource:
             for r in range(self.size)
         ]
         if domain is None:
-            from distir.runtime.domain import domain_for
+            from distir.backends.domain import domain_for
 
             domain = domain_for(group)
         self.domain = domain

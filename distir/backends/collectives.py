@@ -14,8 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.buffers import pooled_copy, pooled_empty
-from distir.backends.registry import Implementation, Invocation
-from distir.backends.resources import (
+from distir.backends.groups import (
     ProcessGroupResource,
     ciphertext_descriptor,
     describe_descriptor,
@@ -23,15 +22,16 @@ from distir.backends.resources import (
     explain_layouts,
     tensor_descriptor,
 )
-from distir.backends.rns import TorchRNSBackend
-from distir.backends.validation import (
+from distir.backends.registry import Implementation, Invocation
+from distir.errors import OpError
+from distir.he.rns import TorchRNSBackend
+from distir.interpreters.checks import (
     check_axis_rows,
     check_ciphertext,
     check_counts,
     check_root,
     deferred_sum_is_exact,
 )
-from distir.errors import OpError
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
@@ -336,7 +336,7 @@ def distributed_operation_contributions(
     """The implementations an execution owner registers, in priority order.
 
     `ciphertext_add`, a prepared RNS add combine (see
-    `distir.backends.rns.prepare_ciphertext_add_combine`), contributes a
+    `distir.he.rns.prepare_ciphertext_add_combine`), contributes a
     specialised ciphertext implementation; without it the exact modular sum
     is used.
     """

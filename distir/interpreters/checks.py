@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from distir.backends.registry import Invocation
 from distir.errors import OpError
+from distir.interpreters.invocation import Invocation
 
 INT64_MAX = (1 << 63) - 1
 

@@ -19,8 +19,8 @@ from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 
-from distir.backends.local_ops import LOCAL_KERNELS, Kernel
 from distir.errors import DistirError, OpError, UnsupportedOpError
+from distir.interpreters.kernels import LOCAL_KERNELS, Kernel
 from distir.ir.dialect import AllReduceOp, WaveOp, YieldOp
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)

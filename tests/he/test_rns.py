@@ -1,4 +1,4 @@
-"""Exactness and contract tests for distir.backends.rns."""
+"""Exactness and contract tests for distir.he.rns."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distir.backends.rns import (
+from distir.he.rns import (
     IMPLEMENTATIONS,
     MAX_MODULUS_EXCLUSIVE,
     CiphertextAddCombine,

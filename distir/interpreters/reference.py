@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from xdsl.ir import Operation
 
-from distir.backends.registry import Invocation, make_invocation
-from distir.backends.validation import (
+from distir.errors import CollectiveMismatchError, DistirError
+from distir.interpreters.checks import (
     check_axis_rows,
     check_ciphertext,
     check_counts,
@@ -29,7 +29,7 @@ from distir.backends.validation import (
     check_root,
     fail,
 )
-from distir.errors import CollectiveMismatchError, DistirError
+from distir.interpreters.invocation import Invocation, make_invocation
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,

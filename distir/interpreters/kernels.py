@@ -23,8 +23,8 @@ from xdsl.dialects.builtin import (
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.ir import Attribute, Operation
 
-from distir.backends.dtypes import element_dtype, static_shape
 from distir.errors import OpError
+from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.ir.dialect import AssertReducedOp
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]
@@ -372,8 +372,8 @@ def _broadcast(op: LinalgBroadcastOp) -> Kernel:
 
 @kernel(AssertReducedOp)
 def _assert_reduced(op: AssertReducedOp) -> Kernel:
-    from distir.backends.registry import make_invocation
-    from distir.backends.validation import check_ciphertext
+    from distir.interpreters.checks import check_ciphertext
+    from distir.interpreters.invocation import make_invocation
 
     invocation = make_invocation(op)
     bits = None if op.max_modulus_bits is None else op.max_modulus_bits.value.data

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from distir.backends.rns import TorchRNSBackend
+from distir.he.rns import TorchRNSBackend
 
 __all__ = [
     "SealCiphertextLayout",

@@ -33,7 +33,7 @@ from runtime_support import (
 
 import distir
 from distir.errors import CollectiveMismatchError, CompileError, DistirError, OpError
-from distir.runtime.simulator import SimulationError
+from distir.interpreters.reference import SimulationError
 
 
 @functools.cache
