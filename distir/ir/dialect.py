@@ -14,8 +14,9 @@ the combine-region terminator, and the `Dist` dialect object at the bottom.
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import auto
+from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     I64,
@@ -72,6 +73,8 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
+
+from distir.ir.facts import EveryRankEnters, OperandRole, UniformResults
 
 ###############################################################################
 # Attributes
@@ -399,6 +402,8 @@ class GroupSizeOp(_RankQueryOp):
 
     name = "dist.group_size"
 
+    traits = traits_def(Pure(), UniformResults())
+
 
 ###############################################################################
 # Collectives
@@ -408,7 +413,7 @@ class GroupSizeOp(_RankQueryOp):
 class CollectiveOp(GroupMemberOp, ABC):
     """A collective: every rank of the group must execute it, in the same order."""
 
-    traits = traits_def(CollectiveEffect())
+    traits = traits_def(CollectiveEffect(), EveryRankEnters())
 
 
 @irdl_op_definition
@@ -421,6 +426,9 @@ class BroadcastOp(CollectiveOp):
     """
 
     name = "dist.broadcast"
+
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), UniformResults())
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.PAYLOAD, "root_value": OperandRole.ROOT}
 
     input = operand_def(TensorType)
     root_value = opt_operand_def(IndexType)
@@ -529,7 +537,10 @@ class AllReduceOp(CollectiveOp):
 
     # The combine region is a function of its block arguments only: values
     # from outside travel as extra operands, and cse must not hoist into it.
-    traits = traits_def(CollectiveEffect(), CombineIsolatedFromAbove())
+    traits = traits_def(
+        CollectiveEffect(), EveryRankEnters(), UniformResults(), CombineIsolatedFromAbove()
+    )
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.PAYLOAD, "extras": OperandRole.UNIFORM}
 
     def __init__(
         self,
@@ -712,6 +723,9 @@ class AllReduceAddCiphertextOp(CollectiveOp):
 
     name = "dist.all_reduce_add_ciphertext"
 
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), UniformResults())
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.LIMBS, "moduli": OperandRole.MODULI}
+
     input = operand_def(TensorType)
     moduli = operand_def(TensorType)
     modulus_basis = prop_def(StringAttr, default_value=StringAttr("Q"))
@@ -843,6 +857,7 @@ class AssertReducedOp(IRDLOperation):
     max_modulus_bits = opt_prop_def(IntegerAttr[I64])
 
     traits = traits_def(RaisesEffect())
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.LIMBS, "moduli": OperandRole.MODULI}
 
     def __init__(
         self,
@@ -936,6 +951,9 @@ class AllGatherOp(CollectiveOp):
     """
 
     name = "dist.all_gather"
+
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), UniformResults())
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.PAYLOAD, "counts": OperandRole.GATHER_COUNTS}
 
     input = operand_def(TensorType)
     counts = opt_operand_def(TensorType)
@@ -1041,6 +1059,8 @@ class VariableAllToAllOp(CollectiveOp):
     """
 
     name = "dist.variable_all_to_all"
+
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.PAYLOAD, "send_counts": OperandRole.SEND_COUNTS}
 
     input = operand_def(TensorType)
     send_counts = operand_def(TensorType)
@@ -1188,6 +1208,8 @@ class SendOp(PeerOp):
 
     name = "dist.send"
 
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.PAYLOAD, "dest_value": OperandRole.PEER}
+
     input = operand_def(TensorType)
     dest_value = opt_operand_def(IndexType)
     dest = opt_prop_def(IntegerAttr[I64])
@@ -1231,6 +1253,8 @@ class RecvOp(PeerOp):
 
     name = "dist.recv"
 
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"source_value": OperandRole.PEER}
+
     source_value = opt_operand_def(IndexType)
     source = opt_prop_def(IntegerAttr[I64])
     result = result_def(TensorType)
@@ -1273,6 +1297,12 @@ class SendRecvOp(PeerOp):
     every rank)."""
 
     name = "dist.sendrecv"
+
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
+        "input": OperandRole.PAYLOAD,
+        "dest_value": OperandRole.PEER,
+        "source_value": OperandRole.PEER,
+    }
 
     input = operand_def(TensorType)
     dest_value = opt_operand_def(IndexType)
@@ -1358,7 +1388,7 @@ class WaveOp(IRDLOperation):
     outputs = var_result_def(TensorType)
     body = region_def("single_block")
 
-    traits = traits_def(CollectiveEffect())
+    traits = traits_def(CollectiveEffect(), EveryRankEnters())
 
     def __init__(self, body: Region, result_types: Sequence[Attribute]):
         super().__init__(result_types=[list(result_types)], regions=[body])
@@ -1518,6 +1548,8 @@ class TransferOp(IRDLOperation):
 
     name = "dist.transfer"
 
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.SHARD}
+
     input = operand_def(TensorType)
     source_mesh = prop_def(SymbolRefAttr)
     source_layout = prop_def(DenseArrayBase)
@@ -1527,7 +1559,7 @@ class TransferOp(IRDLOperation):
     global_shape = prop_def(DenseArrayBase)
     result = result_def(TensorType)
 
-    traits = traits_def(CollectiveEffect())
+    traits = traits_def(CollectiveEffect(), EveryRankEnters())
 
     def __init__(
         self,

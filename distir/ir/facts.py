@@ -1,0 +1,89 @@
+"""Facts about dist ops that passes, verifiers and executors read.
+
+Each op declares its facts once, on its class, as data:
+
+- traits: `EveryRankEnters` (every rank of the op's group must execute it,
+  in the same order: collectives, waves, transfers; point-to-point ops do
+  not have it and may sit under rank-dependent control flow) and
+  `UniformResults` (its results are equal on every rank of the group);
+- `OPERAND_ROLES`, a class attribute mapping each operand definition's name
+  to an `OperandRole`: what the operand means to the op, which says what
+  ranks must agree on before the payload moves and what valid inputs look
+  like.
+
+Nothing here imports torch: the SPMD verifier, the agreement planner and
+input synthesis all read the same declarations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from enum import auto
+
+from xdsl.ir import Operation, SSAValue
+from xdsl.traits import OpTrait
+from xdsl.utils.str_enum import StrEnum
+
+
+class OperandRole(StrEnum):
+    """What an operand is to its op."""
+
+    #: per-rank data; dtype and shape must match across ranks, unless the op
+    #: names an axis along which row counts may differ
+    PAYLOAD = auto()
+    #: must hold the same value on every rank (a combine's extra operands)
+    UNIFORM = auto()
+    #: a group rank, the same on every rank (a dynamic broadcast root)
+    ROOT = auto()
+    #: a group rank that may differ between ranks (a dynamic peer)
+    PEER = auto()
+    #: RNS moduli `[L]`, the same on every rank, each `2 <= q < 2^62`
+    MODULI = auto()
+    #: RNS limbs `[..., L, N]`, reduced modulo the op's MODULI operand
+    LIMBS = auto()
+    #: per-rank row counts `[P]`, the same on every rank; rank r's payload
+    #: has `counts[r]` rows along the op's axis
+    GATHER_COUNTS = auto()
+    #: per-peer row counts `[P]`, different on every rank; the payload has
+    #: `sum(counts)` rows along the op's axis
+    SEND_COUNTS = auto()
+    #: a rank's local shard of a mesh transfer's source layout
+    SHARD = auto()
+
+
+#: roles whose values every rank of the group must agree on
+AGREED_ROLES = frozenset(
+    {OperandRole.UNIFORM, OperandRole.ROOT, OperandRole.MODULI, OperandRole.GATHER_COUNTS}
+)
+
+
+class EveryRankEnters(OpTrait):
+    """Every rank of the op's group executes the op, in program order."""
+
+
+class UniformResults(OpTrait):
+    """The op's results are equal on every rank of its group."""
+
+
+def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:
+    """(operand, role) for every operand of `op`, in operand order; operands
+    of ops without declared roles are payloads."""
+    roles = getattr(type(op), "OPERAND_ROLES", None)
+    if not roles:
+        for value in op.operands:
+            yield value, OperandRole.PAYLOAD
+        return
+    for name, role in roles.items():
+        value = getattr(op, name)
+        if value is None:
+            continue
+        if isinstance(value, SSAValue):
+            yield value, role
+        else:  # a variadic operand
+            for v in value:
+                yield v, role
+
+
+def agreed_operands(op: Operation) -> list[SSAValue]:
+    """The operands of `op` whose values every rank must agree on."""
+    return [v for v, role in operand_roles(op) if role in AGREED_ROLES]
