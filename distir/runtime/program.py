@@ -26,6 +26,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from distir.backends.groups import _all_gather_single
 from distir.backends.registry import ImplementationRegistry
+from distir.durations import Duration, seconds
 from distir.errors import CompileError, DistirError, ProgramInputError, ProgramMismatch
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
 from distir.interpreters.checks import check_group_assumption, check_result_shape
@@ -169,7 +170,7 @@ class Program:
         registry: ImplementationRegistry | None = None,
         implementations: Mapping[str, str] | None = None,
         timeout: timedelta = timedelta(seconds=60),
-        deadline: timedelta = timedelta(seconds=60),
+        deadline: Duration = 60.0,
         agreement: bool = True,
     ):
         if registry is None:
@@ -181,7 +182,7 @@ class Program:
         self.registry = registry
         self.requested = dict(implementations or {})
         self.timeout = timeout
-        self.deadline = deadline
+        self.deadline_s = seconds(deadline, "deadline")
         self.agreement = agreement
         self.fingerprint = program_fingerprint(module, entry)
         self.function = self._entry_function()
@@ -225,10 +226,15 @@ class Program:
         self,
         *inputs: torch.Tensor,
         group: Any = None,
-        deadline: timedelta | None = None,
+        deadline: Duration | None = None,
         agreement: bool | None = None,
+        donate: bool | Sequence[int] = False,
     ) -> Any:
         """Runs the entry function on this rank of `group` (default: world).
+
+        `donate` (True, or the indices of donated inputs) lets distir
+        overwrite those inputs and return results that alias them; other
+        inputs are never modified and no result aliases them.
 
         Every collective must complete within `deadline` (default: the
         program's). With `agreement` (default: the program's), ranks first
@@ -241,7 +247,8 @@ class Program:
         if bound is None:
             bound = self._bind_torch(group)
         compiled, resources, base = bound
-        deadline_s = (deadline or self.deadline).total_seconds()
+        self._donated(donate, len(inputs))
+        deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
         agree = self.agreement if agreement is None else agreement
         for resource in resources:
             resource.deadline_s = deadline_s
@@ -254,6 +261,19 @@ class Program:
             self.check_inputs(inputs)
         results = compiled(*inputs)
         return results[0] if len(results) == 1 else results
+
+    @staticmethod
+    def _donated(donate: bool | Sequence[int], count: int) -> frozenset[int]:
+        """The donated input indices (`donate=True`: all of them)."""
+        if donate is True:
+            return frozenset(range(count))
+        if donate is False:
+            return frozenset()
+        indices = frozenset(donate)
+        bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < count]
+        if bad:
+            raise ProgramInputError(f"donate names inputs {sorted(bad)} of {count}")
+        return indices
 
     def _agree_on_program(self, inputs: Sequence[Any], base: Any) -> None:
         """One small exchange: same program everywhere, inputs accepted everywhere."""
@@ -440,7 +460,7 @@ def compile(
     implementations: Mapping[str, str] | None = None,
     registry: ImplementationRegistry | None = None,
     timeout: timedelta = timedelta(seconds=60),
-    deadline: timedelta = timedelta(seconds=60),
+    deadline: Duration = 60.0,
     agreement: bool = True,
     verify_spmd: bool = True,
 ) -> Program:
