@@ -1,63 +1,175 @@
-"""`distir-bench`: a tiny smoke run (P=2, 4 KiB, a few iterations) writes the
-JSON report with a ratio against raw torch.distributed on every row; the
-size parsing and table formatting it relies on behave."""
+"""`distir-bench`: a tiny checked run at P=2 writes the table, the JSON rows
+and one plot per family into a fresh directory (never loose files in the
+current one); a deliberately wrong variant fails the check loudly; sizes,
+sweeps, bus factors, the (dtype, op) cases, the result comparison and the
+table behave."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
+import torch
 
-from distir.cli import bench
+from distir.bench import cli
+from distir.bench.families import FAMILIES, Case, Setup, all_reduce_setup
+from distir.bench.report import format_table
+from distir.bench.runner import compare
+from distir.bench.sizes import format_size, parse_size, size_sweep
+
+NATIVE = ("all_reduce", "broadcast", "all_gather", "all_to_all")
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_a_checked_tiny_run_fills_a_timestamped_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main([
+        "--nproc", "2", "--sizes", "4K", "-n", "2", "-w", "0", "-c",
+        "--dispatch-chain", "20", "--dispatch-repeats", "2",
+    ])  # fmt: skip
+    assert code == 0
+    # Nothing loose in the current directory: one timestamped folder under bench-results/.
+    assert [p.name for p in tmp_path.iterdir()] == ["bench-results"]
+    (out,) = (tmp_path / "bench-results").iterdir()
+    report = json.loads((out / "results.json").read_text())
+    rows = report["rows"]
+    assert list(dict.fromkeys(r["family"] for r in rows)) == list(FAMILIES)
+    for row in rows:
+        assert {"family", "variant", "P", "size_label", "ratio_to_raw"} <= row.keys()
+        assert row["P"] == 2 and row["size_label"] == "4K" and row["iterations"] == 2
+        assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+        assert math.isfinite(row["ratio_to_raw"]) and row["ratio_to_raw"] > 0
+        assert row["busbw_GBps"] == pytest.approx(
+            row["algbw_GBps"] * FAMILIES[row["family"]].bus_factor(2)
+        )
+        expected = {"raw": "ref"}.get(row["variant"], "ok")
+        if row["family"] in ("combine", "ciphertext", "ciphertext62") and row["variant"] == "raw":
+            expected = "n/a"  # raw is a plain i64 sum there; the reference is exact
+        assert row["check"] == expected, row
+    variants = {(r["family"], r["variant"]) for r in rows}
+    for family in NATIVE:
+        assert {(family, "raw"), (family, "raw clone+op"), (family, "distir, donated")} <= variants
+    assert {("combine", "ring, donated"), ("ciphertext", "auto, donated"),
+            ("all_reduce", "distir, no agreement"), ("wave", "bucketed")} <= variants  # fmt: skip
+    assert ("combine", "raw clone+op") not in variants
+    auto = next(r for r in rows if r["family"] == "ciphertext" and r["variant"] == "auto")
+    assert auto["implementations"] == ["ciphertext-auto"]
+    assert report["dispatch"]["chain"] == 20 and "overhead_us_per_op" in report["dispatch"]
+    import matplotlib.image
+
+    for family in FAMILIES:
+        height, width = matplotlib.image.imread(out / f"busbw-{family}.png").shape[:2]
+        assert 900 <= width <= 1400 and 500 <= height <= 900  # one legible panel
+    printed = capsys.readouterr().out
+    header = printed.splitlines()[0].split()
+    assert header[-3:] == ["x", "raw", "check"] and "dispatch" in printed
+    assert (out / "table.txt").read_text().splitlines()[0] == printed.splitlines()[0]
+
+
+def wrong_all_reduce_setup(case: Case) -> Setup:
+    """The all_reduce family with a program that computes max, not sum."""
+    setup = all_reduce_setup(case)
+    assert " sum " in setup.program
+    return dataclasses.replace(setup, program=setup.program.replace(" sum ", " max "))
+
+
+WRONG = dataclasses.replace(FAMILIES["all_reduce"], name="wrong", setup=wrong_all_reduce_setup)
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
-def test_a_tiny_run_writes_rows_with_ratios(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    code = bench.main([
-        "--nproc", "2", "--sizes", "4K", "--iters", "2", "--warmup", "0",
-        "--families", "all_reduce", "ciphertext", "wave",
-        "--dispatch-chain", "20", "--dispatch-repeats", "2",
-        "--json", str(out), "--plot", "none",
-    ])  # fmt: skip
-    assert code == 0
-    report = json.loads(out.read_text())
-    rows = report["rows"]
-    assert {r["family"] for r in rows} == {"all_reduce", "ciphertext", "wave"}
-    for row in rows:
-        assert row["P"] == 2 and row["size"] == 4096 and row["iterations"] == 2
-        assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
-        assert math.isfinite(row["ratio_to_raw"]) and row["ratio_to_raw"] > 0
-        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(P-1)/P = 1 at P=2
-    variants = {(r["family"], r["variant"]) for r in rows}
-    assert ("ciphertext", "auto") in variants and ("ciphertext", "raw") in variants
-    auto = next(r for r in rows if r["family"] == "ciphertext" and r["variant"] == "auto")
-    assert auto["implementations"] == ["ciphertext-auto"]
-    assert report["dispatch"]["chain"] == 20 and "overhead_us_per_op" in report["dispatch"]
-    printed = capsys.readouterr().out
-    assert "x raw" in printed and "ciphertext" in printed and "dispatch" in printed
+def test_a_wrong_variant_fails_the_check_loudly(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli.main(["--nproc", "2", "--sizes", "4K", "-n", "1", "-w", "0", "-c", "--families",
+                     "wrong", "--dispatch-chain", "0", "--no-plots", "--out", str(out)],
+                    registry={"wrong": WRONG})  # fmt: skip
+    assert code == 1
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    verdicts = {r["variant"]: r["check"] for r in rows}
+    assert verdicts == {"raw": "ref", "raw clone+op": "ok", "distir": "WRONG",
+                        "distir, no agreement": "WRONG", "distir, donated": "WRONG"}  # fmt: skip
+    detail = next(r["check_detail"] for r in rows if r["variant"] == "distir")
+    assert "rank 0: result #0:" in detail and "rank 1: result #0:" in detail
+    captured = capsys.readouterr()
+    assert "WRONG RESULT" in captured.err and "'distir, donated'" in captured.err
+    assert captured.out.count("WRONG") == 3
+    assert "WRONG RESULT" in (out / "table.txt").read_text()
+
+
+def _sizes(*argv: str) -> list[str]:
+    parser = cli.build_parser()
+    return [format_size(s) for s in cli.resolve_sizes(parser.parse_args(list(argv)), parser)]
+
+
+def test_sizes_sweep_like_nccl_tests():
+    assert _sizes("-b", "4K", "-e", "1M", "-f", "4") == ["4K", "16K", "64K", "256K", "1M"]
+    assert _sizes("-b", "1K", "-e", "5K") == ["1K", "2K", "4K"]  # the default factor is 2
+    assert _sizes("-b", "1M") == ["1M"] and _sizes("-e", "64K") == ["64K"]
+    assert _sizes("--sizes", "4K", "16M") == ["4K", "16M"]
+    assert _sizes() == list(cli.FULL_SIZES) and _sizes("--quick") == list(cli.QUICK_SIZES)
+    for bad in (["-b", "1M", "-e", "4K"], ["-b", "4K", "-e", "1M", "-f", "1"],
+                ["--sizes", "4K", "-b", "4K"], ["-b", "4Q"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            _sizes(*bad)
+    with pytest.raises(ValueError, match="stepfactor"):
+        size_sweep(1, 8, 1)
 
 
 def test_sizes_parse_and_print_in_binary_units():
-    assert [bench.parse_size(s) for s in ("4K", "64KiB", "16M", "1G", "100")] == [
+    assert [parse_size(s) for s in ("4K", "64KiB", "16M", "1G", "100")] == [
         4096, 65536, 16 << 20, 1 << 30, 100,
-    ]
-    assert [bench.format_size(s) for s in (4096, 16 << 20, 100)] == ["4K", "16M", "100"]
+    ]  # fmt: skip
+    assert [format_size(s) for s in (4096, 16 << 20, 100, 1536)] == ["4K", "16M", "100", "1536"]
+    with pytest.raises(ValueError):
+        parse_size("0")
 
 
-def test_bus_bandwidth_follows_nccl_tests():
-    assert bench.bus_factor("all_reduce", 4) == pytest.approx(1.5)
-    assert bench.bus_factor("all_gather", 4) == pytest.approx(0.75)
-    assert bench.bus_factor("broadcast", 4) == 1.0
+def test_default_output_directories_never_collide(tmp_path):
+    first = cli.default_out(tmp_path)
+    first.mkdir()
+    second = cli.default_out(tmp_path)
+    assert second.parent == tmp_path and second != first and not second.exists()
 
 
-def test_the_table_lines_up_and_leaves_the_raw_ratio_blank():
-    row = {"P": 2, "family": "all_reduce", "variant": "raw", "size_label": "4K", "median_ms": 1.0,
-           "min_ms": 0.5, "max_ms": 2.0, "algbw_GBps": 0.004, "busbw_GBps": 0.004,
-           "ratio_to_raw": 1.0}  # fmt: skip
-    table = bench.format_table([row, {**row, "variant": "distir", "ratio_to_raw": 1.25}])
-    lines = table.splitlines()
-    assert len({len(line) for line in lines[:2]}) == 1
+def test_bus_factors_follow_nccl_tests():
+    assert FAMILIES["all_reduce"].bus_factor(4) == pytest.approx(1.5)
+    assert FAMILIES["ciphertext"].bus_factor(4) == pytest.approx(1.5)
+    assert FAMILIES["all_gather"].bus_factor(4) == pytest.approx(0.75)
+    assert FAMILIES["all_to_all"].bus_factor(4) == pytest.approx(0.75)
+    assert FAMILIES["broadcast"].bus_factor(4) == 1.0
+
+
+def test_dtype_and_op_apply_where_a_family_has_the_choice():
+    requested = (["float32", "int64"], ["sum", "max"])
+    assert FAMILIES["all_reduce"].cases(*requested) == [
+        ("float32", "sum"), ("float32", "max"), ("int64", "sum"), ("int64", "max"),
+    ]  # fmt: skip
+    assert FAMILIES["broadcast"].cases(*requested) == [("float32", ""), ("int64", "")]
+    assert FAMILIES["wave"].cases(*requested) == [("float32", "sum"), ("int64", "sum")]
+    assert FAMILIES["combine"].cases(*requested) == [("int64", "")]
+
+
+def test_results_compare_exactly_for_integers_and_within_ulps_for_floats():
+    ints = torch.arange(10)
+    assert compare((ints,), (ints.clone(),), 2) is None
+    assert "1 of 10 elements differ" in compare((ints + (ints == 3),), (ints,), 2)
+    floats = torch.rand(100)
+    assert compare((floats * (1 + 2**-23),), (floats,), 2) is None  # rounding of another order
+    assert "differ" in compare((floats + 1e-3,), (floats,), 2)
+    assert "expected" in compare((floats,), (floats, ints), 2)
+    assert "(10,)" in compare((floats[:10],), (floats,), 2)
+
+
+def test_the_table_lines_up_and_shows_the_check_only_when_checked():
+    row = {"P": 2, "family": "all_reduce", "dtype": "float32", "op": "sum", "variant": "raw",
+           "size_label": "4K", "median_ms": 1.0, "min_ms": 0.5, "max_ms": 2.0,
+           "algbw_GBps": 0.004, "busbw_GBps": 0.004, "ratio_to_raw": 1.0, "check": None}  # fmt: skip
+    rows = [row, {**row, "variant": "distir", "ratio_to_raw": 1.25}]
+    lines = format_table(rows).splitlines()
+    assert len({len(line) for line in lines[:2]}) == 1 and "check" not in lines[0]
     assert lines[2].endswith("0.004") and lines[3].endswith("1.25")
+    checked = format_table([{**rows[0], "check": "ref"}, {**rows[1], "check": "WRONG"}])
+    assert checked.splitlines()[0].endswith("check") and checked.endswith("1.25  WRONG")

@@ -1,0 +1,496 @@
+"""The benchmark families: everything `distir-bench` knows about one family,
+in one declaration.
+
+A family is one `register(Family(...))` block beside its setup function. The
+block names the distir variants (pipeline, implementation choices,
+`agreement=False`, donated inputs), the dtypes and reduction ops it can run,
+and its bus factor; the setup function builds, on one rank and for one message
+size, the program, the inputs, the raw torch.distributed baseline, the
+`raw clone+op` row where the family has one, and the exact reference when the
+raw call does not compute the same thing. The runner and the report read
+these and nothing else, so adding a family is one block:
+
+    def _my_setup(case: Case) -> Setup: ...
+
+    register(Family("my_family", "what distir runs vs what raw runs", _my_setup,
+                    variants=(Variant("distir"),), bus="all_reduce"))
+
+Families travel to the ranks by pickle, so their functions are module-level.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: dtypes the native families take with `-d`, and their IR element types.
+DTYPES: Mapping[str, str] = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "int32": "i32",
+    "int8": "i8",
+}
+NATIVE_DTYPES = tuple(DTYPES)
+#: reduction ops the native all-reduce takes with `-o`.
+OPS = ("sum", "prod", "min", "max")
+WAVE_MEMBERS = 32
+MODULI_60 = ((1 << 60) - 93, (1 << 60) - 173, (1 << 59) - 55, (1 << 58) - 27)
+MODULI_62 = ((1 << 62) - 57, (1 << 62) - 87, (1 << 62) - 117, (1 << 61) - 1)
+COMBINE_MASK = (1 << 32) - 1
+
+#: nccl-tests' bus factors: busbw = algbw x factor(P).
+BUS_FACTORS: Mapping[str, Callable[[int], float]] = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "all_gather": lambda p: (p - 1) / p,
+    "all_to_all": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family at one message size, dtype and op, on one rank."""
+
+    nbytes: int
+    world_size: int
+    rank: int
+    device: str = "cpu"
+    dtype: str = "float32"
+    op: str = ""
+
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def elements(self, divisor: int = 1) -> int:
+        """How many elements of `dtype` make nbytes / divisor (at least 1)."""
+        import torch
+
+        size = torch.empty((), dtype=self.torch_dtype()).element_size()
+        return max(1, self.nbytes // size // divisor)
+
+    def data(self, n: int, salt: int = 0) -> Any:
+        """`n` reproducible random elements of `dtype`, different on every rank."""
+        import torch
+
+        gen = torch.Generator().manual_seed(1234 + 7919 * self.rank + salt)
+        dtype = self.torch_dtype()
+        if dtype.is_floating_point:
+            x = torch.rand(n, generator=gen, dtype=torch.float32).to(dtype)
+        else:  # small values: int8 sums of a few ranks stay readable when checking by hand
+            x = torch.randint(-40, 40, (n,), generator=gen).to(dtype)
+        return x.to(self.device)
+
+    def tensor_type(self, *shape: int) -> str:
+        return f"tensor<{'x'.join(str(d) for d in shape)}x{DTYPES[self.dtype]}>"
+
+
+@dataclass
+class Setup:
+    """What one rank needs to time one family at one size.
+
+    `raw` is the baseline call and returns its outputs; `reset` runs, untimed,
+    before every raw call (in-place collectives overwrite their buffer);
+    `clone_op` is the `raw clone+op` row (the least an out-of-place result
+    costs over raw torch.distributed); `reference` returns the exact expected
+    results when they are not the raw call's outputs (it runs untimed and may
+    communicate).
+    """
+
+    program: str
+    inputs: tuple[Any, ...]
+    raw: Callable[[], tuple[Any, ...]]
+    nbytes: int
+    reset: Callable[[], object] | None = None
+    clone_op: Callable[[], tuple[Any, ...]] | None = None
+    reference: Callable[[], tuple[Any, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running a family's program.
+
+    `pipeline` is a distir-opt pipeline in which `{P}` stands for the group
+    size; `donate` is passed to `Program.run` (True, or input indices), and
+    donated inputs are reset, untimed, before every call.
+    """
+
+    name: str
+    pipeline: str = ""
+    implementations: Mapping[str, str] | None = None
+    agreement: bool = True
+    donate: bool | tuple[int, ...] = False
+
+    def pipeline_for(self, world_size: int) -> str:
+        return self.pipeline.replace("{P}", str(world_size))
+
+    def donated(self, count: int) -> tuple[int, ...]:
+        if self.donate is True:
+            return tuple(range(count))
+        return tuple(self.donate) if self.donate else ()
+
+
+@dataclass(frozen=True)
+class Family:
+    """A benchmark family: its setup, its variants and how to count its bytes.
+
+    `dtypes` lists what `-d` may choose (the first is the default; a single
+    entry is the family's fixed dtype); `ops` likewise for `-o`.
+    """
+
+    name: str
+    doc: str
+    setup: Callable[[Case], Setup]
+    variants: tuple[Variant, ...]
+    bus: str
+    dtypes: tuple[str, ...] = ("int64",)
+    ops: tuple[str, ...] = ()
+
+    def bus_factor(self, world_size: int) -> float:
+        return BUS_FACTORS[self.bus](world_size)
+
+    def cases(self, dtypes: Sequence[str], ops: Sequence[str]) -> list[tuple[str, str]]:
+        """The (dtype, op) pairs to run for the requested `-d` and `-o` values:
+        the requested ones where the family has a choice, else its own."""
+        mine_d = [d for d in dtypes if d in self.dtypes] if len(self.dtypes) > 1 else []
+        mine_o = [o for o in ops if o in self.ops] if len(self.ops) > 1 else []
+        return [(d, o) for d in mine_d or self.dtypes[:1] for o in mine_o or self.ops[:1] or [""]]
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    if family.name in FAMILIES:
+        raise ValueError(f"family {family.name!r} is registered twice")
+    FAMILIES[family.name] = family
+    return family
+
+
+def program(args: Sequence[tuple[str, str]], body: str, results: Sequence[tuple[str, str]]) -> str:
+    """`func.func @main` over named, typed arguments and results."""
+    params = ", ".join(f"%{name}: {t}" for name, t in args)
+    types = ", ".join(t for _, t in results)
+    values = ", ".join(f"%{name}" for name, _ in results)
+    return (
+        f"func.func @main({params}) -> ({types}) {{\n  {body}\n"
+        f"  func.return {values} : {types}\n}}\n"
+    )
+
+
+def _reduce_op(op: str) -> Any:
+    import torch.distributed as dist
+
+    return {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+            "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]  # fmt: skip
+
+
+def _all_gather_single() -> Callable[..., Any]:
+    import torch.distributed as dist
+
+    # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+SELECT = "select-all-reduce-algorithm"
+DISTIR = Variant("distir")
+NO_AGREEMENT = Variant("distir, no agreement", agreement=False)
+DONATED = Variant("distir, donated", donate=True)
+# Multi-input programs donate their payload only (counts and moduli are not reusable storage).
+DONATED_PAYLOAD = Variant("distir, donated", donate=(0,))
+
+
+###############################################################################
+# all_reduce: `dist.all_reduce <op>` vs dist.all_reduce in place
+###############################################################################
+
+
+def all_reduce_setup(case: Case) -> Setup:
+    import torch.distributed as dist
+
+    n = case.elements()
+    t = case.tensor_type(n)
+    x = case.data(n)
+    buf = x.clone()
+    op = _reduce_op(case.op)
+
+    def raw():
+        dist.all_reduce(buf, op=op)
+        return (buf,)
+
+    def clone_op():
+        y = x.clone()
+        dist.all_reduce(y, op=op)
+        return (y,)
+
+    text = program([("x", t)], f"%y = dist.all_reduce {case.op} %x : {t}", [("y", t)])
+    return Setup(text, (x,), raw, x.nbytes, lambda: buf.copy_(x), clone_op)
+
+
+register(Family(
+    "all_reduce", "`dist.all_reduce <op>` vs dist.all_reduce in place", all_reduce_setup,
+    variants=(DISTIR, NO_AGREEMENT, DONATED), bus="all_reduce", dtypes=NATIVE_DTYPES, ops=OPS,
+))  # fmt: skip
+
+
+###############################################################################
+# broadcast: `dist.broadcast root 0` vs dist.broadcast in place
+###############################################################################
+
+
+def broadcast_setup(case: Case) -> Setup:
+    import torch.distributed as dist
+
+    n = case.elements()
+    t = case.tensor_type(n)
+    x = case.data(n)
+    buf = x.clone()
+
+    def raw():
+        dist.broadcast(buf, src=0)
+        return (buf,)
+
+    def clone_op():
+        y = x.clone()
+        dist.broadcast(y, src=0)
+        return (y,)
+
+    text = program([("x", t)], f"%y = dist.broadcast %x root 0 : {t}", [("y", t)])
+    return Setup(text, (x,), raw, x.nbytes, lambda: buf.copy_(x), clone_op)
+
+
+register(Family(
+    "broadcast", "`dist.broadcast root 0` vs dist.broadcast", broadcast_setup,
+    variants=(DISTIR, DONATED), bus="broadcast", dtypes=NATIVE_DTYPES,
+))  # fmt: skip
+
+
+###############################################################################
+# all_gather: `dist.all_gather` vs all_gather_into_tensor (S = the output)
+###############################################################################
+
+
+def all_gather_setup(case: Case) -> Setup:
+    import torch
+
+    p = case.world_size
+    m = case.elements(p)
+    x = case.data(m)
+    out = torch.empty(m * p, dtype=x.dtype, device=x.device)
+    gather = _all_gather_single()
+
+    def raw():
+        gather(out, x)
+        return (out,)
+
+    def clone_op():  # the collective is out of place: the "clone" is a fresh output
+        fresh = torch.empty_like(out)
+        gather(fresh, x)
+        return (fresh,)
+
+    tx, ty = case.tensor_type(m), case.tensor_type(m * p)
+    text = program([("x", tx)], f"%y = dist.all_gather %x axis 0 : {tx} -> {ty}", [("y", ty)])
+    return Setup(text, (x,), raw, out.nbytes, None, clone_op)
+
+
+register(Family(
+    "all_gather", "`dist.all_gather` vs all_gather_into_tensor", all_gather_setup,
+    variants=(DISTIR, DONATED), bus="all_gather", dtypes=NATIVE_DTYPES,
+))  # fmt: skip
+
+
+###############################################################################
+# all_to_all: `dist.variable_all_to_all`, uneven counts, vs all_to_all_single
+###############################################################################
+
+
+def all_to_all_setup(case: Case) -> Setup:
+    import torch
+    import torch.distributed as dist
+
+    p, rank = case.world_size, case.rank
+    # Rank r sends w(r, j) units to j; every row and column of w sums to
+    # P(P+1)/2, so each rank sends and receives about S.
+    unit = case.elements(p * (p + 1) // 2)
+    send = [((rank + j) % p + 1) * unit for j in range(p)]
+    recv = [((j + rank) % p + 1) * unit for j in range(p)]
+    n = sum(send)
+    x = case.data(n)
+    out = torch.empty(sum(recv), dtype=x.dtype, device=x.device)
+    counts = torch.tensor(send, dtype=torch.int64, device=x.device)
+    received = torch.tensor(recv, dtype=torch.int64, device=x.device)
+
+    def raw():
+        dist.all_to_all_single(out, x, recv, send)
+        return (out, received)
+
+    def clone_op():  # out of place by nature: the "clone" is a fresh output
+        fresh = torch.empty_like(out)
+        dist.all_to_all_single(fresh, x, recv, send)
+        return (fresh, received)
+
+    tx, tc, ty = case.tensor_type(n), f"tensor<{p}xi64>", f"tensor<?x{DTYPES[case.dtype]}>"
+    body = f"%y, %rc = dist.variable_all_to_all %x, %c axis 0 : {tx}, {tc} -> {ty}"
+    text = program([("x", tx), ("c", tc)], body, [("y", ty), ("rc", tc)])
+    return Setup(text, (x, counts), raw, x.nbytes, None, clone_op)
+
+
+register(Family(
+    "all_to_all", "`dist.variable_all_to_all` (uneven counts) vs all_to_all_single with splits",
+    all_to_all_setup, variants=(DISTIR, DONATED_PAYLOAD), bus="all_to_all", dtypes=NATIVE_DTYPES,
+))  # fmt: skip
+
+
+###############################################################################
+# combine: a generic commutative combine, (a + b) mod 2^32 on i64, per
+# algorithm, vs a native i64 sum of the same bytes
+###############################################################################
+
+
+def combine_setup(case: Case) -> Setup:
+    import torch
+    import torch.distributed as dist
+
+    n = case.elements()
+    t = case.tensor_type(n)
+    gen = torch.Generator().manual_seed(4321 + case.rank)
+    x = torch.randint(0, 1 << 32, (n,), generator=gen).to(case.device)
+    buf = x.clone()
+
+    def raw():
+        dist.all_reduce(buf)
+        return (buf,)
+
+    def reference():  # the wrapped i64 sum is exact mod 2^32
+        buf.copy_(x)
+        dist.all_reduce(buf)
+        return (buf & COMBINE_MASK,)
+
+    body = (f"%y = dist.all_reduce %x commutative : {t} combine(%a, %b) {{\n"
+            f"    %s = arith.addi %a, %b : {t}\n"
+            f"    %m = arith.constant dense<{COMBINE_MASK}> : {t}\n"
+            f"    %r = arith.andi %s, %m : {t}\n"
+            f"    dist.yield %r : {t}\n  }}")  # fmt: skip
+    text = program([("x", t)], body, [("y", t)])
+    return Setup(text, (x,), raw, x.nbytes, lambda: buf.copy_(x), reference=reference)
+
+
+register(Family(
+    "combine", "generic commutative (a + b) mod 2^32 on i64 per algorithm vs native i64 sum",
+    combine_setup, bus="all_reduce",
+    variants=(
+        Variant("gather-fold", SELECT + "{commutative=gather-fold}"),
+        Variant("ring", SELECT),
+        Variant("ring, donated", SELECT, donate=True),
+        Variant("halving-doubling", SELECT + "{commutative=halving-doubling}"),
+    ),
+))  # fmt: skip
+
+
+###############################################################################
+# ciphertext, ciphertext62: `dist.all_reduce_add_ciphertext`, 4 RNS limbs,
+# per lowering, vs a native i64 sum of the same bytes; the reference is the
+# exact modular sum
+###############################################################################
+
+
+def _ciphertext_setup(case: Case, moduli: tuple[int, ...], bits: int) -> Setup:
+    import torch
+    import torch.distributed as dist
+
+    limbs = len(moduli)
+    n = case.elements(limbs)
+    t = case.tensor_type(limbs, n)
+    q = torch.tensor(moduli, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(4321 + case.rank)
+    ct = (torch.randint(0, 1 << 62, (limbs, n), generator=gen) % q.view(-1, 1)).to(case.device)
+    q = q.to(case.device)
+    buf = ct.clone()
+
+    def raw():
+        dist.all_reduce(buf)
+        return (buf,)
+
+    def reference():  # gather every rank's limbs, add mod q (a + b < 2^63 for q < 2^62)
+        stacked = torch.empty((case.world_size, limbs, n), dtype=torch.int64, device=ct.device)
+        _all_gather_single()(stacked.view(-1), ct.reshape(-1))
+        acc = stacked[0].clone()
+        for other in stacked[1:]:
+            acc += other
+            acc -= q.view(-1, 1) * (acc >= q.view(-1, 1))
+        return (acc,)
+
+    body = (f"%y = dist.all_reduce_add_ciphertext %ct, %q max_modulus_bits {bits} : "
+            f"{t}, tensor<{limbs}xi64>")  # fmt: skip
+    text = program([("ct", t), ("q", f"tensor<{limbs}xi64>")], body, [("y", t)])
+    return Setup(text, (ct, q), raw, ct.nbytes, lambda: buf.copy_(ct), reference=reference)
+
+
+def ciphertext_setup(case: Case) -> Setup:
+    return _ciphertext_setup(case, MODULI_60, 60)
+
+
+def ciphertext62_setup(case: Case) -> Setup:
+    return _ciphertext_setup(case, MODULI_62, 62)
+
+
+EXACT = Variant("exact-modular-sum", "", {"dist.all_reduce_add_ciphertext": "exact-modular-sum"})
+register(Family(
+    "ciphertext", "`dist.all_reduce_add_ciphertext`, moduli < 2^60, per lowering vs native i64 sum",
+    ciphertext_setup, bus="all_reduce",
+    variants=(
+        Variant("auto"),
+        Variant("auto, no agreement", agreement=False),
+        Variant("auto, donated", donate=(0,)),
+        EXACT,
+        Variant("defer-pass", "defer-modular-reduction{max-group-size={P}}"),
+        Variant("lowered+gather-fold", "lower-ciphertext-add"),
+        Variant("lowered+ring", f"lower-ciphertext-add,{SELECT}"),
+    ),
+))  # fmt: skip
+register(Family(
+    "ciphertext62", "the same with moduli near 2^62 (no headroom to defer)", ciphertext62_setup,
+    variants=(Variant("auto"), EXACT), bus="all_reduce",
+))  # fmt: skip
+
+
+###############################################################################
+# wave: 32 native all-reduces of S/32 each, separate or bucketed, vs 32
+# dist.all_reduce calls
+###############################################################################
+
+
+def wave_setup(case: Case) -> Setup:
+    import torch.distributed as dist
+
+    m = case.elements(WAVE_MEMBERS)
+    t = case.tensor_type(m)
+    xs = [case.data(m, salt=i) for i in range(WAVE_MEMBERS)]
+    bufs = tuple(x.clone() for x in xs)
+
+    def raw():
+        for b in bufs:
+            dist.all_reduce(b)
+        return bufs
+
+    def reset():
+        for b, x in zip(bufs, xs):
+            b.copy_(x)
+
+    body = "\n  ".join(f"%y{i} = dist.all_reduce sum %x{i} : {t}" for i in range(WAVE_MEMBERS))
+    text = program([(f"x{i}", t) for i in range(WAVE_MEMBERS)], body,
+                   [(f"y{i}", t) for i in range(WAVE_MEMBERS)])  # fmt: skip
+    return Setup(text, tuple(xs), raw, sum(x.nbytes for x in xs), reset)
+
+
+register(Family(
+    "wave", f"{WAVE_MEMBERS} all-reduces of S/{WAVE_MEMBERS}, separate or bucketed, vs "
+    f"{WAVE_MEMBERS} dist.all_reduce calls", wave_setup, bus="all_reduce", dtypes=NATIVE_DTYPES,
+    ops=("sum",), variants=(Variant("separate"), Variant("bucketed", "bucket-all-reduces")),
+))  # fmt: skip

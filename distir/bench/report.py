@@ -1,0 +1,173 @@
+"""The report: the table, the JSON file and one busbw plot per family.
+
+Everything here reads rows (the dicts `runner.make_row` builds), so saved
+JSON files can be re-rendered without running anything:
+
+    report = Report.load("bench-results/20250101-120000/results.json")
+    print(format_table(report.rows))
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distir.bench.sizes import format_size
+
+RESULTS_JSON = "results.json"
+TABLE_TXT = "table.txt"
+
+
+@dataclass
+class Report:
+    meta: dict
+    rows: list[dict] = field(default_factory=list)
+    dispatch: dict | None = None
+
+    def to_json(self) -> dict:
+        return {"meta": self.meta, "rows": self.rows, "dispatch": self.dispatch}
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        data = json.loads(Path(path).read_text())
+        return cls(data.get("meta", {}), data.get("rows", []), data.get("dispatch"))
+
+    def wrong_rows(self) -> list[dict]:
+        return [r for r in self.rows if r.get("check") == "WRONG"]
+
+
+_COLUMNS = ("P", "family", "dtype", "op", "variant", "size", "median ms", "min-max ms",
+            "algbw GB/s", "busbw GB/s", "x raw", "check")  # fmt: skip
+_LEFT = {"family", "dtype", "op", "variant", "check"}
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The rows as aligned text; the check column only when some row was checked."""
+    checked = any(r.get("check") is not None for r in rows)
+    header = _COLUMNS if checked else _COLUMNS[:-1]
+    lines = [header]
+    for r in rows:
+        line = (
+            str(r["P"]), r["family"], r.get("dtype", ""), r.get("op", ""), r["variant"],
+            r["size_label"], f"{r['median_ms']:.3f}", f"{r['min_ms']:.2f}-{r['max_ms']:.2f}",
+            f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
+            "" if r["variant"] == "raw" else f"{r['ratio_to_raw']:.2f}",
+            r.get("check") or "",
+        )  # fmt: skip
+        lines.append(line[: len(header)])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for k, line in enumerate(lines):
+        cells = [c.ljust(w) if header[i] in _LEFT else c.rjust(w)
+                 for i, (c, w) in enumerate(zip(line, widths))]  # fmt: skip
+        out.append("  ".join(cells).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def format_wrong(rows: Sequence[dict]) -> str:
+    """One line per wrong row, with which ranks and why."""
+    return "\n".join(
+        f"WRONG RESULT: P={r['P']} {r['family']} {r.get('dtype', '')} {r.get('op', '')} "
+        f"{r['variant']!r} {r['size_label']}: {r.get('check_detail', '')}"
+        for r in rows
+    )
+
+
+def format_dispatch(d: dict) -> str:
+    us = d["us_per_op"]
+    return (
+        f"dispatch (1 rank, chain of {d['chain']} all-reduces of 4 floats, median of "
+        f"{d['repeats']}, us/op): raw in place {us['raw']:.1f}; raw out of place (empty + copy "
+        f"+ all_reduce) {us['raw_out_of_place']:.1f}; native implementation alone "
+        f"{us['implementation_only']:.1f}; Program.run {us['program_run']:.1f}; Program.run with "
+        f"an in-place implementation {us['program_run_in_place']:.1f}; Program.run with an "
+        f"implementation that communicates nothing {us['program_run_without_collectives']:.1f}\n"
+        f"  -> Program.run adds {d['overhead_us_per_op']:.1f} us/op over raw in place "
+        f"({d['overhead_vs_out_of_place_us_per_op']:.1f} over raw out of place); the runtime's "
+        f"own dispatch adds {d['runtime_dispatch_us_per_op']:.1f} us/op"
+    )
+
+
+def plot_path(out: Path, family: str) -> Path:
+    return out / f"busbw-{family}.png"
+
+
+def plot_family(rows: Sequence[dict], family: str, path: str | Path, backend: str = "") -> None:
+    """busbw against message size for one family: one line per variant and
+    P (and dtype/op when several ran), raw in black, log-2 size axis labelled
+    4K, 1M, ...; 9 x 5.5 inches at 120 dpi."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mine = [r for r in rows if r["family"] == family]
+    kinds = sorted({(r.get("dtype", ""), r.get("op", "")) for r in mine})
+    sizes_p = sorted({r["P"] for r in mine})
+    variants = list(dict.fromkeys(r["variant"] for r in mine))
+    colors = plt.get_cmap("tab10")
+    styles = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for vi, variant in enumerate(variants):
+        for pi, p in enumerate(sizes_p):
+            for kind in kinds:
+                points = sorted((r["size"], r["busbw_GBps"]) for r in mine
+                                if r["variant"] == variant and r["P"] == p
+                                and (r.get("dtype", ""), r.get("op", "")) == kind)  # fmt: skip
+                if not points:
+                    continue
+                label = f"{variant}, P={p}"
+                if len(kinds) > 1:
+                    label += ", " + " ".join(x for x in kind if x)
+                ax.plot([s for s, _ in points], [b for _, b in points], label=label,
+                        color="black" if variant == "raw" else colors(vi % 10),
+                        linestyle=styles[pi % len(styles)], marker=markers[pi % len(markers)],
+                        markersize=5, linewidth=2 if variant == "raw" else 1.5)  # fmt: skip
+    ticks = sorted({r["size"] for r in mine})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [format_size(s) for s in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("message size S (bytes, nccl-tests convention)", fontsize=11)
+    ax.set_ylabel("bus bandwidth (GB/s)", fontsize=11)
+    what = " ".join(" ".join(x for x in kind if x) for kind in kinds) if len(kinds) == 1 else ""
+    ax.set_title(f"{family} {what}: busbw against size" + (f" ({backend})" if backend else ""),
+                 fontsize=12)  # fmt: skip
+    ax.tick_params(labelsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def save(report: Report, out: Path, *, plots: bool = True) -> list[Path]:
+    """Writes results.json, table.txt and busbw-<family>.png into `out`;
+    returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / RESULTS_JSON, out / TABLE_TXT]
+    written[0].write_text(json.dumps(report.to_json(), indent=1))
+    text = format_table(report.rows)
+    if report.dispatch is not None:
+        text += "\n\n" + format_dispatch(report.dispatch)
+    if report.wrong_rows():
+        text += "\n\n" + format_wrong(report.wrong_rows())
+    written[1].write_text(text + "\n")
+    if not plots:
+        return written
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("distir-bench: matplotlib is missing (pip install 'distir[bench]'); no plots",
+              file=sys.stderr)  # fmt: skip
+        return written
+    for family in dict.fromkeys(r["family"] for r in report.rows):
+        path = plot_path(out, family)
+        plot_family(report.rows, family, path, report.meta.get("backend", ""))
+        written.append(path)
+    return written
