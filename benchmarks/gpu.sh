@@ -6,11 +6,13 @@
 #
 # 1. distir-bench over NCCL at world size 1 (NCCL cannot put two ranks on one
 #    GPU) and, with more GPUs, at every world size up to their number: the
-#    dispatch and copy overheads of Program.run against raw NCCL calls.
+#    dispatch and copy overheads of Program.run against raw NCCL calls, every
+#    result checked (-c); results.json, table.txt and busbw-<family>.png go
+#    into $out/nccl/.
 # 2. The ciphertext modular-add combine on CUDA tensors against the device's
 #    copy bandwidth (benchmarks/gpu_modular_add.py).
 set -euo pipefail
-out=${1:-gpu-results}
+out=${1:-bench-results/gpu-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -25,14 +27,16 @@ for p in 2 4 8; do
 done
 
 echo "== distir-bench, NCCL, world sizes: $nprocs"
+status=0  # a wrong result (-c) or a failure is reported at the end, after the other step ran
 timeout 200 distir-bench --backend nccl --nproc $nprocs \
-  --sizes 4K 1M 16M 64M 256M --iters 10 --warmup 2 \
+  --sizes 4K 1M 16M 64M 256M -n 10 -w 2 -c \
   --families all_reduce broadcast all_gather all_to_all combine ciphertext wave \
   --dispatch-chain 1000 --dispatch-repeats 10 \
-  --json "$out/nccl.json" --plot "$out/nccl-busbw.png" --timeout 190
+  --out "$out/nccl" --timeout 190 || status=$?
 
 echo "== modular-add combine on CUDA against copy bandwidth"
 timeout 90 python "$here/gpu_modular_add.py" --sizes-mib 16 64 256 1024 --iters 20 \
-  --json "$out/gpu-modular-add.json"
+  --json "$out/gpu-modular-add.json" || status=$?
 
-echo "results in $out/"
+echo "results in $out/ (exit status $status)"
+exit "$status"

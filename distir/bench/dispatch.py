@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from inspect import signature
 
 from distir.bench.families import program as program_text
 from distir.bench.runner import sync_for
@@ -36,7 +37,8 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
         name = "in-place-sum"
         operation_types = (AllReduceOp,)
 
-        def execute(self, invocation, inputs, resources, *, in_place):
+        # *_, **__: whichever in-place argument the runtime passes (in_place= or writable).
+        def execute(self, invocation, inputs, resources, *_, **__):
             dist.all_reduce(inputs[0], group=resources.group)
             return (inputs[0],)
 
@@ -44,7 +46,7 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
         name = "no-collective"
         operation_types = (AllReduceOp,)
 
-        def execute(self, invocation, inputs, resources, *, in_place):
+        def execute(self, invocation, inputs, resources, *_, **__):
             return (inputs[0],)
 
     device = "cuda" if backend == "nccl" else "cpu"
@@ -63,6 +65,10 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
     implementation = program.choices[op]
     invocation = make_invocation(op)
     resource = ProcessGroupResource(None)
+    # A read-only call: `in_place=False` where execute still takes it, else no writable inputs.
+    read_only = (
+        {"in_place": False} if "in_place" in signature(implementation.execute).parameters else {}
+    )
 
     def raw():
         for _ in range(chain):
@@ -77,7 +83,7 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
     def implementation_only():
         y = x
         for _ in range(chain):
-            (y,) = implementation.execute(invocation, (y,), resource, in_place=False)
+            (y,) = implementation.execute(invocation, (y,), resource, **read_only)
 
     def program_run():
         program.run(x)
