@@ -30,8 +30,22 @@ the last, "special" one).
 Writing back patches the coefficients into the decompressed payload and
 re-serializes it uncompressed (``compr_mode`` 0, header size fields fixed
 up); SEAL accepts that on load and validates that every limb is below its
-modulus.  TenSEAL and zstandard are imported lazily (``pip install
-'distir[he]'``).
+modulus.
+
+Keys travel the same way, inside a TenSEAL context's serialization
+(``TenSEALContextProto``: field 1 the SEAL ``EncryptionParameters``, field 2
+the public part -- 1 ``public_key``, 2 ``auto_flags``, 3 ``scale``, 4 relin
+keys, 5 Galois keys --, field 3 the private part -- 1 ``secret_key`` --,
+field 4 the encryption type).  A SEAL ``PublicKey`` is saved as its
+ciphertext (size 2, at the *key* level: every prime, the special one
+included, NTT form); a ``SecretKey`` as its plaintext (``Plaintext::
+save_members``: ``parms_id``, ``coeff_count`` = K*N, ``scale``, then a
+``DynArray<uint64>`` with its own header and count), the K*N NTT-form
+coefficients laid out ``[limb][coefficient]``.  :func:`public_key_limbs`
+and :func:`secret_key_limbs` read them; :func:`context_from_key_limbs`
+builds a TenSEAL context around limbs computed elsewhere (a collective
+public key, a secret key share).  TenSEAL and zstandard are imported
+lazily (``pip install 'distir[he]'``).
 """
 
 from __future__ import annotations
@@ -50,14 +64,19 @@ __all__ = [
     "SealCiphertextLayout",
     "ckks_moduli",
     "ckks_to_limbs",
+    "context_from_key_limbs",
+    "key_moduli",
     "limbs_to_ckks",
     "parse_ckks_vector",
+    "public_key_limbs",
+    "secret_key_limbs",
 ]
 
 _SEAL_MAGIC = 0xA15E
 _SEAL_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, major, minor, compr, reserved, size
 _COMPR_NONE, _COMPR_ZLIB, _COMPR_ZSTD = 0, 1, 2
 _META = struct.Struct("<4QBQQQd")  # parms_id, is_ntt_form, size, N, L, scale
+_PLAIN_META = struct.Struct("<4QQd")  # parms_id, coeff_count, scale
 
 _INSTALL_HINT = "install distir[he] (pip install 'distir[he]': tenseal and zstandard)"
 
@@ -182,6 +201,39 @@ def _decode_seal_blob(blob: bytes) -> tuple[tuple[int, int], int, bytes]:
     return (major, minor), compr, payload
 
 
+def _ciphertext_payload(payload: bytes) -> tuple[list[int], int, int, int, int, float, int]:
+    """``(parms_id, is_ntt_form, size, N, L, scale, data_offset)`` of a
+    decompressed ``Ciphertext::save_members`` payload."""
+    if len(payload) < _META.size:
+        raise ValueError("SEAL ciphertext payload is too short")
+    *parms_id, is_ntt, size, n, limbs, scale = _META.unpack_from(payload)
+    words = size * limbs * n
+    data_offset = len(payload) - 8 * words
+    # The coefficient block is preceded by the DynArray's element count.
+    if data_offset < _META.size + 8 or struct.unpack_from("<Q", payload, data_offset - 8)[0] != (
+        words
+    ):
+        raise ValueError(
+            "unexpected SEAL ciphertext layout: the payload does not end with "
+            f"size*L*N = {size}*{limbs}*{n} uint64 coefficients preceded by their count"
+        )
+    return parms_id, is_ntt, size, n, limbs, scale, data_offset
+
+
+def _encode_seal_blob(version: tuple[int, int], payload: bytes) -> bytes:
+    """A SEAL object blob: the 16-byte header (no compression) and ``payload``."""
+    header = _SEAL_HEADER.pack(
+        _SEAL_MAGIC,
+        _SEAL_HEADER.size,
+        version[0],
+        version[1],
+        _COMPR_NONE,
+        0,
+        _SEAL_HEADER.size + len(payload),
+    )
+    return header + payload
+
+
 def parse_ckks_vector(ciphertext: Any) -> SealCiphertextLayout:
     """Serialize a TenSEAL ``CKKSVector`` and locate its SEAL ciphertext data."""
     ts = _import_tenseal()
@@ -198,19 +250,7 @@ def parse_ckks_vector(ciphertext: Any) -> SealCiphertextLayout:
         )
     _, _, start, value_start, end = entries[0]
     version, compr, payload = _decode_seal_blob(proto[value_start:end])
-    if len(payload) < _META.size:
-        raise ValueError("SEAL ciphertext payload is too short")
-    *parms_id, is_ntt, size, n, limbs, scale = _META.unpack_from(payload)
-    words = size * limbs * n
-    data_offset = len(payload) - 8 * words
-    # The coefficient block is preceded by the DynArray's element count.
-    if data_offset < _META.size + 8 or struct.unpack_from("<Q", payload, data_offset - 8)[0] != (
-        words
-    ):
-        raise ValueError(
-            "unexpected SEAL ciphertext layout: the payload does not end with "
-            f"size*L*N = {size}*{limbs}*{n} uint64 coefficients preceded by their count"
-        )
+    parms_id, is_ntt, size, n, limbs, scale, data_offset = _ciphertext_payload(payload)
     return SealCiphertextLayout(
         proto=proto,
         proto_field=(start, end),
@@ -296,18 +336,170 @@ def limbs_to_ckks(limbs: Tensor, template: Any, *, context: Any = None) -> Any:
     TorchRNSBackend().check_reduced(host, moduli)
 
     coefficients = host.contiguous().numpy().astype("<u8", copy=False).tobytes()
-    payload = layout.payload[: layout.data_offset] + coefficients
-    header = _SEAL_HEADER.pack(
-        _SEAL_MAGIC,
-        _SEAL_HEADER.size,
-        layout.version[0],
-        layout.version[1],
-        _COMPR_NONE,
-        0,
-        _SEAL_HEADER.size + len(payload),
-    )
-    blob = header + payload
+    blob = _encode_seal_blob(layout.version, layout.payload[: layout.data_offset] + coefficients)
     start, end = layout.proto_field
-    field = b"\x12" + _encode_varint(len(blob)) + blob
-    proto = layout.proto[:start] + field + layout.proto[end:]
+    proto = layout.proto[:start] + _bytes_field(2, blob) + layout.proto[end:]
     return ts.ckks_vector_from(context, proto)
+
+
+# ------------------------------------------------------------------------ keys
+# TenSEALContextProto fields (tenseal/proto/tensealcontext.proto).
+_CTX_PUBLIC, _CTX_PRIVATE = 2, 3
+_PUBLIC_KEY, _SECRET_KEY = 1, 1  # in the public and private parts
+
+
+def _bytes_field(number: int, value: bytes) -> bytes:
+    """One length-delimited protobuf field."""
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
+
+
+def _bytes_fields(proto: bytes, number: int) -> list[bytes]:
+    return [proto[v:e] for n, w, _s, v, e in _proto_fields(proto) if n == number and w == 2]
+
+
+def _replace_bytes_field(proto: bytes, number: int, value: bytes | None) -> bytes:
+    """``proto`` with every length-delimited field ``number`` replaced by
+    ``value`` (dropped when ``value`` is None; appended when absent)."""
+    out, done = bytearray(), False
+    for n, w, start, _v, end in _proto_fields(proto):
+        if n == number and w == 2:
+            if value is not None and not done:
+                out += _bytes_field(number, value)
+                done = True
+        else:
+            out += proto[start:end]
+    if value is not None and not done:
+        out += _bytes_field(number, value)
+    return bytes(out)
+
+
+def _context_proto(context: Any, *, secret: bool) -> bytes:
+    ts = _import_tenseal()
+    if not isinstance(context, ts.Context):
+        raise TypeError(
+            f"expected a tenseal.Context, got {type(context).__module__}.{type(context).__name__}"
+        )
+    if secret and not context.has_secret_key():
+        raise ValueError("this TenSEAL context holds no secret key (it is public)")
+    return context.serialize(
+        save_public_key=True,
+        save_secret_key=secret,
+        save_galois_keys=False,
+        save_relin_keys=False,
+    )
+
+
+def _only(fields: list[bytes], what: str) -> bytes:
+    if len(fields) != 1:
+        raise ValueError(f"a TenSEAL context should hold exactly one {what}, found {len(fields)}")
+    return fields[0]
+
+
+def key_moduli(context: Any) -> Tensor:
+    """The key-level moduli ``[K]`` (int64) of a TenSEAL context: every
+    coefficient-modulus prime, the special (last) one included.  Keys live
+    at this level; fresh ciphertexts at the first data level, its first
+    ``K - 1`` primes."""
+    _import_tenseal()
+    return ckks_moduli(context, context.seal_context().data.key_parms_id())
+
+
+def public_key_limbs(context: Any) -> Tensor:
+    """The public key of a TenSEAL context as int64 limbs ``[2, K, N]``:
+    ``(b, a)`` in NTT form at the key level, with ``b + a*s = -e`` for the
+    secret ``s`` and a small error ``e`` (SEAL's ``KeyGenerator``)."""
+    public = _only(_bytes_fields(_context_proto(context, secret=False), _CTX_PUBLIC), "public part")
+    blob = _only(_bytes_fields(public, _PUBLIC_KEY), "public key")
+    _version, _compr, payload = _decode_seal_blob(blob)
+    _pid, is_ntt, size, n, limbs, _scale, offset = _ciphertext_payload(payload)
+    if not is_ntt or size != 2:
+        raise ValueError(f"unexpected SEAL public key: size {size}, NTT form {bool(is_ntt)}")
+    words = np.frombuffer(payload, dtype="<u8", count=size * limbs * n, offset=offset)
+    return torch.from_numpy(words.astype(np.int64)).view(size, limbs, n)
+
+
+def secret_key_limbs(context: Any) -> Tensor:
+    """The secret key of a private TenSEAL context as int64 limbs ``[K, N]``
+    (NTT form at the key level; SEAL samples it ternary)."""
+    private = _only(
+        _bytes_fields(_context_proto(context, secret=True), _CTX_PRIVATE), "private part"
+    )
+    blob = _only(_bytes_fields(private, _SECRET_KEY), "secret key")
+    _version, _compr, payload = _decode_seal_blob(blob)
+    if len(payload) < _PLAIN_META.size:
+        raise ValueError("SEAL secret key payload is too short")
+    *_pid, coeff_count, _scale = _PLAIN_META.unpack_from(payload)
+    offset = len(payload) - 8 * coeff_count
+    if offset < _PLAIN_META.size + 8 or struct.unpack_from("<Q", payload, offset - 8)[0] != (
+        coeff_count
+    ):
+        raise ValueError("unexpected SEAL secret key layout")
+    limbs = key_moduli(context).numel()
+    words = np.frombuffer(payload, dtype="<u8", count=coeff_count, offset=offset)
+    return torch.from_numpy(words.astype(np.int64)).view(limbs, coeff_count // limbs)
+
+
+def _check_key_limbs(limbs: Tensor, moduli: Tensor, shape: tuple[int, ...], what: str) -> Tensor:
+    if not isinstance(limbs, Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(limbs).__name__}")
+    if tuple(limbs.shape) != shape:
+        raise ValueError(f"{what} must have shape {list(shape)}, got {list(limbs.shape)}")
+    if limbs.dtype != torch.int64:
+        raise ValueError(f"{what} limbs must have dtype torch.int64, got {limbs.dtype}")
+    host = limbs.detach().to("cpu").contiguous()
+    TorchRNSBackend().check_reduced(host, moduli)
+    return host
+
+
+def context_from_key_limbs(
+    template: Any, *, public_key: Tensor | None = None, secret_key: Tensor | None = None
+) -> Any:
+    """A TenSEAL context with ``template``'s encryption parameters, global
+    scale and flags, holding the given keys and no others.
+
+    ``public_key`` is ``[2, K, N]`` int64 (``(b, a)``, NTT form, key level:
+    what :func:`public_key_limbs` returns); ``secret_key`` is ``[K, N]``
+    int64 (NTT form, key level).  Each must be reduced modulo
+    :func:`key_moduli`.  Without ``secret_key`` the context is public
+    (``is_private()`` is False: it encrypts, it cannot decrypt); without
+    ``public_key`` it cannot encrypt.  Relinearization and Galois keys are
+    never carried over (they belong to the template's secret).  SEAL
+    validates both keys when the context loads."""
+    ts = _import_tenseal()
+    proto = _context_proto(template, secret=False)
+    moduli = key_moduli(template)
+    public = _only(_bytes_fields(proto, _CTX_PUBLIC), "public part")
+    pk_blob = None
+    if public_key is not None:
+        template_blob = _only(_bytes_fields(public, _PUBLIC_KEY), "public key")
+        version, _compr, payload = _decode_seal_blob(template_blob)
+        _pid, _ntt, size, n, limbs, _scale, offset = _ciphertext_payload(payload)
+        host = _check_key_limbs(public_key, moduli, (size, limbs, n), "public_key")
+        coefficients = host.numpy().astype("<u8", copy=False).tobytes()
+        pk_blob = _encode_seal_blob(version, payload[:offset] + coefficients)
+    proto = _replace_bytes_field(
+        proto, _CTX_PUBLIC, _replace_bytes_field(public, _PUBLIC_KEY, pk_blob)
+    )
+    if secret_key is not None:
+        n = template.seal_context().data.key_context_data().parms().poly_modulus_degree()
+        host = _check_key_limbs(secret_key, moduli, (moduli.numel(), n), "secret_key")
+        version = _decode_seal_blob(_only(_bytes_fields(public, _PUBLIC_KEY), "public key"))[0]
+        words = host.numel()
+        dyn_array = _SEAL_HEADER.pack(
+            _SEAL_MAGIC,
+            _SEAL_HEADER.size,
+            version[0],
+            version[1],
+            _COMPR_NONE,
+            0,
+            _SEAL_HEADER.size + 8 + 8 * words,
+        ) + struct.pack("<Q", words)
+        parms_id = template.seal_context().data.key_parms_id()
+        payload = (
+            _PLAIN_META.pack(*parms_id, words, 1.0)
+            + dyn_array
+            + host.numpy().astype("<u8", copy=False).tobytes()
+        )
+        private = _bytes_field(_SECRET_KEY, _encode_seal_blob(version, payload))
+        proto = _replace_bytes_field(proto, _CTX_PRIVATE, private)
+    return ts.context_from(proto)
