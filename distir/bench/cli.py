@@ -69,7 +69,7 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
                        help="an explicit list of sizes instead of -b/-e/-f")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help=f"preset: P={' and '.join(map(str, DEFAULT_NPROC))}, sizes "
-                             f"{' '.join(QUICK_SIZES)}, few iterations (about 80 s on 2 cores)")  # fmt: skip
+                             f"{' '.join(QUICK_SIZES)}, few iterations")  # fmt: skip
     parser.add_argument("--nproc", type=int, nargs="+", metavar="P",
                         help="group sizes to run (default " + " ".join(map(str, DEFAULT_NPROC)) + ")")  # fmt: skip
     parser.add_argument("--families", nargs="+", default=list(registry), choices=list(registry),

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distir.bench.runner import RAW
 from distir.bench.sizes import format_size
 
 RESULTS_JSON = "results.json"
@@ -54,7 +55,7 @@ def format_table(rows: Sequence[dict]) -> str:
             str(r["P"]), r["family"], r.get("dtype", ""), r.get("op", ""), r["variant"],
             r["size_label"], f"{r['median_ms']:.3f}", f"{r['min_ms']:.2f}-{r['max_ms']:.2f}",
             f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
-            "" if r["variant"] == "raw" else f"{r['ratio_to_raw']:.2f}",
+            "" if r["variant"] == RAW else f"{r['ratio_to_raw']:.2f}",
             r.get("check") or "",
         )  # fmt: skip
         lines.append(line[: len(header)])
@@ -126,9 +127,9 @@ def plot_family(rows: Sequence[dict], family: str, path: str | Path, backend: st
                 if len(kinds) > 1:
                     label += ", " + " ".join(x for x in kind if x)
                 ax.plot([s for s, _ in points], [b for _, b in points], label=label,
-                        color="black" if variant == "raw" else colors(vi % 10),
+                        color="black" if variant == RAW else colors(vi % 10),
                         linestyle=styles[pi % len(styles)], marker=markers[pi % len(markers)],
-                        markersize=5, linewidth=2 if variant == "raw" else 1.5)  # fmt: skip
+                        markersize=5, linewidth=2 if variant == RAW else 1.5)  # fmt: skip
     ticks = sorted({r["size"] for r in mine})
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [format_size(s) for s in ticks])

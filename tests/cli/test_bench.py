@@ -28,7 +28,7 @@ def test_a_checked_tiny_run_fills_a_timestamped_directory(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     code = cli.main([
         "--nproc", "2", "--sizes", "4K", "-n", "2", "-w", "0", "-c",
-        "--dispatch-chain", "20", "--dispatch-repeats", "2",
+        "--dispatch-chain", "20", "--dispatch-repeats", "2", "--timeout", "60",
     ])  # fmt: skip
     assert code == 0
     # Nothing loose in the current directory: one timestamped folder under bench-results/.
@@ -84,7 +84,8 @@ WRONG = dataclasses.replace(FAMILIES["all_reduce"], name="wrong", setup=wrong_al
 def test_a_wrong_variant_fails_the_check_loudly(tmp_path, capsys):
     out = tmp_path / "out"
     code = cli.main(["--nproc", "2", "--sizes", "4K", "-n", "1", "-w", "0", "-c", "--families",
-                     "wrong", "--dispatch-chain", "0", "--no-plots", "--out", str(out)],
+                     "wrong", "--dispatch-chain", "0", "--no-plots", "--out", str(out),
+                     "--timeout", "60"],
                     registry={"wrong": WRONG})  # fmt: skip
     assert code == 1
     rows = json.loads((out / "results.json").read_text())["rows"]
