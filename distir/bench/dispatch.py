@@ -61,8 +61,11 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
     no_collective = distir.compile(text, registry=ImplementationRegistry([NoCollective()]))
     x = torch.rand(4, device=device)
     scratch = x.clone()
-    op = next(op for op in program.choices if op.name == "dist.all_reduce")
-    implementation = program.choices[op]
+    # The chosen implementations: `Program.plan.choices` (`Program.choices` before the plan
+    # had its own module).
+    choices = program.plan.choices if hasattr(program, "plan") else program.choices
+    op = next(op for op in choices if op.name == "dist.all_reduce")
+    implementation = choices[op]
     invocation = make_invocation(op)
     resource = ProcessGroupResource(None)
     # A read-only call: `in_place=False` where execute still takes it, else no writable inputs.
