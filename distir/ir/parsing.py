@@ -4,10 +4,26 @@ xDSL leaves an op's location unknown unless the text spells `loc(...)`. Errors
 raised long after parsing (a verifier, a backend, a rank mismatch) must still
 point at the source, so this parser records `file:line:col` of every op it
 parses.
+
+It also turns hostile input into located parse errors instead of crashes:
+
+- bytes that are not UTF-8 are reported at the first bad byte;
+- an op nested deeper than `MAX_NESTING_DEPTH` regions is rejected where it
+  starts ("nesting deeper than 100 levels");
+- anything else too deep for Python's stack (brackets of an attribute nested
+  hundreds of levels) is reported where parsing stopped.
+
+Locations cost O(log n) each: the line starts of the input are computed once
+and searched by bisection, so parsing is linear in the size of the file.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from xdsl.context import Context
@@ -17,26 +33,167 @@ from xdsl.dialects.func import Func
 from xdsl.dialects.linalg import Linalg
 from xdsl.dialects.scf import Scf
 from xdsl.dialects.tensor import Tensor
-from xdsl.ir import Operation
+from xdsl.ir import Operation, Region
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import DiagnosticException, ParseError
+from xdsl.utils.lexer import Input, Span
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 
 from distir.ir.dialect import Dist
+
+MAX_NESTING_DEPTH = 100
+"""Deepest nesting of regions an op of a program may sit in. Every
+`{ ... }` region counts one level (a function body, each `scf.if` branch, a
+combine region) except the body of a `builtin.module`, spelled out or
+implicit: the ops of a function body are at level 1. Programs of this domain
+nest a few levels; the limit keeps parsing, verifying and printing far from
+Python's recursion limit."""
+
+# Python frames the parser spends per region level (8 measured for `scf.if`
+# in custom syntax, 11 in generic syntax), with room for attributes parsed at
+# the deepest level.
+_FRAMES_PER_LEVEL = 16
+_FRAMES_SLACK = 400
+
+
+class LineIndex:
+    """The start position of every line of one text, so that the line and
+    column of a position are found by bisection (O(log n)), not by counting
+    newlines from the start of the text (O(n)) as xDSL's `Span` does."""
+
+    def __init__(self, text: str):
+        starts = [0]
+        find = text.find
+        newline = find("\n")
+        while newline != -1:
+            starts.append(newline + 1)
+            newline = find("\n", newline + 1)
+        self._starts = starts
+
+    def line_and_column(self, position: int) -> tuple[int, int]:
+        """One-based line and column (in code points) of `position`."""
+        line = bisect_right(self._starts, position)
+        return line, position - self._starts[line - 1] + 1
+
+
+_CONTROLS_TO_REPLACEMENT = {
+    c: "\N{REPLACEMENT CHARACTER}" for c in [*range(0x20), *range(0x7F, 0xA0)] if c not in (9, 10)
+}
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (but tabs and newlines) shown as
+    U+FFFD, one for one, so that columns stay right and garbage in an input
+    cannot drive the terminal that shows an error."""
+    return text.translate(_CONTROLS_TO_REPLACEMENT)
+
+
+def decode_source(data: bytes, name: str) -> str:
+    """`data` as UTF-8 text; invalid UTF-8 is a parse error at the first bad
+    byte, with the line shown (bad bytes as U+FFFD)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        shown = printable(data.decode("utf-8", "replace"))
+        position = len(data[: e.start].decode("utf-8"))
+        bad = " ".join(f"0x{byte:02x}" for byte in data[e.start : e.end])
+        raise ParseError(
+            Span(position, position + 1, Input(shown, name)),
+            f"invalid UTF-8 ({e.reason}: {bad} at byte offset {e.start}); "
+            "MLIR source must be UTF-8 text",
+        ) from None
+
+
+_headroom_lock = threading.Lock()
+_headroom_users = 0
+_saved_limit = 0
+
+
+@contextmanager
+def _recursion_headroom(frames: int) -> Iterator[None]:
+    """Raise Python's recursion limit so that `frames` more fit on the stack,
+    restoring it when the last user leaves (parses may run in threads)."""
+    global _headroom_users, _saved_limit
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    with _headroom_lock:
+        if _headroom_users == 0:
+            _saved_limit = sys.getrecursionlimit()
+        _headroom_users += 1
+        if depth + frames > sys.getrecursionlimit():
+            sys.setrecursionlimit(depth + frames)
+    try:
+        yield
+    finally:
+        with _headroom_lock:
+            _headroom_users -= 1
+            if _headroom_users == 0:
+                sys.setrecursionlimit(_saved_limit)
 
 
 class LocatedParser(Parser):
     """A Parser that stamps `FileLineColLoc` on each op lacking a location,
-    and reports an op it cannot build as a located parse error.
+    reports an op it cannot build as a located parse error, and rejects
+    input nested too deeply (see the module docstring).
 
     Some ops only fail when their constructor runs (an integer that does not
     fit in i64, a type constraint checked while resolving operands); xDSL
     raises those as VerifyException with no location.
+
+    `input` may be bytes (as `distir-opt` reads a file): they must be UTF-8.
     """
 
     line_offset: int = 0
+    """Added to every line number: the lines before this chunk of a
+    `--split-input-file` input."""
+
+    def __init__(self, ctx: Context, input: str | bytes, name: str = "<unknown>"):
+        text = decode_source(input, name) if isinstance(input, bytes) else input
+        super().__init__(ctx, text, name)
+        self._lines = LineIndex(text)
+        self._filename = StringAttr(name)
+        self._region_depth = 0
+
+    def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
+        frames = _FRAMES_PER_LEVEL * (MAX_NESTING_DEPTH + 1) + _FRAMES_SLACK
+        with _recursion_headroom(frames):
+            try:
+                return super().parse_module(allow_implicit_module)
+            except RecursionError:
+                # Raised deep in the stack; unwound by now, so reporting is safe.
+                raise ParseError(
+                    self._current_token.span,
+                    "input nested too deeply to parse (brackets or attributes nested "
+                    "hundreds of levels)",
+                ) from None
+
+    def parse_optional_region(
+        self, arguments: Iterable[Parser.Argument] | None = None
+    ) -> Region | None:
+        # The op whose syntax is being parsed is the innermost on the dialect
+        # stack; a builtin one with a region is a module, which is a container,
+        # not a level (so printing, which spells the module out, keeps depth).
+        opens = (
+            self._current_token.kind == MLIRTokenKind.L_BRACE
+            and self._parser_state.dialect_stack[-1] != "builtin"
+        )
+        self._region_depth += opens
+        try:
+            return super().parse_optional_region(arguments)
+        finally:
+            self._region_depth -= opens
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span
+        # Checked at ops, not at regions: an empty region one level deeper
+        # (a native all-reduce's, in generic syntax) is harmless.
+        if self._region_depth > MAX_NESTING_DEPTH:
+            raise ParseError(
+                start,
+                f"nesting deeper than {MAX_NESTING_DEPTH} levels (ops inside regions "
+                f"inside ops; distir accepts at most {MAX_NESTING_DEPTH})",
+            )
         try:
             op = super().parse_operation()
         except ParseError:
@@ -44,9 +201,9 @@ class LocatedParser(Parser):
         except (DiagnosticException, ValueError) as e:
             raise ParseError(start, str(e)) from e
         if isinstance(op.location, UnknownLoc):
-            where = start.get_location()
+            line, column = self._lines.line_and_column(start.start)
             op.location = FileLineColLoc(
-                StringAttr(where.file), IntAttr(where.line + self.line_offset), IntAttr(where.col)
+                self._filename, IntAttr(line + self.line_offset), IntAttr(column)
             )
         return op
 
@@ -60,15 +217,19 @@ def make_context(*, allow_unregistered: bool = False) -> Context:
 
 
 def parse_module(
-    text: str, filename: str = "<string>", ctx: Context | None = None
+    text: str | bytes, filename: str = "<string>", ctx: Context | None = None
 ) -> ModuleOp:
-    """Parse and return a module (top-level ops are wrapped in one)."""
+    """Parse and return a module (top-level ops are wrapped in one).
+
+    Raises `ParseError` for bad input, including bytes that are not UTF-8 and
+    nesting deeper than `MAX_NESTING_DEPTH`."""
     return LocatedParser(ctx or make_context(), text, filename).parse_module()
 
 
 def parse_file(path: str | Path, ctx: Context | None = None) -> ModuleOp:
+    """Parse the module in file `path` (which must hold UTF-8 text)."""
     path = Path(path)
-    return parse_module(path.read_text(), str(path), ctx)
+    return parse_module(path.read_bytes(), str(path), ctx)
 
 
 def format_location(op: Operation) -> str:

@@ -27,6 +27,13 @@ or a call, since the collective order inside control flow must not change.
 Collectives between members in the same block are fine to pass: every rank
 executes the same straight-line sequence, reordered the same way.
 
+Inside a `dist.wave` nothing is bucketed. A wave may hold only collectives
+(the packing reshapes and concat could not sit in it), and it already
+submits its members together, so their latencies overlap; bucketing them
+would mean packing before the wave and unpacking after it, moving ops across
+the wave's boundary for a gain the wave mostly has. A wave is a barrier for
+buckets outside it, as any op with regions holding a collective.
+
 When it is faster: packing and unpacking copy the data a few times, which
 costs less than one collective latency up to a few hundred KiB per tensor
 and a few MiB per bucket. Members must have static shapes, rank >= 1, at most
@@ -58,7 +65,7 @@ from xdsl.pattern_rewriter import (
 )
 from xdsl.rewriter import InsertPoint
 
-from distir.ir.dialect import AllReduceOp, CollectiveOp
+from distir.ir.dialect import AllReduceOp, CollectiveOp, WaveOp
 from distir.passes._rewrite_utils import with_location
 
 
@@ -104,7 +111,7 @@ class AllReduceWaveBucketing(RewritePattern):
     def candidate(self, op: Operation) -> bool:
         if not isinstance(op, AllReduceOp) or op.kind is None or op.algorithm is not None:
             return False
-        if op in self.created or op.attributes:
+        if op in self.created or op.attributes or isinstance(op.parent_op(), WaveOp):
             return False
         t = op.input.type
         if not isinstance(t, TensorType) or t.get_num_dims() < 1:
@@ -216,11 +223,13 @@ class BucketAllReducesPass(ModulePass):
     """Fewest members worth a bucket."""
 
     def __post_init__(self) -> None:
-        if self.max_op_bytes < 1 or self.bucket_bytes < 1 or self.min_ops < 2:
-            raise ValueError(
-                "bucket-all-reduces: max-op-bytes and bucket-bytes must be >= 1 and "
-                f"min-ops >= 2, got {self.max_op_bytes}, {self.bucket_bytes}, {self.min_ops}"
-            )
+        for option, value, least in (
+            ("max-op-bytes", self.max_op_bytes, 1),
+            ("bucket-bytes", self.bucket_bytes, 1),
+            ("min-ops", self.min_ops, 2),
+        ):
+            if value < least:
+                raise ValueError(f"bucket-all-reduces: {option} must be >= {least}, got {value}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(
