@@ -2,43 +2,53 @@
 
 xDSL's `xdsl-opt` driver with distir's dialects and passes, a parser that
 records `file:line:col` on every op, and errors meant for people: bad input
-(a syntax error, an op that does not verify, an unknown pass, a missing file)
-prints one located message to stderr and exits 1, never a Python traceback.
+(a syntax error, bytes that are not UTF-8, regions nested deeper than
+`MAX_NESTING_DEPTH`, an op that does not verify, an unknown pass or pass
+option, a missing file) prints one located message to stderr and exits 1,
+never a Python traceback.
 
     distir-opt prog.mlir                         # verify and print back
     distir-opt prog.mlir -p lower-ciphertext-add,canonicalize -o out.mlir
     distir-opt bad.mlir --split-input-file --verify-diagnostics
+    distir-opt --help                            # distir's passes and options first
 
 With `--verify-diagnostics` (and `--parsing-diagnostics`) errors go to stdout
 and the exit status is 0, as in xDSL, so that lit tests can check them.
-Argument errors (an unknown flag) exit with argparse's status 2.
+Argument errors (an unknown flag, `-p` given twice) exit with argparse's
+status 2. As in mlir-opt, `-p` may occur once: passes are joined with commas
+(`-p A,B`), never by repeating the flag.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
+import shutil
 import sys
+import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from io import StringIO
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn, cast
 
 from xdsl.dialects.builtin import FileLineColLoc, ModuleOp
 from xdsl.ir import Operation
-from xdsl.passes import ModulePass, PassPipeline
+from xdsl.passes import ModulePass
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import (
-    ArgSpecParseError,
     DiagnosticException,
     MultipleSpansParseError,
     ParseError,
     ShrinkException,
     VerifyException,
 )
+from xdsl.utils.lexer import Span
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from distir.ir.parsing import LocatedParser, make_context
+from distir.ir.parsing import LocatedParser, make_context, printable
+from distir.passes import PipelineError, build_pipeline
 
 try:
     _DISTIR_VERSION = version("distir")
@@ -113,6 +123,120 @@ def locate_verify_error(
     return located
 
 
+# Help ------------------------------------------------------------------------
+
+PIPELINE_HELP = (
+    "passes to run in order, comma-separated, options in braces: "
+    "-p 'canonicalize,bucket-all-reduces{min-ops=4}'. Give it once (-p A,B, not "
+    "-p A -p B). The passes and their options are listed below."
+)
+
+
+def _help_width() -> int:
+    """The terminal's width, kept between 60 and 100 columns (argparse's
+    own text uses the terminal width minus 2)."""
+    return max(60, min(100, shutil.get_terminal_size().columns - 2))
+
+
+def format_pass_list(available: Mapping[str, Callable[[], type[ModulePass]]], width: int) -> str:
+    """distir's passes, each with its one-line description and its options
+    (name, type, default, description), then the names of xDSL's passes, as
+    `mlir-opt --help` groups and describes them."""
+    from distir.passes import DISTIR_PASSES, pass_options, pass_summary
+
+    def wrap(text: str, indent: int, first: str = "") -> list[str]:
+        """`text` filled to `width` after `first`, indented by `indent`;
+        NO-BREAK SPACEs keep a default next to its value."""
+        first = first.ljust(indent) if first else " " * indent
+        if len(first) > indent:  # a long option name: its description goes below
+            return [first.rstrip(), *wrap(text, indent)]
+        filled = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * indent)
+        return [line.replace("\N{NO-BREAK SPACE}", " ") for line in filled] or [first.rstrip()]
+
+    lines = ["distir passes (-p 'name{option=value ...},name,...'):"]
+    for name in DISTIR_PASSES:
+        if name not in available:
+            continue
+        try:
+            cls = available[name]()
+        except Exception as e:  # noqa: BLE001 - a broken pass must not break --help
+            lines += [f"  {name}", *wrap(f"(cannot be loaded: {e})", 6)]
+            continue
+        lines.append(f"  {name}")
+        lines += wrap(pass_summary(cls) or "(undocumented)", 6)
+        for option in pass_options(cls):
+            if option.required:
+                default = "(required)"
+            elif option.default is None:
+                default = "(default:\N{NO-BREAK SPACE}unset)"
+            else:
+                default = f"(default:\N{NO-BREAK SPACE}{option.default})"
+            doc = f"{option.doc} {default}" if option.doc else default
+            lines += wrap(doc, 30, f"      {option.name}=<{option.type}>  ")
+    others = sorted(n for n in available if n not in DISTIR_PASSES)
+    lines += ["", f"xDSL passes ({len(others)}; options as in xdsl-opt):"]
+    lines += textwrap.wrap(
+        ", ".join(others), width, initial_indent="  ", subsequent_indent="  ",
+        break_on_hyphens=False,
+    )  # fmt: skip
+    return "\n".join(lines)
+
+
+class _PipelineOnce(argparse.Action):
+    """Stores `-p`, refusing a second one: mlir-opt rejects a repeated
+    `--pass-pipeline`, and silently keeping only the last would drop passes."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        first = getattr(namespace, "_pipeline_flag_given", None)
+        if first is not None:
+            parser.error(
+                f"-p given twice ('{first}' and '{values}'); join passes with a comma: "
+                f"-p '{first},{values}'"
+            )
+        namespace._pipeline_flag_given = values
+        setattr(namespace, self.dest, values)
+
+
+_PASS_LIST = "(the pass list)"
+"""The parser's epilog: replaced by the pass list when help is printed."""
+
+
+class PassListHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help formatter, writing the pass list as the epilog. The
+    list is built only when help is printed, since it loads every distir
+    pass."""
+
+    def __init__(self, prog: str, *, pass_list: Callable[[], str], **kwargs: Any):
+        super().__init__(prog, **kwargs)
+        self._pass_list = pass_list
+
+    def add_text(self, text: str | None) -> None:
+        super().add_text(self._pass_list() if text is _PASS_LIST else text)
+
+
+class _PipelineFlagOfDistir:
+    """Stands for the argument parser while xDSL registers its arguments,
+    registering `-p` as distir's: a flag that may occur once, with a short
+    help (xDSL's lists every pass name in one blob)."""
+
+    def __init__(self, parser: argparse.ArgumentParser):
+        self._parser = parser
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
+        if "--passes" in names:
+            kwargs.update(action=_PipelineOnce, metavar="PIPELINE", help=PIPELINE_HELP)
+        return self._parser.add_argument(*names, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
 class DistirOptMain(xDSLOptMain):
     """xDSL's opt driver with distir's dialects, passes, parser and errors."""
 
@@ -121,7 +245,7 @@ class DistirOptMain(xDSLOptMain):
     _line_offset: int = 0
 
     def __init__(self, args: Sequence[str] | None = None):
-        super().__init__(description="distir modular optimizer driver", args=args)
+        super().__init__(description="Parse, verify, transform and print dist programs.", args=args)
 
     # Registration ----------------------------------------------------------
 
@@ -136,6 +260,16 @@ class DistirOptMain(xDSLOptMain):
         super().register_all_passes()
         for name, factory in get_all_passes().items():
             self.register_pass(name, factory)
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(
+            cast(argparse.ArgumentParser, _PipelineFlagOfDistir(arg_parser))
+        )
+        available = self.available_passes
+        arg_parser.epilog = _PASS_LIST
+        arg_parser.formatter_class = functools.partial(
+            PassListHelpFormatter, pass_list=lambda: format_pass_list(available, _help_width())
+        )
 
     def register_all_frontends(self) -> None:
         super().register_all_frontends()
@@ -170,13 +304,9 @@ class DistirOptMain(xDSLOptMain):
                 start = time.perf_counter()
 
         try:
-            self.pipeline = PassPipeline.parse_spec(
-                self.available_passes, self.args.passes, callback
-            )
-        except ArgSpecParseError as e:
-            raise DriverError(f"invalid pass pipeline '{self.args.passes}':\n{e}") from None
-        except ValueError as e:
-            raise DriverError(f"invalid pass pipeline '{self.args.passes}': {e}") from None
+            self.pipeline = build_pipeline(self.available_passes, self.args.passes, callback)
+        except PipelineError as e:
+            raise DriverError(str(e)) from None
 
     def verify_module(self, module: ModuleOp, after_pass: str | None = None) -> None:
         try:
@@ -189,8 +319,9 @@ class DistirOptMain(xDSLOptMain):
     def output_resulting_program(self, prog: ModuleOp) -> str:
         try:
             return super().output_resulting_program(prog)
-        except (AssertionError, AttributeError, TypeError, ValueError) as e:
-            # Custom printers assume verified IR; only --disable-verify gets here.
+        except Exception as e:
+            # Custom printers assume verified IR and fail in any way on other
+            # IR (an assertion, a missing property, an operand index).
             if not self.args.disable_verify:
                 raise
             raise DriverError(
@@ -252,16 +383,47 @@ class DistirOptMain(xDSLOptMain):
             sys.exit(1)
 
 
+EXCERPT_WIDTH = 120
+"""Longest piece of a source line an error shows (a hostile input may be
+one line of megabytes)."""
+
+
+def source_excerpt(span: Span) -> list[str]:
+    """The first line of `span` and carets under it: cut to a window of
+    `EXCERPT_WIDTH` characters around the span when longer, with control
+    characters shown as U+FFFD."""
+    content = span.input.content
+    if isinstance(content, bytes):
+        content = content.decode("utf-8", "replace")
+    start = min(span.start, len(content))
+    line_start = content.rfind("\n", 0, start) + 1
+    line_end = content.find("\n", start)
+    line_end = len(content) if line_end < 0 else line_end
+    line = content[line_start:line_end]
+    column, stop = start - line_start, max(start + 1, min(span.end, line_end)) - line_start
+    prefix = suffix = ""
+    if len(line) > EXCERPT_WIDTH:
+        left = max(0, min(column - EXCERPT_WIDTH // 2, len(line) - EXCERPT_WIDTH))
+        right = left + EXCERPT_WIDTH
+        prefix, suffix = ("..." if left else ""), ("..." if right < len(line) else "")
+        line, column, stop = line[left:right], column - left, min(stop, right) - left
+    carets = " " * (len(prefix) + column) + "^" * max(1, stop - column)
+    return [printable(prefix + line + suffix).rstrip("\r"), carets]
+
+
 def format_parse_error(e: ParseError) -> str:
     """`file:line:col: error: message`, then the source line with carets
     under the offending text (and, for errors about two places, the other)."""
-    context = e.span.print_with_context(None).splitlines()[1:]
-    lines = [f"{e.span.get_location()}: error: {e.msg}", *context]
+    message = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in e.msg)
+    lines = [f"{e.span.get_location()}: error: {message}", *source_excerpt(e.span)]
     if isinstance(e, MultipleSpansParseError):
         if e.ref_text is not None:
             lines.append(e.ref_text.rstrip("\n"))
-        for span, msg in e.refs:
-            lines.append(span.print_with_context(msg).rstrip("\n"))
+        for span, note in e.refs:
+            lines.append(
+                f"{span.get_location()}: note: {note}" if note else f"{span.get_location()}:"
+            )
+            lines += source_excerpt(span)
     return "\n".join(lines)
 
 
@@ -288,6 +450,10 @@ def main(args: Sequence[str] | None = None) -> None:
     except DiagnosticException as e:
         # Raised by a pass (PassFailedException, a verifier called by a pass).
         _fail(str(e))
+    except RecursionError:
+        # The parser bounds nesting; this is a pass or printer recursing on
+        # IR that is deep in some other way.
+        _fail("the program is nested too deeply to process (Python recursion limit reached)")
     except KeyboardInterrupt:
         sys.exit(130)
 

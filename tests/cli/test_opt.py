@@ -8,6 +8,8 @@ results. Details are then checked in-process through `main()`.
 
 from __future__ import annotations
 
+import os
+import random
 import re
 import subprocess
 import sys
@@ -17,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from distir.cli.opt import main
-from distir.ir.parsing import parse_module
+from distir.ir.parsing import MAX_NESTING_DEPTH, parse_module
+from distir.passes import DISTIR_PASSES, PipelineError, parse_pipeline, pass_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.mlir"))
@@ -67,10 +70,11 @@ func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
 """
 
 
-# Generic form: a broadcast with no root, which the custom printer cannot print.
-BROADCAST_WITHOUT_ROOT = """\
+# Generic form: an all-reduce with neither a kind nor a combine region, which
+# the custom printer cannot print (it reads the region's block).
+UNPRINTABLE_ALL_REDUCE = """\
 func.func @main(%x: tensor<4xf32>) {
-  %y = "dist.broadcast"(%x) : (tensor<4xf32>) -> tensor<4xf32>
+  %y = "dist.all_reduce"(%x) : (tensor<4xf32>) -> tensor<4xf32>
   func.return
 }
 """
@@ -87,6 +91,16 @@ class Result:
         return self.stdout + self.stderr
 
 
+def nested(levels: int) -> str:
+    """A program whose deepest op sits `levels` regions deep (the function
+    body is level 1, each `scf.if` adds one)."""
+    lines = ["func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {", "  %c = arith.constant true"]
+    lines += ["  " * (i + 1) + "scf.if %c {" for i in range(levels - 1)]
+    lines.append("  " * levels + "%y = dist.all_reduce sum %x : tensor<4xf32>")
+    lines += ["  " * (i + 1) + "}" for i in reversed(range(levels - 1))]
+    return "\n".join([*lines, "  func.return %x : tensor<4xf32>", "}", ""])
+
+
 def _examples_joined() -> str:
     return SEPARATOR.join(path.read_text() for path in EXAMPLES)
 
@@ -96,6 +110,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
     tmp = tmp_path_factory.mktemp("opt")
     for name, text in {"valid": VALID, "syntax": SYNTAX_ERROR, "verify": VERIFY_ERROR}.items():
         (tmp / f"{name}.mlir").write_text(text)
+    (tmp / "garbage.mlir").write_bytes(random.Random(0).randbytes(4096))
+    (tmp / "deep.mlir").write_text(nested(150))
     out_file = tmp / "out.mlir"
     commands: dict[str, tuple[list[str], str | None]] = {
         "syntax": ([str(tmp / "syntax.mlir")], None),
@@ -108,7 +124,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
         "examples": (["--split-input-file"], _examples_joined()),
         # Runs in a subprocess: --disable-verify switches off attribute
         # verification for the whole Python process.
-        "unverified": (["--disable-verify"], BROADCAST_WITHOUT_ROOT),
+        "unverified": (["--disable-verify"], UNPRINTABLE_ALL_REDUCE),
+        "garbage": ([str(tmp / "garbage.mlir")], None),
+        # 150 nested scf.if: a RecursionError with ~1,000 frames once.
+        "deep": ([str(tmp / "deep.mlir")], None),
+        "help": (["--help"], None),
     }
     procs = {
         key: subprocess.Popen(
@@ -118,6 +138,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
+            env={**os.environ, "COLUMNS": "80"},
         )
         for key, (args, stdin) in commands.items()
     }
@@ -322,10 +343,180 @@ def test_integer_too_large_is_a_located_parse_error(
     path = tmp_path / "big.mlir"
     path.write_text(VALID.replace("root 0", "root 99999999999999999999"))
     err = _main_fails([str(path)], capsys)
-    assert f"{path}:5:3: error:" in err and "out of range" in err
+    assert re.search(rf"{re.escape(str(path))}:5:\d+: error:", err) and "out of range" in err
 
 
 def test_unknown_file_extension(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "prog.txt"
     path.write_text(VALID)
     assert "Unrecognized file extension 'txt'" in _main_fails([str(path)], capsys)
+
+
+# Hostile input ----------------------------------------------------------------
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def test_binary_garbage_is_one_located_error(runs: dict[str, Result]) -> None:
+    r = runs["garbage"]
+    assert r.returncode == 1
+    _no_traceback(r)
+    first, *rest = r.stderr.splitlines()
+    assert re.match(r".*garbage\.mlir:1:\d+: error: invalid UTF-8 \(", first)
+    assert len(rest) == 2  # the line (cut to a window) and the carets
+    assert not CONTROL.search(r.stderr)  # no terminal escapes from the garbage
+    assert r.stdout == ""
+
+
+def test_deep_nesting_is_a_located_error(runs: dict[str, Result]) -> None:
+    r = runs["deep"]
+    assert r.returncode == 1
+    _no_traceback(r)
+    assert re.match(r".*deep\.mlir:\d+:\d+: error: nesting deeper than 100 levels", r.stderr)
+    assert len(r.stderr.splitlines()) == 3
+
+
+def test_the_deepest_accepted_program_runs_through_passes_and_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "deepest.mlir"
+    path.write_text(nested(MAX_NESTING_DEPTH))
+    main([str(path), "-p", "canonicalize,cse,bucket-all-reduces,verify-spmd"])
+    printed = capsys.readouterr().out
+    assert str(parse_module(printed)) == printed.strip()
+    main([str(path), "--print-op-generic"])
+    assert str(parse_module(capsys.readouterr().out)) == str(parse_module(path.read_text()))
+
+
+def test_invalid_utf8_in_a_later_chunk_names_its_whole_file_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "split.mlir"
+    path.write_bytes((VALID + SEPARATOR).encode() + b"\xc3(\n")
+    err = _main_fails([str(path), "--split-input-file"], capsys)
+    line = VALID.count("\n") + 2  # the chunk starts on the separator's line
+    assert f"{path}:{line}:1: error: invalid UTF-8" in err
+
+
+def test_a_control_character_is_named_not_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "nul.mlir"
+    path.write_text(VALID.replace("%y = ", "%y = \x00\x1b[2J"))
+    err = _main_fails([str(path)], capsys)
+    line = VALID.splitlines().index("  %y = dist.all_reduce sum %x : tensor<4xi64>") + 1
+    assert f"{path}:{line}:8: error: Unexpected character: \\x00" in err
+    assert not CONTROL.search(err)
+
+
+def test_a_huge_line_is_shown_as_a_window_around_the_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "oneline.mlir"
+    path.write_text('"func.return"() {a = "' + "x" * 1_000_000 + '", b = ?} : () -> ()\n')
+    err = _main_fails([str(path)], capsys)
+    assert len(err) < 400
+    line, carets = err.splitlines()[1:]
+    assert line.startswith("...") and carets.strip() == "^" and line[carets.index("^")] == "?"
+
+
+# Pipelines -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        (
+            "bucket-all-reduces{max-group-size=8}",
+            "pass 'bucket-all-reduces' has no option 'max-group-size' "
+            "(its options are max-op-bytes, bucket-bytes, min-ops)",
+        ),
+        (
+            "defer-modular-reduction{max-group-size=eight}",
+            "pass 'defer-modular-reduction': option 'max-group-size' expects an int, got 'eight'",
+        ),
+        (
+            "defer-modular-reduction{remarks=1}",
+            "pass 'defer-modular-reduction': option 'remarks' expects a bool, got '1'",
+        ),
+        (
+            "bucket-all-reduces{min-ops}",
+            "pass 'bucket-all-reduces': option 'min-ops' expects an int, got no value",
+        ),
+        ("bucket-all-reduces{min-ops=1}", "pass 'bucket-all-reduces': min-ops must be >= 2, got 1"),
+        (
+            "defer-modular-reduction{max-group-size=0}",
+            "pass 'defer-modular-reduction': max-group-size must be >= 1, got 0",
+        ),
+        ("lower-ciphertext-add{fast=true}", "pass 'lower-ciphertext-add' has no option 'fast'"),
+        (
+            "bucket-allreduces",
+            "unknown pass 'bucket-allreduces'; did you mean 'bucket-all-reduces'?",
+        ),
+    ],
+)
+def test_pass_option_errors_name_options_as_users_type_them(
+    pipeline: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "valid.mlir"
+    path.write_text(VALID)
+    err = _main_fails([str(path), "-p", pipeline], capsys)
+    assert err.startswith(f"distir-opt: error: {message}")
+    assert len(err.strip().splitlines()) == 1 and "_" not in err.split("(")[0]
+    with pytest.raises(PipelineError) as info:  # the same words for distir.compile
+        parse_pipeline(pipeline)
+    assert str(info.value).startswith(message)
+
+
+def test_p_given_twice_is_an_error_as_in_mlir_opt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """xDSL silently kept only the last -p."""
+    path = tmp_path / "valid.mlir"
+    path.write_text(VALID)
+    with pytest.raises(SystemExit) as info:
+        main([str(path), "-p", "canonicalize", "-p", "cse"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: -p given twice ('canonicalize' and 'cse'); join passes with a comma: "
+        "-p 'canonicalize,cse'"
+    ) in err
+
+
+# --help -------------------------------------------------------------------------
+
+
+def test_help_lists_distir_passes_first_with_descriptions_and_options(
+    runs: dict[str, Result],
+) -> None:
+    r = runs["help"]
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    distir_at = lines.index("distir passes (-p 'name{option=value ...},name,...'):")
+    xdsl_at = next(i for i, line in enumerate(lines) if line.startswith("xDSL passes ("))
+    assert distir_at < xdsl_at
+    listed = [
+        line.strip()
+        for line in lines[distir_at + 1 : xdsl_at]
+        if line.startswith("  ") and not line.startswith("   ")
+    ]
+    assert listed == list(DISTIR_PASSES)
+    for name, factory in DISTIR_PASSES.items():
+        description = lines[lines.index(f"  {name}") + 1].strip()
+        assert pass_summary(factory()).startswith(description)
+    bucket = "\n".join(lines[lines.index("  bucket-all-reduces") : xdsl_at])
+    assert re.search(
+        r"max-op-bytes=<int> +Largest all-reduce \(bytes\) that joins a bucket\.\s+"
+        r"\(default: 262144\)",
+        bucket,
+    )
+    assert "min-ops=<int>" in bucket and "(default: 2)" in bucket
+    defer = "\n".join(lines[lines.index("  defer-modular-reduction") : xdsl_at])
+    assert re.search(r"max-group-size=<int> +Upper bound", defer) and "(default: unset)" in defer
+    xdsl = " ".join(lines[xdsl_at + 1 :])
+    names = [name.strip() for name in xdsl.split(",")]
+    assert {"canonicalize", "cse", "dce"} <= set(names) and "bucket-all-reduces" not in names
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    # The -p help no longer lists every pass in one blob.
+    assert "apply-eqsat-pdl" not in "\n".join(lines[:distir_at])
