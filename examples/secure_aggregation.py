@@ -1,17 +1,24 @@
 """Secure aggregation of encrypted model updates with distir.
 
-Four local ranks each encrypt a private vector (a model update of 4096
-floats) under one shared CKKS public key (TenSEAL / Microsoft SEAL). One dist
-program sums the ciphertexts across ranks, exactly, limb by limb; only rank 0
-holds the secret key and decrypts the aggregate. The program runs twice, once
-per lowering of `dist.all_reduce_add_ciphertext`:
+The launching process is the data owner: it creates the CKKS context
+(TenSEAL / Microsoft SEAL) and keeps the secret key. Four local ranks get
+only the public context; each produces its private vector (a model update
+of 4096 floats) and encrypts it under the public key. One dist program sums
+the ciphertexts across ranks, exactly, limb by limb; the ranks return only
+the aggregate's limbs and the owner decrypts them. No rank can decrypt: the
+ciphertexts a rank receives during the reduction (every one of them in
+gather-fold, its neighbours' chunks in the ring) are safe because the key
+holder takes no part in it. The program runs twice, once per lowering of
+`dist.all_reduce_add_ciphertext`:
 
 - generic:  `lower-ciphertext-add` -> a generic all-reduce whose combine region
             adds and conditionally subtracts the modulus;
 - deferred: `defer-modular-reduction` -> a native int64 sum and one remainder
             (exact here: 4 ranks x 60-bit moduli fit in int64).
 
-Both must give, bit for bit, the limbs of SEAL's own ciphertext addition.
+Both must give, bit for bit, the limbs of SEAL's own ciphertext addition;
+the ranks check that among themselves (they may see one another's
+ciphertexts; the owner must not).
 
     pip install -e ".[he]"
     python examples/secure_aggregation.py [--nproc 4] [--size 4096]
@@ -35,15 +42,30 @@ LOWERINGS = {
 POLY_DEGREE = 8192
 COEFF_BITS = [60, 40, 40, 60]
 SCALE = 2.0**40
+# Every rank's ciphertext, for the ranks' own check against SEAL's addition.
+GATHER = """
+func.func @main(%ct: tensor<2x3x8192xi64>) -> tensor<?x3x8192xi64> {
+  %all = dist.all_gather %ct axis 0 : tensor<2x3x8192xi64> -> tensor<?x3x8192xi64>
+  func.return %all : tensor<?x3x8192xi64>
+}
+"""
 
 
-def make_keys() -> tuple[bytes, bytes]:
-    """(public context, secret context) for one CKKS key shared by the group."""
+def make_owner_context():
+    """The data owner's CKKS context: it holds the secret key and never leaves
+    the launching process."""
     import tenseal as ts
 
     ctx = ts.context(ts.SCHEME_TYPE.CKKS, POLY_DEGREE, coeff_mod_bit_sizes=COEFF_BITS)
     ctx.global_scale = SCALE
-    return ctx.serialize(save_secret_key=False), ctx.serialize(save_secret_key=True)
+    return ctx
+
+
+def public_context(owner) -> bytes:
+    """What the ranks receive: the parameters and the public key (no secret
+    key, no relinearization or Galois keys: a sum needs neither)."""
+    return owner.serialize(save_public_key=True, save_secret_key=False,
+                           save_galois_keys=False, save_relin_keys=False)
 
 
 def private_update(rank: int, size: int) -> torch.Tensor:
@@ -52,24 +74,28 @@ def private_update(rank: int, size: int) -> torch.Tensor:
     return torch.randn(size, generator=g, dtype=torch.float64) * 0.01
 
 
-def rank_main(ctx, public_key: bytes, secret_key: bytes, size: int) -> dict:
+def rank_main(ctx, public: bytes, size: int) -> dict:
     import tenseal as ts
 
     from distir.he.seal import ckks_to_limbs, limbs_to_ckks
 
-    # Only rank 0 holds the secret key; the others can encrypt but not decrypt.
-    context = ts.context_from(secret_key if ctx.rank == 0 else public_key)
+    context = ts.context_from(public)  # encrypts; cannot decrypt
     encrypted = ts.ckks_vector(context, private_update(ctx.rank, size).tolist())
     limbs, moduli = ckks_to_limbs(encrypted)
-    out: dict = {"ciphertext": encrypted.serialize(), "limbs": {}}
+
+    # SEAL's own homomorphic addition of every rank's ciphertext, as the reference.
+    gathered = distir.compile(GATHER).run(limbs).view(ctx.world_size, *limbs.shape)
+    seal_sum = limbs_to_ckks(gathered[0], encrypted)
+    for other in gathered[1:]:
+        seal_sum = seal_sum + limbs_to_ckks(other, encrypted)
+    seal_limbs, _ = ckks_to_limbs(seal_sum)
+
+    out: dict = {"holds_secret_key": context.has_secret_key() or context.is_private(),
+                 "limbs": {}, "bit_exact": {}}
     for name, pipeline in LOWERINGS.items():
-        program = distir.compile(PROGRAM, pipeline)
-        total = program.run(limbs, moduli)
+        total = distir.compile(PROGRAM, pipeline).run(limbs, moduli)
         out["limbs"][name] = total
-        if ctx.rank == 0:
-            out.setdefault("decrypted", {})[name] = torch.tensor(
-                limbs_to_ckks(total, encrypted).decrypt(), dtype=torch.float64
-            )
+        out["bit_exact"][name] = torch.equal(total, seal_limbs)
     return out
 
 
@@ -81,34 +107,34 @@ def main() -> int:
 
     import tenseal as ts
 
-    from distir.he.seal import ckks_to_limbs
+    from distir.he.seal import ckks_moduli, limbs_to_ckks
 
-    public_key, secret_key = make_keys()
-    reports = launch(rank_main, args.nproc, public_key, secret_key, args.size,
+    owner = make_owner_context()
+    reports = launch(rank_main, args.nproc, public_context(owner), args.size,
                      pass_context=True, timeout=300)
 
-    # SEAL's own homomorphic addition of the same ciphertexts, as the reference.
-    verifier = ts.context_from(secret_key)
-    ciphertexts = [ts.ckks_vector_from(verifier, r["ciphertext"]) for r in reports]
-    seal_sum = ciphertexts[0]
-    for c in ciphertexts[1:]:
-        seal_sum = seal_sum + c
-    seal_limbs, moduli = ckks_to_limbs(seal_sum)
-
+    # The owner decrypts the aggregate limbs into a ciphertext of its own context.
+    template = ts.ckks_vector(owner, [0.0] * args.size)
+    moduli = ckks_moduli(owner)
+    # Only a demo can print this: the stand-in updates are deterministic.
     plain = sum(private_update(r, args.size) for r in range(args.nproc))
+    secret_on_ranks = any(r["holds_secret_key"] for r in reports)
     print(f"secure aggregation: {args.nproc} ranks x {args.size} floats, CKKS N={POLY_DEGREE}, "
           f"{moduli.numel()} RNS limbs, moduli {moduli.tolist()}")
-    all_ok = True
+    print(f"data owner (the launcher) keeps the secret key; ranks get the public context: "
+          f"secret key on any rank: {'YES' if secret_on_ranks else 'no'}")
+    all_ok = not secret_on_ranks
     for name, pipeline in LOWERINGS.items():
-        decrypted = reports[0]["decrypted"][name][: args.size]
+        total = reports[0]["limbs"][name]
+        decrypted = torch.tensor(limbs_to_ckks(total, template).decrypt(), dtype=torch.float64)
         err = (decrypted - plain).abs().max().item()
         rel = err / plain.abs().max().item()
-        exact = all(torch.equal(r["limbs"][name], seal_limbs) for r in reports)
-        agree = all(torch.equal(r["limbs"][name], reports[0]["limbs"][name]) for r in reports)
+        exact = all(r["bit_exact"][name] for r in reports)
+        agree = all(torch.equal(r["limbs"][name], total) for r in reports)
         all_ok &= exact and agree and rel < 1e-5
         print(f"[{name:8}] pipeline: {pipeline}")
-        print(f"           rank 0 decrypted aggregate[:4] = {[round(v, 6) for v in decrypted[:4].tolist()]}")
-        print(f"           plaintext sum[:4]              = {[round(v, 6) for v in plain[:4].tolist()]}")
+        print(f"           owner decrypted aggregate[:4] = {[round(v, 6) for v in decrypted[:4].tolist()]}")
+        print(f"           plaintext sum[:4]             = {[round(v, 6) for v in plain[:4].tolist()]}")
         print(f"           max abs error {err:.3e} (relative {rel:.3e})")
         print(f"           every rank holds the same limbs: {'yes' if agree else 'NO'}")
         print(f"           bit-exact with SEAL: {'yes' if exact else 'NO'}")
