@@ -29,6 +29,8 @@ __all__ = [
     "SymbolicTransferMap",
     "Transfer",
     "apply_transfer_map_reference",
+    "check_layout",
+    "check_shape",
     "format_transfer_map",
     "local_box",
     "local_shapes",
@@ -45,11 +47,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+def check_shape(shape: Sequence[int], what: str = "global shape") -> tuple[int, ...]:
+    """``shape`` as a tuple; ``ValueError`` unless it holds non-negative integers."""
     shape = tuple(shape)
     for size in shape:
         if not _is_int(size) or size < 0:
-            raise ValueError(f"{what} {shape} must hold non-negative integers")
+            raise ValueError(f"{what} {list(shape)} must hold non-negative integers")
     return shape
 
 
@@ -72,7 +75,10 @@ class Mesh:
 
     The coordinate of a rank is its index in ``ranks`` unravelled row-major
     over ``shape``. Ranks are distinct and non-negative; every axis has at
-    least one rank.
+    least one rank. ``name`` is the symbol of the ``dist.mesh`` it describes,
+    without the ``@`` (``train`` for ``@train``); errors call it ``@train``.
+    The rules are checked here, once: ``dist.mesh`` and ``dist.transfer``
+    verify by building these values.
     """
 
     name: str
@@ -83,20 +89,24 @@ class Mesh:
         object.__setattr__(self, "shape", tuple(self.shape))
         object.__setattr__(self, "ranks", tuple(self.ranks))
         if not self.shape:
-            raise ValueError(f"mesh {self.name!r} must have at least one axis")
+            raise ValueError(f"mesh @{self.name} must have at least one axis")
         if any(not _is_int(size) or size < 1 for size in self.shape):
-            raise ValueError(f"mesh {self.name!r} shape {self.shape} must hold positive integers")
+            raise ValueError(
+                f"mesh @{self.name} shape {list(self.shape)} must hold positive integers"
+            )
         if any(not _is_int(rank) or rank < 0 for rank in self.ranks):
-            raise ValueError(f"mesh {self.name!r} ranks must be non-negative integers")
+            raise ValueError(f"mesh @{self.name} ranks must be non-negative integers")
         if len(self.ranks) != math.prod(self.shape):
             raise ValueError(
-                f"mesh {self.name!r} of shape {self.shape} needs {math.prod(self.shape)} "
+                f"mesh @{self.name} of shape {list(self.shape)} needs {math.prod(self.shape)} "
                 f"ranks, got {len(self.ranks)}"
             )
         seen: set[int] = set()
         for rank in self.ranks:
             if rank in seen:
-                raise ValueError(f"mesh {self.name!r} lists rank {rank} twice")
+                raise ValueError(
+                    f"mesh @{self.name} ranks must be distinct: rank {rank} appears twice"
+                )
             seen.add(rank)
 
     @property
@@ -114,7 +124,7 @@ class Mesh:
         try:
             return self.ranks.index(rank)
         except ValueError:
-            raise ValueError(f"rank {rank} is not in mesh {self.name!r}") from None
+            raise ValueError(f"rank {rank} is not in mesh @{self.name}") from None
 
     def coordinate(self, rank: int) -> tuple[int, ...]:
         """The mesh coordinate of global ``rank``: its index unravelled row-major."""
@@ -130,7 +140,7 @@ class Mesh:
         if len(coordinate) != self.ndim or any(
             not 0 <= c < s for c, s in zip(coordinate, self.shape)
         ):
-            raise ValueError(f"coordinate {tuple(coordinate)} is outside mesh {self.name!r}")
+            raise ValueError(f"coordinate {tuple(coordinate)} is outside mesh @{self.name}")
         linear = 0
         for c, s in zip(coordinate, self.shape):
             linear = linear * s + c
@@ -156,27 +166,7 @@ class Layout:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dims", tuple(self.dims))
         object.__setattr__(self, "partial", tuple(sorted(self.partial)))
-        used: dict[int, int] = {}
-        for dim, axis in enumerate(self.dims):
-            if axis is None:
-                continue
-            if not _is_int(axis) or axis < 0:
-                raise ValueError(f"layout dim {dim} names mesh axis {axis!r}; axes are >= 0")
-            if axis in used:
-                raise ValueError(
-                    f"mesh axis {axis} shards both tensor dim {used[axis]} and dim {dim}"
-                )
-            used[axis] = dim
-        for axis in self.partial:
-            if not _is_int(axis) or axis < 0:
-                raise ValueError(f"partial names mesh axis {axis!r}; axes are >= 0")
-        if len(set(self.partial)) != len(self.partial):
-            raise ValueError(f"partial {self.partial} lists a mesh axis twice")
-        for axis in self.partial:
-            if axis in used:
-                raise ValueError(
-                    f"mesh axis {axis} is partial and also shards tensor dim {used[axis]}"
-                )
+        check_layout(self.dims, self.partial)
 
     @property
     def sharding_axes(self) -> tuple[int, ...]:
@@ -190,23 +180,61 @@ class Layout:
 
     def check(self, mesh: Mesh, global_shape: Sequence[int]) -> None:
         """Raise ``ValueError`` unless this layout fits ``mesh`` and a tensor of ``global_shape``."""
-        _check_shape(global_shape, "global shape")
-        if len(self.dims) != len(global_shape):
+        check_layout(self.dims, self.partial, mesh, global_shape)
+
+
+def check_layout(
+    dims: Sequence[int | None],
+    partial: Sequence[int] = (),
+    mesh: Mesh | None = None,
+    global_shape: Sequence[int] | None = None,
+) -> None:
+    """Raise ``ValueError`` unless ``dims`` and ``partial`` make a valid
+    layout (see ``Layout``), and, when given, one that fits ``mesh`` and a
+    tensor of ``global_shape``.
+
+    Every layout rule is written here, once: a ``Layout`` checks itself with
+    it, and ``dist.transfer`` checks its layout properties with it, passing
+    its meshes so that the errors name them.
+    """
+    if global_shape is not None:
+        check_shape(global_shape, "global shape")
+        if len(dims) != len(global_shape):
             raise ValueError(
-                f"layout has {len(self.dims)} dims but the tensor has rank {len(global_shape)}"
+                f"layout has {len(dims)} entries for a rank-{len(global_shape)} tensor"
             )
-        for dim, axis in enumerate(self.dims):
-            if axis is not None and axis >= mesh.ndim:
-                raise ValueError(
-                    f"layout dim {dim} names mesh axis {axis}, but mesh {mesh.name!r} "
-                    f"has {mesh.ndim} axes"
-                )
-        for axis in self.partial:
-            if axis >= mesh.ndim:
-                raise ValueError(
-                    f"partial axis {axis} is out of range for mesh {mesh.name!r} "
-                    f"with {mesh.ndim} axes"
-                )
+    used: dict[int, int] = {}
+    for dim, axis in enumerate(dims):
+        if axis is None:
+            continue
+        if not _is_int(axis) or axis < 0:
+            raise ValueError(f"layout dim {dim} names mesh axis {axis!r}; axes are >= 0")
+        if mesh is not None and axis >= mesh.ndim:
+            raise ValueError(
+                f"layout names a mesh axis that mesh @{mesh.name} (rank {mesh.ndim}) lacks: "
+                f"dim {dim} is sharded over axis {axis}"
+            )
+        if axis in used:
+            raise ValueError(
+                f"layout shards two dims over one mesh axis: axis {axis} shards dims "
+                f"{used[axis]} and {dim}"
+            )
+        used[axis] = dim
+    if len(set(partial)) != len(partial):
+        raise ValueError(f"partial {list(partial)} lists a mesh axis twice")
+    of_mesh = "" if mesh is None else f" of @{mesh.name}"
+    for axis in partial:
+        if not _is_int(axis) or axis < 0:
+            why = "axes are >= 0"
+        elif axis in used:
+            why = f"it shards tensor dim {used[axis]}"
+        elif mesh is not None and axis >= mesh.ndim:
+            why = f"@{mesh.name} has {mesh.ndim} axes"
+        else:
+            continue
+        raise ValueError(
+            f"partial axis {axis!r} must be a mesh axis{of_mesh} that shards no dim ({why})"
+        )
 
 
 @dataclass(frozen=True)
@@ -221,7 +249,7 @@ class Box:
         object.__setattr__(self, "sizes", tuple(self.sizes))
         if len(self.offsets) != len(self.sizes):
             raise ValueError(f"box has {len(self.offsets)} offsets but {len(self.sizes)} sizes")
-        _check_shape(self.sizes, "box sizes")
+        check_shape(self.sizes, "box sizes")
 
     @property
     def ndim(self) -> int:
@@ -287,7 +315,7 @@ def local_box(mesh: Mesh, layout: Layout, global_shape: Sequence[int], rank: int
     ``mesh.shape[a]`` chunks and the rank holds the chunk at its coordinate
     along ``a``; every other dim (replicated or partial axes) is held whole.
     """
-    global_shape = _check_shape(global_shape, "global shape")
+    global_shape = check_shape(global_shape, "global shape")
     layout.check(mesh, global_shape)
     coord = mesh.coordinate(rank)
     offsets, sizes = [], []
@@ -412,7 +440,7 @@ def transfer_map(
     Empty pieces are omitted. The list is sorted by (dst rank, box offsets,
     src rank).
     """
-    global_shape = _check_shape(global_shape, "global shape")
+    global_shape = check_shape(global_shape, "global shape")
     src_layout.check(src_mesh, global_shape)
     dst_layout.check(dst_mesh, global_shape)
     if dst_layout.partial:
@@ -478,7 +506,7 @@ class SymbolicTransferMap:
 
     def cell_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
         """Elements per cell in each dim; ``ValueError`` when the shape is not divisible."""
-        global_shape = _check_shape(global_shape, "global shape")
+        global_shape = check_shape(global_shape, "global shape")
         if len(global_shape) != len(self.grid) or any(
             size % cells for size, cells in zip(global_shape, self.grid)
         ):
@@ -509,7 +537,7 @@ def transfer_map_symbolic(
 
     def parts(mesh: Mesh, axis: int | None) -> int:
         if axis is not None and axis >= mesh.ndim:
-            raise ValueError(f"mesh axis {axis} is out of range for mesh {mesh.name!r}")
+            raise ValueError(f"mesh axis {axis} is out of range for mesh @{mesh.name}")
         return 1 if axis is None else mesh.shape[axis]
 
     grid = tuple(
@@ -615,7 +643,7 @@ def apply_transfer_map_reference(
     """
     sources: dict[int, tuple[tuple[int, ...], list]] = {}
     for rank, (shape, values) in src_shards.items():
-        shape = _check_shape(shape, f"source rank {rank} shape")
+        shape = check_shape(shape, f"source rank {rank} shape")
         if len(values) != math.prod(shape):
             raise ValueError(f"source rank {rank} has {len(values)} values for shape {shape}")
         sources[rank] = (shape, list(values))
@@ -623,7 +651,7 @@ def apply_transfer_map_reference(
     modes: dict[int, list[str | None]] = {}
     shapes: dict[int, tuple[int, ...]] = {}
     for rank, shape in dst_shapes.items():
-        shapes[rank] = _check_shape(shape, f"destination rank {rank} shape")
+        shapes[rank] = check_shape(shape, f"destination rank {rank} shape")
         outputs[rank] = [None] * math.prod(shapes[rank])
         modes[rank] = [None] * math.prod(shapes[rank])
     for t in transfers:

@@ -343,24 +343,31 @@ MESH = Mesh("m", (2, 2), (0, 1, 2, 3))
     "build, message",
     [
         (lambda: Mesh("m", (2, 2), (0, 1, 2)), "needs 4 ranks, got 3"),
-        (lambda: Mesh("m", (2,), (3, 3)), "lists rank 3 twice"),
+        (lambda: Mesh("m", (2,), (3, 3)), "ranks must be distinct: rank 3 appears twice"),
         (lambda: Mesh("m", (2,), (0, -1)), "non-negative"),
         (lambda: Mesh("m", (0,), ()), "positive integers"),
         (lambda: Mesh("m", (), (0,)), "at least one axis"),
-        (lambda: Layout((0, 0)), "mesh axis 0 shards both tensor dim 0 and dim 1"),
-        (lambda: Layout((0, None), (0,)), "mesh axis 0 is partial and also shards tensor dim 0"),
+        (lambda: Layout((0, 0)), "shards two dims over one mesh axis: axis 0 shards dims 0 and 1"),
+        (
+            lambda: Layout((0, None), (0,)),
+            r"partial axis 0 must be a mesh axis that shards no dim \(it shards tensor dim 0\)",
+        ),
+        (lambda: Layout((None,), (-1,)), r"partial axis -1 must be .* \(axes are >= 0\)"),
         (lambda: Layout((None,), (1, 1)), "lists a mesh axis twice"),
         (lambda: Layout((-1,)), "axes are >= 0"),
         (
             lambda: local_box(MESH, Layout((0,)), (4, 4), 0),
-            "layout has 1 dims but the tensor has rank 2",
+            "layout has 1 entries for a rank-2 tensor",
         ),
         (
             lambda: local_box(MESH, Layout((2, None)), (4, 4), 0),
-            "names mesh axis 2, but mesh 'm' has 2 axes",
+            r"layout names a mesh axis that mesh @m \(rank 2\) lacks: dim 0 is sharded over axis 2",
         ),
-        (lambda: local_box(MESH, Layout((None,), (5,)), (4,), 0), "partial axis 5 is out of range"),
-        (lambda: local_box(MESH, Layout((None,)), (4,), 9), "rank 9 is not in mesh 'm'"),
+        (
+            lambda: local_box(MESH, Layout((None,), (5,)), (4,), 0),
+            r"partial axis 5 must be a mesh axis of @m that shards no dim \(@m has 2 axes\)",
+        ),
+        (lambda: local_box(MESH, Layout((None,)), (4,), 9), "rank 9 is not in mesh @m"),
         (lambda: local_box(MESH, Layout((None,)), (-4,), 0), "non-negative integers"),
         (
             lambda: transfer_map(MESH, Layout((0,)), MESH, Layout((None,), (0,)), (4,)),

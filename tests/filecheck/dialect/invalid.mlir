@@ -131,6 +131,6 @@ dist.mesh @train [2, 2] ranks [0, 1, 2]
 dist.mesh @train [2, 2] ranks [0, 1, 2, 3]
 func.func @main(%x: tensor<2x8xf32>) {
   %y = dist.transfer %x from @train [0, *] partial [0] to @train [0, *] global [4, 8] : tensor<2x8xf32> -> tensor<2x8xf32>
-// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.transfer' partial axis 0 must be a mesh axis of @train that shards no dim
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.transfer' source partial axis 0 must be a mesh axis of @train that shards no dim (it shards tensor dim 0)
   func.return
 }

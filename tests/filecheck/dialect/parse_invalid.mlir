@@ -1,15 +1,13 @@
 // RUN: distir-opt %s --split-input-file --parsing-diagnostics | filecheck %s
 
 // Errors the custom syntax itself reports, one per chunk, located in the
-// whole file. `{{[0-9]+}}` lines: the dialect raises some errors after it has
-// consumed the result type, so xDSL places them at the next token (the next
-// line); the check accepts any line there until the dialect passes the
-// op's own position to `raise_error`.
+// whole file: at the offending token, or, for a type its op's definition
+// rejects (checked once the whole op is parsed), at the op.
 
 func.func @main() {
   %r = dist.rank : i64
-// CHECK: parse_invalid.mlir:{{[0-9]+}}:{{[0-9]+}}
-// CHECK: 'dist.rank' returns index, not i64
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:3
+// CHECK: i64 should be of base attribute index
   func.return
 }
 
@@ -39,7 +37,7 @@ func.func @main(%x: tensor<4xf32>) {
 
 func.func @main(%x: tensor<4xf32>) {
   %y = dist.broadcast %x root 0 group "tp" : tensor<4xf32>
-// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:{{[0-9]+}}
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:39
 // CHECK: expected a group symbol such as @tp after `group`
   func.return
 }
@@ -48,8 +46,8 @@ func.func @main(%x: tensor<4xf32>) {
 
 func.func @main(%x: tensor<4xf32>) {
   %y = dist.all_gather %x axis 0 : tensor<4xf32> -> index
-// CHECK: parse_invalid.mlir:{{[0-9]+}}:{{[0-9]+}}
-// CHECK: 'dist.all_gather' result must be a tensor, got index
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:3
+// CHECK: index should be of base attribute tensor
   func.return
 }
 
@@ -57,7 +55,7 @@ func.func @main(%x: tensor<4xf32>) {
 
 func.func @main(%x: tensor<4xf32>) {
   %y = dist.all_reduce average %x : tensor<4xf32>
-// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:{{[0-9]+}}
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:24
 // CHECK: operand expected
   func.return
 }
@@ -66,7 +64,7 @@ func.func @main(%x: tensor<4xf32>) {
 
 func.func @main(%x: tensor<4xf32>) {
   %y = dist.frobnicate %x : tensor<4xf32>
-// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:{{[0-9]+}}
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:24
 // CHECK: Operation dist.frobnicate is not registered
   func.return
 }

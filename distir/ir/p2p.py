@@ -1,0 +1,188 @@
+"""Point-to-point ops: send, recv and the paired sendrecv.
+
+Peers are ranks of the op's group, written as a literal (`to 1`) or an index
+operand (`to %peer`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Mapping
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, IndexType, IntegerAttr, TensorType, i64
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.utils.exceptions import VerifyException
+
+from distir.ir.attributes import CollectiveEffect
+from distir.ir.facts import OperandRole
+from distir.ir.groups import GroupMemberOp, GroupName, group_property
+from distir.ir.syntax import GroupRef, StaticOrDynamicRank
+
+Peer = int | SSAValue | Operation
+"""A peer as builders take it: a static group rank or an index value."""
+
+
+class PeerOp(GroupMemberOp, ABC):
+    """A point-to-point op: only the two ranks involved take part.
+
+    Unlike collectives, point-to-point ops may sit under rank-dependent
+    control flow (rank 0 sends, rank 1 receives). Peers are ranks of the
+    op's group: a static attribute or an index operand. Every message carries
+    a small header (dtype and shape), checked by the receiver, so a mismatch
+    is an error naming the op instead of garbage.
+    """
+
+    traits = traits_def(CollectiveEffect())
+
+    custom_directives = (StaticOrDynamicRank, GroupRef)
+
+    @staticmethod
+    def _peer_operands(peer: Peer, name: str, props: dict[str, Attribute]) -> list[SSAValue]:
+        """Records a static peer as property `name`; a dynamic one is the operand returned."""
+        if isinstance(peer, int):
+            props[name] = IntegerAttr(peer, i64)
+            return []
+        return [SSAValue.get(peer)]
+
+    def _verify_peer(self, attr: IntegerAttr | None, value: SSAValue | None, what: str) -> None:
+        if (attr is None) == (value is None):
+            raise VerifyException(f"'{self.name}' needs exactly one {what}")
+        if attr is None:
+            return
+        peer = attr.value.data
+        if peer < 0:
+            raise VerifyException(f"'{self.name}' {what} must be >= 0, got {peer}")
+        size = self.static_group_size()
+        if size is not None and peer >= size:
+            raise VerifyException(
+                f"'{self.name}' {what} {peer} is outside group {self.group} of size {size}"
+            )
+
+
+@irdl_op_definition
+class SendOp(PeerOp):
+    """Sends `x` to group rank `to`, which must run a matching `dist.recv`
+    (or `dist.sendrecv`)."""
+
+    name = "dist.send"
+
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
+        "input": OperandRole.PAYLOAD,
+        "dest_value": OperandRole.PEER,
+    }
+
+    input = operand_def(TensorType)
+    dest_value = opt_operand_def(IndexType)
+    dest = opt_prop_def(IntegerAttr[I64])
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = (
+        "$input `to` custom<StaticOrDynamicRank>($dest_value, $dest) custom<GroupRef>($group) "
+        "attr-dict `:` type($input)"
+    )
+
+    def __init__(self, input: SSAValue | Operation, dest: Peer, group: GroupName = None):
+        props: dict[str, Attribute] = {}
+        dynamic = self._peer_operands(dest, "dest", props)
+        group_property(props, group)
+        super().__init__(operands=[SSAValue.get(input), dynamic], properties=props)
+
+    def verify_(self) -> None:
+        self.verify_group()
+        self._verify_peer(self.dest, self.dest_value, "destination")
+
+
+@irdl_op_definition
+class RecvOp(PeerOp):
+    """Receives a tensor of the result type from group rank `from`."""
+
+    name = "dist.recv"
+
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"source_value": OperandRole.PEER}
+
+    source_value = opt_operand_def(IndexType)
+    source = opt_prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "`from` custom<StaticOrDynamicRank>($source_value, $source) custom<GroupRef>($group) "
+        "attr-dict `:` type($result)"
+    )
+
+    def __init__(self, source: Peer, result_type: TensorType, group: GroupName = None):
+        props: dict[str, Attribute] = {}
+        dynamic = self._peer_operands(source, "source", props)
+        group_property(props, group)
+        super().__init__(operands=[dynamic], result_types=[result_type], properties=props)
+
+    def verify_(self) -> None:
+        self.verify_group()
+        self._verify_peer(self.source, self.source_value, "source")
+
+
+@irdl_op_definition
+class SendRecvOp(PeerOp):
+    """Sends `x` to `to` and receives the result from `from`, as one paired
+    exchange that cannot deadlock (a ring shift is one `dist.sendrecv` on
+    every rank)."""
+
+    name = "dist.sendrecv"
+
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
+        "input": OperandRole.PAYLOAD,
+        "dest_value": OperandRole.PEER,
+        "source_value": OperandRole.PEER,
+    }
+
+    input = operand_def(TensorType)
+    dest_value = opt_operand_def(IndexType)
+    source_value = opt_operand_def(IndexType)
+    dest = opt_prop_def(IntegerAttr[I64])
+    source = opt_prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = (
+        "$input `to` custom<StaticOrDynamicRank>($dest_value, $dest) "
+        "`from` custom<StaticOrDynamicRank>($source_value, $source) custom<GroupRef>($group) "
+        "attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        dest: Peer,
+        source: Peer,
+        result_type: TensorType | None = None,
+        group: GroupName = None,
+    ):
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {}
+        dest_operands = self._peer_operands(dest, "dest", props)
+        source_operands = self._peer_operands(source, "source", props)
+        group_property(props, group)
+        super().__init__(
+            operands=[input, dest_operands, source_operands],
+            result_types=[result_type or input.type],
+            properties=props,
+        )
+
+    def verify_(self) -> None:
+        self.verify_group()
+        self._verify_peer(self.dest, self.dest_value, "destination")
+        self._verify_peer(self.source, self.source_value, "source")
+
+
+PEER_OPS: tuple[type[PeerOp], ...] = (SendOp, RecvOp, SendRecvOp)
