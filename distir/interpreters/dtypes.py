@@ -1,4 +1,10 @@
-"""The mapping between IR types and torch dtypes and shapes."""
+"""The mapping between IR types and torch dtypes and shapes.
+
+Integer types follow MLIR's signedness: a signless `iN` (what `arith` ops
+take and produce) and a signed `siN` are two's-complement signed integers,
+torch's `intN`; an unsigned `uiN` is torch's `uintN` (`ui8` is `torch.uint8`,
+never `torch.int8`). One-bit integers (`i1`, `si1`, `ui1`) are `torch.bool`.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +16,48 @@ from xdsl.dialects.builtin import (
     Float64Type,
     IndexType,
     IntegerType,
+    Signedness,
     TensorType,
 )
 from xdsl.ir import Attribute
 
-_INT_DTYPES = {1: torch.bool, 8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+#: width -> torch dtype of signless and signed integers
+_SIGNED_INT_DTYPES = {
+    1: torch.bool,
+    8: torch.int8,
+    16: torch.int16,
+    32: torch.int32,
+    64: torch.int64,
+}
+#: width -> torch dtype of unsigned integers
+_UNSIGNED_INT_DTYPES = {
+    1: torch.bool,
+    8: torch.uint8,
+    16: torch.uint16,
+    32: torch.uint32,
+    64: torch.uint64,
+}
 
 
 def element_dtype(t: Attribute) -> torch.dtype:
-    """The torch dtype of a scalar type, or of a tensor type's elements."""
+    """The torch dtype of a scalar type, or of a tensor type's elements.
+
+    >>> element_dtype(TensorType(IntegerType(8, Signedness.UNSIGNED), [2]))
+    torch.uint8
+    """
     if isinstance(t, TensorType):
         t = t.element_type
     if isinstance(t, IndexType):
         return torch.int64
     if isinstance(t, IntegerType):
         width = t.width.data
-        if width in _INT_DTYPES:
-            return _INT_DTYPES[width]
+        table = (
+            _UNSIGNED_INT_DTYPES
+            if t.signedness.data == Signedness.UNSIGNED
+            else _SIGNED_INT_DTYPES
+        )
+        if width in table:
+            return table[width]
     if isinstance(t, Float16Type):
         return torch.float16
     if isinstance(t, BFloat16Type):

@@ -1,105 +1,124 @@
 """Inputs for running a program without writing any: synthesised from the IR.
 
 Random values would break the contracts of some ops (ciphertext limbs must be
-reduced, counts must add up), so arguments are synthesised from how the
-entry function uses them:
+reduced, counts must add up), so arguments are synthesised from what they
+are to the ops that use them: the operand roles each op declares
+(`distir.ir.facts`). An entry argument used as
 
-- moduli of `dist.all_reduce_add_ciphertext`: 60-bit odd moduli;
-- its ciphertext: random limbs reduced modulo those moduli;
-- `counts` of an uneven `dist.all_gather`: `counts[r] = r + 1` on every rank,
-  and the gathered argument gets `rank + 1` rows on the axis;
-- the source of a `dist.transfer`: the rank's local shard of its source
-  layout (an empty tensor on ranks outside the source mesh);
-- `send_counts` of `dist.variable_all_to_all`: `(rank + peer) % 3`, and the
-  payload gets as many rows as that sums to;
-- extra operands of a generic `dist.all_reduce` and dynamic broadcast roots,
-  which must agree across ranks: the same values on every rank (extras in
-  [1, 100), so a modulus is never zero; roots 0);
-- everything else: seeded random integers in [0, 100) or floats in [0, 1),
+- `MODULI`: 60-bit odd moduli, the same on every rank;
+- `LIMBS`: random limbs reduced modulo the moduli of the same op;
+- `GATHER_COUNTS` (uneven `dist.all_gather`): `counts[r] = r + 1` on every
+  rank, and the op's payload argument gets `rank + 1` rows on its axis;
+- `SHARD` (the source of a `dist.transfer`): the rank's local shard of the
+  source layout (an empty tensor on ranks outside the source mesh);
+- `SEND_COUNTS` (`dist.variable_all_to_all`): `(rank + peer) % 3`, and the
+  op's payload argument gets as many rows as that sums to;
+- `UNIFORM` (extra operands of a generic `dist.all_reduce`): the same values
+  on every rank, in [1, 100) so that a modulus is never zero;
+- `ROOT` (a dynamic broadcast root): 0;
+- anything else: seeded random integers in [0, 100) or floats in [0, 1),
   dynamic dimensions of size `dynamic_size`.
+
+Synthesise from the program as written, before passes: a lowering may turn
+the moduli into an ordinary extra operand or drop the roles altogether, and
+the entry signature is the same before and after.
+
+`load_inputs` reads inputs from a file instead, with errors that say which
+file and what is wrong with it, never a traceback.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+import pickle
+import re
+import traceback
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from xdsl.dialects import func
-from xdsl.ir import Attribute, BlockArgument
+from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 
-from distir.errors import DistirError
-from distir.interpreters.dtypes import element_dtype, static_shape
-from distir.ir.dialect import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AllReduceOp,
-    BroadcastOp,
-    TransferOp,
-    VariableAllToAllOp,
-)
+from distir.errors import DistirError, ProgramInputError
+from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type, static_shape
+from distir.ir.facts import OperandRole, operand_roles
 from distir.ir.layouts import local_box
 
 #: Odd 60-bit moduli: P·(q−1) < 2^63 holds up to P = 8, as in SEAL's 60-bit primes.
 DEFAULT_MODULI = [(1 << 60) - 93, (1 << 60) - 173, (1 << 60) - 233, (1 << 60) - 299]
 
 
-def _arg_index(value) -> int | None:
+def _arg_index(value: SSAValue | None) -> int | None:
     return value.index if isinstance(value, BlockArgument) else None
+
+
+def _payload_args(op: Operation) -> list[int]:
+    return [
+        i
+        for value, role in operand_roles(op)
+        if role == OperandRole.PAYLOAD and (i := _arg_index(value)) is not None
+    ]
+
+
+def _axis(op: Operation) -> int:
+    axis = op.properties.get("axis")
+    return axis.value.data if axis is not None else 0  # type: ignore[attr-defined]
 
 
 def synthesize_inputs(
     function: func.FuncOp, rank: int, world_size: int, seed: int = 0, dynamic_size: int = 4
 ) -> list[torch.Tensor]:
+    """Inputs of `function` for `rank` of `world_size` ranks that keep every
+    op's contract (see the module docstring); deterministic in `seed`."""
     types: list[Attribute] = list(function.function_type.inputs.data)
     shapes: list[list[int | None]] = [list(static_shape(t)) for t in types]
     fixed: dict[int, torch.Tensor] = {}
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
 
-    def set_rows(index: int | None, axis: int, rows: int) -> None:
-        if index is not None and shapes[index] and shapes[index][axis] is None:
+    def set_rows(index: int, axis: int, rows: int) -> None:
+        if shapes[index] and shapes[index][axis] is None:
             shapes[index][axis] = rows
 
     ciphertexts: list[tuple[int, int]] = []
     uniform: set[int] = set()
     for op in function.walk():
-        if isinstance(op, AllReduceOp):
-            uniform.update(i for i in map(_arg_index, op.extras) if i is not None)
-        if isinstance(op, BroadcastOp) and op.root_value is not None:
-            root = _arg_index(op.root_value)
-            if root is not None:
-                fixed[root] = torch.zeros((), dtype=torch.int64)
-        if isinstance(op, AllReduceAddCiphertextOp):
-            ct, mod = _arg_index(op.input), _arg_index(op.moduli)
-            if mod is not None:
-                limbs = shapes[mod][0] or 3
-                fixed[mod] = torch.tensor(
+        roles = [(role, _arg_index(value)) for value, role in operand_roles(op)]
+        moduli_arg = next((i for role, i in roles if role == OperandRole.MODULI), None)
+        for role, arg in roles:
+            if role == OperandRole.UNIFORM and arg is not None:
+                uniform.add(arg)
+            elif role == OperandRole.ROOT and arg is not None:
+                fixed[arg] = torch.zeros((), dtype=torch.int64)
+            elif role == OperandRole.MODULI and arg is not None:
+                limbs = shapes[arg][0] or 3
+                fixed[arg] = torch.tensor(
                     [DEFAULT_MODULI[i % len(DEFAULT_MODULI)] - 64 * (i // 4) for i in range(limbs)]
                 )
-                if ct is not None:
-                    ciphertexts.append((ct, mod))
-        elif isinstance(op, AllGatherOp) and op.counts is not None:
-            counts = _arg_index(op.counts)
-            if counts is not None:
-                fixed[counts] = torch.arange(1, world_size + 1, dtype=element_dtype(types[counts]))
-            set_rows(_arg_index(op.input), op.axis.value.data, rank + 1)
-        elif isinstance(op, TransferOp):
-            arg = _arg_index(op.input)
-            if arg is not None:
-                src_mesh, src_layout, _, _, shape = op.transfer_spec()
+            elif role == OperandRole.LIMBS and arg is not None and moduli_arg is not None:
+                ciphertexts.append((arg, moduli_arg))
+            elif role == OperandRole.GATHER_COUNTS:
+                if arg is not None:
+                    fixed[arg] = torch.arange(1, world_size + 1).to(element_dtype(types[arg]))
+                for payload in _payload_args(op):
+                    set_rows(payload, _axis(op), rank + 1)
+            elif role == OperandRole.SEND_COUNTS:
+                sends = [(rank + peer) % 3 for peer in range(world_size)]
+                if arg is not None:
+                    fixed[arg] = torch.tensor(sends).to(element_dtype(types[arg]))
+                for payload in _payload_args(op):
+                    set_rows(payload, _axis(op), sum(sends))
+            elif role == OperandRole.SHARD and arg is not None:
+                src_mesh, src_layout, _, _, shape = op.transfer_spec()  # type: ignore[attr-defined]
                 sizes = (
                     local_box(src_mesh, src_layout, shape, rank).sizes
                     if rank in src_mesh.ranks
                     else (0,) * len(shape)
                 )
                 shapes[arg] = list(sizes)
-        elif isinstance(op, VariableAllToAllOp):
-            counts = _arg_index(op.send_counts)
-            sends = [(rank + peer) % 3 for peer in range(world_size)]
-            if counts is not None:
-                fixed[counts] = torch.tensor(sends, dtype=element_dtype(types[counts]))
-            set_rows(_arg_index(op.input), op.axis.value.data, sum(sends))
 
     inputs: list[torch.Tensor] = []
     for i, t in enumerate(types):
@@ -117,7 +136,7 @@ def synthesize_inputs(
         elif dtype == torch.bool:
             inputs.append(torch.randint(0, 2, shape, generator=generator).bool())
         else:
-            inputs.append(torch.randint(0, 100, shape, generator=generator, dtype=dtype))
+            inputs.append(torch.randint(0, 100, shape, generator=generator).to(dtype))
     for ct, mod in ciphertexts:
         q = inputs[mod].view(-1, 1)
         raw = torch.randint(0, 1 << 62, tuple(inputs[ct].shape), generator=generator)
@@ -125,25 +144,121 @@ def synthesize_inputs(
     return inputs
 
 
+def check_inputs(inputs: Sequence[object], function: func.FuncOp) -> None:
+    """Raises `ProgramInputError` unless `inputs` are values of `function`'s
+    argument types, in the words `Program.run` uses."""
+    types = list(function.function_type.inputs.data)
+    name = f"@{function.sym_name.data}"
+    if len(inputs) != len(types):
+        raise ProgramInputError(f"{name} takes {len(types)} inputs, got {len(inputs)}")
+    for i, (value, t) in enumerate(zip(inputs, types)):
+        if not isinstance(value, torch.Tensor) or not matches_type(value, t):
+            raise ProgramInputError(
+                f"{name} input #{i} must be {t} ({element_dtype(t)}), got "
+                f"{describe_tensor(value)}"
+            )
+
+
+def _raised(e: BaseException, path: Path) -> str:
+    """`ValueError: boom (at inputs.py:5)`: an exception and the deepest line
+    of `path` it passed through."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        where = f" (at {path}:{e.lineno})"
+    elif frames:
+        where = f" (at {path}:{frames[-1].lineno})"
+    else:
+        where = ""
+    detail = e.msg if isinstance(e, SyntaxError) else str(e)
+    return f"{type(e).__name__}: {detail}{where}" if detail else f"{type(e).__name__}{where}"
+
+
+_factories: dict[Path, Callable[[int, int], object]] = {}
+
+
+def load_input_factory(path: str | Path) -> Callable[[int, int], object]:
+    """`make_inputs` of a Python inputs file, imported once per process.
+    Raises `DistirError` (the file, and what went wrong where) when the file
+    is missing, does not import or defines no callable `make_inputs`."""
+    path = Path(path)
+    if path in _factories:
+        return _factories[path]
+    if not path.is_file():
+        raise DistirError(f"inputs file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"distir_user_inputs_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise DistirError(f"cannot import inputs file {path}")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise DistirError(f"inputs file {path} does not import: {_raised(e, path)}") from None
+    factory = getattr(module, "make_inputs", None)
+    if not callable(factory):
+        raise DistirError(f"{path} must define make_inputs(rank, world_size)")
+    _factories[path] = factory
+    return factory
+
+
+def read_input_file(path: str | Path) -> object:
+    """The object a `.pt` inputs file holds (tensors, lists and dicts only:
+    it is loaded with `weights_only=True`, so it runs no code)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DistirError(f"inputs file {path} does not exist")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
+        text = str(e)
+        found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\n\n|$)", text, re.S)
+        detail = found.group(1).strip() if found else (text.strip().splitlines() or [""])[0]
+        if not zipfile.is_zipfile(path):
+            what = "is not a file torch.save wrote"
+        else:
+            what = "holds something other than tensors and lists of tensors"
+        raise DistirError(
+            f"inputs file {path} {what}" + (f" ({detail})" if detail else "")
+        ) from None
+
+
+def inputs_from_data(data: object, path: str | Path, rank: int, world_size: int) -> list:
+    """This rank's inputs from what a `.pt` file holds: one list of tensors
+    (every rank) or a list of such lists (one per rank)."""
+    expected = f"{path} must hold a list of tensors or one list of tensors per rank"
+    if not isinstance(data, list | tuple):
+        raise DistirError(f"{expected}, not a {type(data).__name__}")
+    if data and all(isinstance(d, list | tuple) for d in data):
+        if len(data) != world_size:
+            raise DistirError(f"{path} holds inputs for {len(data)} ranks, not {world_size}")
+        data, where = data[rank], f" (the list of rank {rank})"
+    else:
+        where = ""
+    for i, item in enumerate(data):
+        if not isinstance(item, torch.Tensor):
+            raise DistirError(f"{expected}: item #{i}{where} is a {type(item).__name__}")
+    return list(data)
+
+
 def load_inputs(path: str | Path, rank: int, world_size: int) -> list[torch.Tensor]:
     """Inputs from a file: a `.py` defining `make_inputs(rank, world_size)`, or
     a `.pt` holding one list of tensors (every rank) or a list of such lists
-    (one per rank)."""
+    (one per rank). Every failure is a `DistirError` naming the file."""
     path = Path(path)
     if path.suffix == ".py":
-        spec = importlib.util.spec_from_file_location("distir_user_inputs", path)
-        if spec is None or spec.loader is None:
-            raise DistirError(f"cannot import inputs file {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if not hasattr(module, "make_inputs"):
-            raise DistirError(f"{path} must define make_inputs(rank, world_size)")
-        return list(module.make_inputs(rank, world_size))
-    data = torch.load(path, weights_only=True)
-    if isinstance(data, Sequence) and data and all(isinstance(d, Sequence) for d in data):
-        if len(data) != world_size:
-            raise DistirError(f"{path} holds inputs for {len(data)} ranks, not {world_size}")
-        return list(data[rank])
-    if isinstance(data, Sequence):
-        return list(data)
-    raise DistirError(f"{path} must hold a list of tensors or one list per rank")
+        factory = load_input_factory(path)
+        try:
+            made = factory(rank, world_size)
+        except Exception as e:
+            raise DistirError(f"{path}: make_inputs raised {_raised(e, path)}") from None
+        if isinstance(made, torch.Tensor) or not isinstance(made, Sequence):
+            raise DistirError(
+                f"{path}: make_inputs must return a list of tensors, got {type(made).__name__}"
+            )
+        return list(made)
+    if path.suffix == ".pt":
+        return inputs_from_data(read_input_file(path), path, rank, world_size)
+    raise DistirError(
+        f"inputs file {path} must be a .py defining make_inputs(rank, world_size) or a .pt"
+    )

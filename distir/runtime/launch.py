@@ -3,30 +3,85 @@
 `launch(fn, nproc)` is the embedded default: no cluster and no setup. It
 spawns `nproc` processes, initialises a process group among them over
 loopback, runs `fn(*args)` on each and returns every rank's result, in rank
-order. Every wait is bounded: a rank that fails is reported with its
-traceback, a rank that hangs is killed when `timeout` expires, and no process
-outlives the call.
+order. Every wait is bounded and no rank outlives the call:
 
-Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR set), `init_from_environment`
-joins the job as that rank instead, so the same program scales to many
-machines.
+- a rank that fails is reported with its error, a rank that hangs is killed
+  when `timeout` expires;
+- SIGINT and SIGTERM sent to the launching process are forwarded to every
+  rank; the ranks are waited for together (at most about 2 s, then killed)
+  and the signal then takes its usual effect on the caller (KeyboardInterrupt
+  for SIGINT, termination for SIGTERM, or whatever handler the caller
+  installed);
+- on Linux each rank asks the kernel to kill it when the launching process
+  dies (`PR_SET_PDEATHSIG`), so not even a SIGKILL of the parent leaves a
+  rank behind.
+
+Under torchrun (`TORCHELASTIC_RUN_ID` set, as torchrun's elastic agent does
+for every worker, together with RANK, WORLD_SIZE, MASTER_ADDR, ...),
+`init_from_environment` joins the job as that rank instead, so the same
+program scales to many machines. RANK or WORLD_SIZE without
+`TORCHELASTIC_RUN_ID` are leftovers of another job, not a rendezvous.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import multiprocessing as mp
 import os
-import queue
+import pickle
+import signal
 import socket
+import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_any
 from typing import Any
 
+from distir.durations import Duration, seconds
 from distir.errors import DistirError
+
+#: torchrun's elastic agent sets this for every worker it starts
+#: (torch/distributed/elastic/agent/server/local_elastic_agent.py); nothing
+#: else does, so it is what "running under torchrun" means.
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
+
+#: every variable torchrun sets for a worker
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+#: the variables an env:// rendezvous reads
+RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+#: signals forwarded to the ranks
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: seconds ranks get to exit after a forwarded signal, before SIGKILL
+_SIGNAL_GRACE_S = 1.0
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 class LaunchError(DistirError):
@@ -38,6 +93,10 @@ class LaunchError(DistirError):
         self.failures = failures
         #: rank -> result, for the ranks that finished
         self.results = results
+
+
+class BackendUnavailable(DistirError):
+    """The requested torch.distributed backend cannot run here."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +114,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a torchrun worker (`TORCHELASTIC_RUN_ID` set)."""
+    return TORCHRUN_MARKER in (os.environ if environ is None else environ)
+
+
+def stale_rendezvous_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """RANK, WORLD_SIZE, ... set although this is no torchrun worker: left
+    over from another job, and ignored by `launch`."""
+    env = os.environ if environ is None else environ
+    if under_torchrun(env):
+        return []
+    return [name for name in RENDEZVOUS_VARIABLES if name in env]
 
 
 def default_backend() -> str:
     return "gloo"
+
+
+def check_backend(backend: str, nproc: int | None = None) -> None:
+    """Raises `BackendUnavailable` unless `backend` can run `nproc` ranks on
+    this machine (NCCL: a CUDA GPU per rank); `nproc=None` checks one rank
+    of a job started elsewhere (torchrun)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            raise BackendUnavailable(
+                f"--backend nccl needs a CUDA GPU, and torch {torch.__version__} sees none "
+                "(gloo runs on CPU: --backend gloo)"
+            )
+        if not dist.is_nccl_available():
+            raise BackendUnavailable(
+                f"--backend nccl: this torch build ({torch.__version__}) has no NCCL backend"
+            )
+        if nproc is not None and nproc > gpus:
+            raise BackendUnavailable(
+                f"--backend nccl needs one GPU per rank: {nproc} ranks, {gpus} GPU(s)"
+            )
+    elif backend == "gloo":
+        if not dist.is_gloo_available():
+            raise BackendUnavailable(f"this torch build ({torch.__version__}) has no gloo backend")
+    else:
+        raise BackendUnavailable(f"unknown backend {backend!r} (gloo or nccl)")
 
 
 def _set_cuda_device(backend: str, rank: int) -> None:
@@ -70,14 +168,17 @@ def _set_cuda_device(backend: str, rank: int) -> None:
         torch.cuda.set_device(rank % torch.cuda.device_count())
 
 
-def init_from_environment(backend: str = "gloo", timeout: float = 300.0) -> RankContext:
-    """Join a torchrun job (env:// rendezvous) unless already initialised."""
+def init_from_environment(backend: str = "gloo", timeout: Duration = 300.0) -> RankContext:
+    """Join a torchrun job (env:// rendezvous) unless already initialised;
+    `timeout` (seconds or a timedelta) bounds the rendezvous and is the
+    process group's timeout for every collective."""
     import torch.distributed as dist
 
+    timeout_s = seconds(timeout, "timeout")
     rank = int(os.environ["RANK"])
     _set_cuda_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return RankContext(dist.get_rank(), dist.get_world_size(), backend)
 
 
@@ -95,6 +196,47 @@ def _deserialize(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _follow_parent(parent_pid: int, rank: int) -> None:
+    """Die with the launching process, even if it is SIGKILLed.
+
+    PR_SET_PDEATHSIG only covers a parent that dies after the call, so the
+    parent is checked right after it: if it is already gone, this rank has
+    been adopted by another process and must not run.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The name `pgrep distir-rank` finds (15 bytes at most).
+        libc.prctl(_PR_SET_NAME, f"distir-rank-{rank}".encode()[:15], 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _local_rank_environment(rank: int, world_size: int, port: int) -> None:
+    """The variables a torchrun worker would see, for this local rank;
+    leftovers of another job are gone."""
+    for name in TORCHRUN_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
 def _rank_entry(
     rank: int,
     world_size: int,
@@ -105,9 +247,21 @@ def _rank_entry(
     fn: Callable[..., Any],
     args: tuple,
     pass_context: bool,
-    results: mp.Queue,
+    outcome: Connection,
+    parent_pid: int,
 ) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    _follow_parent(parent_pid, rank)
+    # The parent blocked SIGINT and SIGTERM while starting this process, so
+    # that neither could interrupt the interpreter's start-up with a
+    # traceback. A signal sent since is pending: with the default action, it
+    # ends this rank at once, even inside a blocking collective. Signals the
+    # parent ignores (a background job's SIGINT) stay ignored.
+    for signum in FORWARDED_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+    _local_rank_environment(rank, world_size, port)
+    initialised = False
     try:
         import torch
         import torch.distributed as dist
@@ -122,18 +276,120 @@ def _rank_entry(
             world_size=world_size,
             timeout=timedelta(seconds=collective_timeout),
         )
-        try:
-            context = RankContext(rank, world_size, backend)
-            value = fn(context, *args) if pass_context else fn(*args)
-            results.put((rank, True, _serialize(value)))
-        finally:
-            dist.destroy_process_group()
+        initialised = True
+        context = RankContext(rank, world_size, backend)
+        value = fn(context, *args) if pass_context else fn(*args)
+        report: tuple[bool, Any] = (True, _serialize(value))
     except BaseException as e:  # the parent reports it, naming this rank
         if isinstance(e, DistirError):
-            detail = f"{type(e).__name__}: {e}"
+            report = (False, f"{type(e).__name__}: {e}")
         else:
-            detail = traceback.format_exc().strip()
-        results.put((rank, False, detail))
+            report = (False, traceback.format_exc().strip())
+    # Report before tearing down: after a failure, the teardown may wait for
+    # peers that will never come (the parent ends this rank then).
+    outcome.send(report)
+    outcome.close()
+    if initialised:
+        dist.destroy_process_group()
+
+
+def _check_launchable(fn: Callable[..., Any]) -> None:
+    """Ranks are fresh interpreters that import `fn` by its module and name:
+    refuse, up front, what they could not find."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    hint = "define it with `def` at the top level of an importable module or script"
+    if getattr(fn, "__name__", None) == "<lambda>":
+        raise TypeError(f"launch needs a module-level function, got a lambda; {hint}")
+    if "<locals>" in name:
+        raise TypeError(
+            f"launch needs a module-level function, got {name}, defined inside another "
+            f"function; {hint}"
+        )
+    if getattr(fn, "__module__", None) == "__main__":
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main_file is None or not os.path.exists(main_file):
+            raise TypeError(
+                f"launch needs a function that its ranks can import, but {name} is defined "
+                "in an interactive session (__main__ has no file); move it into a module "
+                "and import it"
+            )
+    try:
+        pickle.dumps(fn)
+    except Exception as e:
+        raise TypeError(f"launch cannot send {name} to its ranks: {e}; {hint}") from None
+
+
+class _SignalRecorder:
+    """While active, SIGINT and SIGTERM are recorded instead of acted on
+    (main thread only: Python delivers signals there). Signals the caller
+    ignores stay ignored."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _record(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in FORWARDED_SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN or previous is None:
+                continue  # ignored, or handled outside Python: leave it be
+            self._previous[signum] = previous
+            signal.signal(signum, self._record)
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+
+@contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM held back from this thread (and from the processes
+    it starts, which inherit the mask) until the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _running(procs: Sequence[Any]) -> list[Any]:
+    """The started processes that have not exited."""
+    return [p for p in procs if p.pid is not None and p.exitcode is None]
+
+
+def _wait_all(procs: Sequence[Any], until: float) -> None:
+    """Waits for every process at once, until they all exited or `until`."""
+    alive = _running(procs)
+    while alive:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        wait_for_any([p.sentinel for p in alive], timeout=left)
+        alive = _running(alive)
+
+
+def _stop(procs: Sequence[Any], signum: int | None) -> set[int]:
+    """Ends every rank still running: `signum` first (if any) and SIGKILL
+    after a grace; returns the indices of the ranks that had to be stopped."""
+    running = {i for i, p in enumerate(procs) if p in _running(procs)}
+    if signum is not None:
+        for i in running:
+            try:
+                os.kill(procs[i].pid, signum)
+            except ProcessLookupError:
+                pass
+        _wait_all(procs, time.monotonic() + _SIGNAL_GRACE_S)
+    for p in _running(procs):
+        p.kill()
+    _wait_all(procs, time.monotonic() + 2.0)
+    return running
 
 
 def launch(
@@ -141,74 +397,136 @@ def launch(
     nproc: int,
     *args: Any,
     backend: str = "gloo",
-    timeout: float = 120.0,
-    collective_timeout: float = 60.0,
+    timeout: Duration = 120.0,
+    collective_timeout: Duration = 60.0,
     threads_per_rank: int | None = 1,
     pass_context: bool = False,
 ) -> list[Any]:
     """Runs `fn(*args)` (or `fn(RankContext, *args)`) on `nproc` local ranks
     and returns their results in rank order.
 
-    `fn` must be importable by name (a module-level function), since ranks
-    are fresh processes. Raises `LaunchError` naming each failed or hung
-    rank; every process is gone when this returns.
+    Args:
+        fn: a module-level function (ranks import it by name; a lambda, a
+            nested function or one defined in an interactive session is
+            refused with a TypeError before any rank starts).
+        nproc: how many ranks to start (>= 1).
+        args: passed to `fn` on every rank (picklable).
+        backend: "gloo" (CPU) or "nccl" (one CUDA GPU per rank).
+        timeout: seconds (or a timedelta) the whole launch may take, from
+            starting the ranks to the last result; ranks still running then
+            are killed and reported as hung.
+        collective_timeout: seconds (or a timedelta) torch.distributed waits
+            in any one collective or rendezvous before it fails (the process
+            group's `timeout`); distir's own per-collective deadline is the
+            program's `deadline`.
+        threads_per_rank: torch intra-op threads per rank (None: torch's default).
+        pass_context: pass a `RankContext` as the first argument.
+
+    Ranks are started with the `spawn` method: each is a fresh interpreter
+    that imports `fn`'s module, so module-level code of that module (and of
+    the main script) runs once in every rank. A script that calls `launch`
+    must do so under `if __name__ == "__main__":`, or every rank would
+    launch again::
+
+        def worker(ctx):
+            return ctx.rank
+
+        if __name__ == "__main__":
+            print(distir.launch(worker, 4, pass_context=True))   # [0, 1, 2, 3]
+
+    Raises `LaunchError` naming each failed or hung rank, and
+    `BackendUnavailable` before starting anything if `backend` cannot run
+    here. SIGINT and SIGTERM are forwarded to the ranks (see the module
+    docstring). Every rank process is gone when this returns or raises.
     """
-    if nproc < 1:
-        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    timeout_s = seconds(timeout, "timeout")
+    collective_timeout_s = seconds(collective_timeout, "collective_timeout")
+    _check_launchable(fn)
+    check_backend(backend, nproc)
     ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
     port = free_port()
+    parent_pid = os.getpid()
+    # One pipe per rank, not a shared queue: a rank that dies without a
+    # result is seen at once (end of file), and no semaphore is left behind.
+    pipes = [ctx.Pipe(duplex=False) for _ in range(nproc)]
     procs = [
         ctx.Process(
             target=_rank_entry,
-            args=(r, nproc, port, backend, threads_per_rank, collective_timeout, fn, args,
-                  pass_context, results),
+            args=(r, nproc, port, backend, threads_per_rank, collective_timeout_s, fn, args,
+                  pass_context, pipes[r][1], parent_pid),
             name=f"distir-rank-{r}",
             daemon=True,
         )
         for r in range(nproc)
     ]
     outcomes: dict[int, tuple[bool, Any]] = {}
-    killed: set[int] = set()
-    deadline = time.monotonic() + timeout
+    exited_without_result: set[int] = set()
+    stopped: set[int] = set()
+    recorder = _SignalRecorder()
+    recorder.install()
     try:
-        for p in procs:
-            p.start()
-        while len(outcomes) < nproc and time.monotonic() < deadline:
-            try:
-                rank, ok, payload = results.get(timeout=0.1)
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs):
-                    # Give the feeder threads of exited ranks a moment to flush.
-                    try:
-                        rank, ok, payload = results.get(timeout=1.0)
-                    except queue.Empty:
-                        break
-                else:
-                    continue
-            outcomes[rank] = (ok, payload)
-            if not ok:
-                # The group is broken: others will fail or time out on their own
-                # collective deadline; collect what arrives within a short grace.
-                deadline = min(deadline, time.monotonic() + min(collective_timeout, 10.0) + 2)
+        try:
+            with _signals_blocked():
+                for p in procs:
+                    p.start()
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise TypeError(f"launch cannot send the arguments of {fn!r} to its ranks: {e}") from e
+        finally:
+            for _, writer in pipes:
+                writer.close()  # the ranks hold the write ends now
+        pending = {pipes[r][0]: r for r in range(nproc)}
+        deadline = time.monotonic() + timeout_s
+        grace = min(collective_timeout_s, 10.0) + 2.0
+        cut_short = False
+        while pending and recorder.received is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Short waits: a recorded signal is noticed within 0.1 s.
+            for reader in wait_for_any(list(pending), timeout=min(0.1, left)):
+                rank = pending.pop(reader)  # type: ignore[index]
+                try:
+                    outcomes[rank] = reader.recv()  # type: ignore[union-attr]
+                except EOFError:
+                    exited_without_result.add(rank)
+                if rank in exited_without_result or not outcomes[rank][0]:
+                    # The group is broken: others will fail or time out on their
+                    # own collective deadline; collect what arrives within a grace.
+                    if time.monotonic() + grace < deadline:
+                        deadline, cut_short = time.monotonic() + grace, True
+        if recorder.received is None:
+            # Finished ranks are tearing down their process group; a rank
+            # that failed may be stuck in that teardown, so it gets less time.
+            failed = exited_without_result or any(not ok for ok, _ in outcomes.values())
+            _wait_all(procs, min(deadline, time.monotonic() + (1.0 if failed else 5.0)))
+        stopped = _stop(procs, recorder.received)
     finally:
-        for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                killed.add(r)
-                p.kill()
-                p.join(5)
-        results.close()
+        # Only reached with ranks alive when start-up itself failed.
+        _stop(procs, None)
+        for reader, _ in pipes:
+            reader.close()
+        recorder.restore()
+
+    if recorder.received is not None:
+        name = signal.Signals(recorder.received).name
+        # The signal now does what it would have done without launch.
+        signal.raise_signal(recorder.received)
+        raise LaunchError(
+            f"interrupted by {name}: every rank was stopped", {}, _finished(outcomes)
+        )
 
     failures: dict[int, str] = {}
     for r in range(nproc):
-        if r not in outcomes:
+        if r in exited_without_result or (r not in outcomes and r not in stopped):
+            failures[r] = f"exited with code {procs[r].exitcode} without a result"
+        elif r not in outcomes:
             failures[r] = (
-                f"did not finish in time (killed after {timeout:.0f} s or after another "
-                "rank failed)"
-                if r in killed
-                else f"exited with code {procs[r].exitcode} without a result"
+                f"did not finish in time (still running {grace:g} s after another rank "
+                "failed; killed)"
+                if cut_short
+                else f"did not finish in time (killed after the {timeout_s:g} s timeout)"
             )
         elif not outcomes[r][0]:
             failures[r] = outcomes[r][1]
@@ -216,8 +534,9 @@ def launch(
         lines = [f"{len(failures)} of {nproc} ranks failed:"]
         for r, why in sorted(failures.items()):
             lines.append(f"  rank {r}: {why}")
-        finished = {
-            r: _deserialize(outcome[1]) for r, outcome in outcomes.items() if outcome[0]
-        }
-        raise LaunchError("\n".join(lines), failures, finished)
+        raise LaunchError("\n".join(lines), failures, _finished(outcomes))
     return [_deserialize(outcomes[r][1]) for r in range(nproc)]
+
+
+def _finished(outcomes: Mapping[int, tuple[bool, Any]]) -> dict[int, Any]:
+    return {r: _deserialize(outcome[1]) for r, outcome in outcomes.items() if outcome[0]}
