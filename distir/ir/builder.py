@@ -197,20 +197,15 @@ def broadcast(x: Value, root: int | Value = 0, group: GroupRef = None) -> SSAVal
     return BroadcastOp(x, root, group).result
 
 
+@_builds(YieldOp)
 def make_combine_region(arg_types: Sequence[Attribute], combine: Body) -> Region:
     """A single-block region whose body `combine(*block_args)` builds,
-    ended by a `dist.yield` of what it returns."""
+    ended by a `dist.yield` of what it returns (`all_reduce(combine=...)`
+    calls it; `wave` ends its body the same way)."""
     block = Block(arg_types=arg_types)
     with ImplicitBuilder(block):
         YieldOp(*_values(combine(*block.args)))
     return Region(block)
-
-
-@_builds(YieldOp)
-def yield_(*values: Value) -> None:
-    """`dist.yield`: ends a combine region or a wave. `make_combine_region`
-    and `wave` add it themselves; this is for regions built by hand."""
-    YieldOp(*(SSAValue.get(v) for v in values))
 
 
 @_builds(AllReduceOp)

@@ -50,10 +50,12 @@ from xdsl.printer import Printer
 REPLICATED = -1
 
 
-def _parse_i64(parser: Parser) -> IntegerAttr:
-    """An integer literal as an i64 attribute (a literal out of range raises
-    while the parser still points at the op, which reports it there)."""
-    return IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+def _parse_rank(parser: Parser, what: str) -> int:
+    """A non-negative integer literal, with an error that says what was expected."""
+    return parser.expect(
+        lambda: parser.parse_optional_integer(allow_boolean=False, allow_negative=False),
+        f"expected {what}",
+    )
 
 
 def _operand_types(state: ParsingState, directive: TypeDirective) -> tuple[Attribute, ...]:
@@ -103,7 +105,13 @@ class StaticOrDynamicRank(CustomDirective):
         if operand is not None:
             self.dynamic.set_types(state, (IndexType(),))
         else:
-            self.static.set(state, _parse_i64(parser))
+            # A literal out of the i64 range raises while the parser still
+            # points at the op, which reports it there.
+            value = parser.expect(
+                lambda: parser.parse_optional_integer(allow_boolean=False),
+                "expected a group rank: an integer or an index value such as %r",
+            )
+            self.static.set(state, IntegerAttr(value, i64))
 
     def print(self, printer: Printer, state: PrintingState, op: IRDLOperation) -> None:
         static, dynamic = self.static.get(op), self.dynamic.get(op)
@@ -230,7 +238,7 @@ class RankLists(CustomDirective):
     def parse(self, parser: Parser, state: ParsingState) -> None:
         def ranks() -> list[int]:
             return parser.parse_comma_separated_list(
-                parser.Delimiter.SQUARE, lambda: parser.parse_integer(False, False)
+                parser.Delimiter.SQUARE, lambda: _parse_rank(parser, "a global rank (>= 0)")
             )
 
         parts = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, ranks)
@@ -257,7 +265,7 @@ class MeshLayout(CustomDirective):
         def entry() -> int:
             if parser.parse_optional_punctuation("*") is not None:
                 return REPLICATED
-            return parser.parse_integer(allow_boolean=False, allow_negative=False)
+            return _parse_rank(parser, "a mesh axis (>= 0) or `*` (replicated)")
 
         dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, entry)
         self.layout.set(state, DenseArrayBase.from_list(i64, dims))

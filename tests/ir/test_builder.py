@@ -181,3 +181,258 @@ builtin.module {
   }
 }""",
     )
+
+
+def test_point_to_point_with_static_and_computed_peers() -> None:
+    """A ring shift: the next rank is computed from the rank and the size."""
+
+    def body(x):
+        one = b.constant_index(1)
+        nxt = b.arith("remui", b.arith("addi", b.rank(), one), b.group_size())
+        shifted = b.sendrecv(x, nxt, 0)
+        wider = b.sendrecv(x, 1, nxt, result_type=b.tensor_type("f32", [8]), group="pairs")
+        b.send(shifted, 1, group="pairs")
+        b.send(shifted, nxt)
+        got = b.recv(0, b.tensor_type("f32", [4]), group="pairs")
+        from_next = b.recv(nxt, b.tensor_type("f32", [4]))
+        return shifted, wider, got, from_next
+
+    module = b.build_program(body, [b.tensor_type("f32", [4])], groups={"pairs": [[0, 1], [2, 3]]})
+    _check(
+        module,
+        """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32>) {
+    %0 = arith.constant 1 : index
+    %1 = dist.rank : index
+    %2 = arith.addi %1, %0 : index
+    %3 = dist.group_size : index
+    %4 = arith.remui %2, %3 : index
+    %5 = dist.sendrecv %arg0 to %4 from 0 : tensor<4xf32> -> tensor<4xf32>
+    %6 = dist.sendrecv %arg0 to 1 from %4 group @pairs : tensor<4xf32> -> tensor<8xf32>
+    dist.send %5 to 1 group @pairs : tensor<4xf32>
+    dist.send %5 to %4 : tensor<4xf32>
+    %7 = dist.recv from 0 group @pairs : tensor<4xf32>
+    %8 = dist.recv from %4 : tensor<4xf32>
+    func.return %5, %6, %7, %8 : tensor<4xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32>
+  }
+}""",
+    )
+
+
+def test_wave_yields_what_its_body_returns() -> None:
+    def body(g1, g2):
+        s1, s2 = b.wave(lambda: (b.all_reduce(g1, "sum"), b.all_reduce(g2, "sum")))
+        (root,) = b.wave(lambda: b.broadcast(g1, 0))
+        assert b.wave(lambda: b.send(g2, 1)) == ()
+        return s1, s2, root
+
+    module = b.build_program(body, [b.tensor_type("f32", [16]), b.tensor_type("f32", [4, 8])])
+    _check(
+        module,
+        """\
+builtin.module {
+  func.func @main(%arg0: tensor<16xf32>, %arg1: tensor<4x8xf32>) -> (tensor<16xf32>, tensor<4x8xf32>, tensor<16xf32>) {
+    %0, %1 = dist.wave {
+      %2 = dist.all_reduce sum %arg0 : tensor<16xf32>
+      %3 = dist.all_reduce sum %arg1 : tensor<4x8xf32>
+      dist.yield %2, %3 : tensor<16xf32>, tensor<4x8xf32>
+    } : tensor<16xf32>, tensor<4x8xf32>
+    %4 = dist.wave {
+      %5 = dist.broadcast %arg0 root 0 : tensor<16xf32>
+      dist.yield %5 : tensor<16xf32>
+    } : tensor<16xf32>
+    dist.wave {
+      dist.send %arg1 to 1 : tensor<4x8xf32>
+      dist.yield
+    }
+    func.return %0, %1, %4 : tensor<16xf32>, tensor<4x8xf32>, tensor<16xf32>
+  }
+}""",
+    )
+
+
+def test_meshes_and_transfers() -> None:
+    def body(w):
+        to_columns = b.transfer(
+            w,
+            source_mesh="train",
+            source_layout=[0, None],
+            source_partial=[1],
+            dest_mesh="infer",
+            dest_layout=[None, 0],
+            global_shape=[4, 6],
+        )
+        back = b.transfer(
+            to_columns,
+            source_mesh="infer",
+            source_layout=[None, 0],
+            dest_mesh="train",
+            dest_layout=[None, None],
+            global_shape=[4, 6],
+            result_type=b.tensor_type("f32", [4, 6]),
+        )
+        return to_columns, back
+
+    module = b.build_program(
+        body,
+        [b.tensor_type("f32", [None, None])],
+        meshes={"train": ([2, 2], [0, 1, 2, 3]), "infer": ([3], [3, 4, 5])},
+    )
+    _check(
+        module,
+        """\
+builtin.module {
+  dist.mesh @train [2, 2] ranks [0, 1, 2, 3]
+  dist.mesh @infer [3] ranks [3, 4, 5]
+  func.func @main(%arg0: tensor<?x?xf32>) -> (tensor<?x?xf32>, tensor<4x6xf32>) {
+    %0 = dist.transfer %arg0 from @train [0, *] partial [1] to @infer [*, 0] global [4, 6] : tensor<?x?xf32> -> tensor<?x?xf32>
+    %1 = dist.transfer %0 from @infer [*, 0] to @train [*, *] global [4, 6] : tensor<?x?xf32> -> tensor<4x6xf32>
+    func.return %0, %1 : tensor<?x?xf32>, tensor<4x6xf32>
+  }
+}""",
+    )
+
+
+def test_a_transfer_between_undeclared_meshes_is_rejected() -> None:
+    from xdsl.utils.exceptions import VerifyException
+
+    def body(w):
+        return b.transfer(
+            w,
+            source_mesh="train",
+            source_layout=[0],
+            dest_mesh="train",
+            dest_layout=[None],
+            global_shape=[4],
+        )
+
+    with pytest.raises(VerifyException, match="no `dist.mesh` of that name"):
+        b.build_program(body, [b.tensor_type("f32", [None])])
+
+
+def test_declarations_come_in_the_order_given() -> None:
+    module = b.build_program(
+        lambda: None,
+        [],
+        groups={"rows": [[0, 1], [2, 3]], "cols": [[0, 2], [1, 3]]},
+        meshes={"grid": ([2, 2], [0, 1, 2, 3])},
+    )
+    assert [op.name for op in module.ops] == ["dist.group", "dist.group", "dist.mesh", "func.func"]
+    assert str(module).splitlines()[1:4] == [
+        "  dist.group @rows [[0, 1], [2, 3]]",
+        "  dist.group @cols [[0, 2], [1, 3]]",
+        "  dist.mesh @grid [2, 2] ranks [0, 1, 2, 3]",
+    ]
+
+
+def test_assert_reduced_and_constants() -> None:
+    def body(ct):
+        q = b.constant_tensor([97, 101, 103])
+        b.assert_reduced(ct, q)
+        b.assert_reduced(ct, q, max_modulus_bits=7)
+        halves = b.constant_tensor(0.5, "f32", [2])
+        grid = b.constant_tensor([1, 2, 3, 4, 5, 6], "i32", [2, 3])
+        return halves, grid, b.constant_index(3)
+
+    module = b.build_program(body, [b.tensor_type("i64", [3, 8])])
+    _check(
+        module,
+        """\
+builtin.module {
+  func.func @main(%arg0: tensor<3x8xi64>) -> (tensor<2xf32>, tensor<2x3xi32>, index) {
+    %0 = arith.constant dense<[97, 101, 103]> : tensor<3xi64>
+    dist.assert_reduced %arg0, %0 : tensor<3x8xi64>, tensor<3xi64>
+    dist.assert_reduced %arg0, %0 max_modulus_bits 7 : tensor<3x8xi64>, tensor<3xi64>
+    %1 = arith.constant dense<5.000000e-01> : tensor<2xf32>
+    %2 = arith.constant dense<[[1, 2, 3], [4, 5, 6]]> : tensor<2x3xi32>
+    %3 = arith.constant 3 : index
+    func.return %1, %2, %3 : tensor<2xf32>, tensor<2x3xi32>, index
+  }
+}""",
+    )
+
+
+def test_a_generic_combine_needs_no_xdsl_import() -> None:
+    def body(x, m):
+        return b.all_reduce(
+            x,
+            combine=lambda lhs, rhs, mod: b.arith("remui", b.arith("addi", lhs, rhs), mod),
+            extras=[m],
+            commutative=True,
+        )
+
+    t = b.tensor_type("i64", [4])
+    module = b.build_program(body, [t, t])
+    _check(
+        module,
+        """\
+builtin.module {
+  func.func @main(%arg0: tensor<4xi64>, %arg1: tensor<4xi64>) -> tensor<4xi64> {
+    %0 = dist.all_reduce %arg0, %arg1 commutative : tensor<4xi64>, tensor<4xi64> combine(%1, %2, %3) {
+      %4 = arith.addi %1, %2 : tensor<4xi64>
+      %5 = arith.remui %4, %3 : tensor<4xi64>
+      dist.yield %5 : tensor<4xi64>
+    }
+    func.return %0 : tensor<4xi64>
+  }
+}""",
+    )
+
+
+def test_an_unknown_arith_op_is_named() -> None:
+    with pytest.raises(ValueError, match="no arith op 'frobnicate'; known: .*addi"):
+        b.build_program(lambda x: b.arith("frobnicate", x, x), [b.tensor_type("i64", [4])])
+
+
+def every_op_program():
+    """One program built with every helper of `HELPERS`: each op of the
+    dialect appears in it (checked by test_op_coverage)."""
+    f32x4, i64x4 = b.tensor_type("f32", [4]), b.tensor_type("i64", [4])
+
+    def body(x, counts, ct, q):
+        r = b.rank("pairs")
+        total = b.all_reduce(x, "sum", group="pairs")
+        largest = b.all_reduce(x, combine=lambda p, s: b.arith("maximumf", p, s))
+        root = b.broadcast(total, r)
+        summed = b.all_reduce_add_ciphertext(ct, q, max_modulus_bits=40)
+        b.assert_reduced(summed, q)
+        gathered = b.all_gather(x, counts=counts)
+        rows, recv_counts = b.variable_all_to_all(x, counts)
+        (waved,) = b.wave(lambda: b.broadcast(x, 1))
+        b.send(x, b.constant_index(1))
+        got = b.recv(0, f32x4)
+        swapped = b.sendrecv(x, 1, 0)
+        moved = b.transfer(
+            x,
+            source_mesh="m",
+            source_layout=[0],
+            dest_mesh="m",
+            dest_layout=[None],
+            global_shape=[8],
+        )
+        return (
+            b.group_size(),
+            largest,
+            root,
+            gathered,
+            rows,
+            recv_counts,
+            waved,
+            got,
+            swapped,
+            moved,
+        )
+
+    return b.build_program(
+        body,
+        [f32x4, i64x4, b.tensor_type("i64", [3, 16]), b.tensor_type("i64", [3])],
+        groups={"pairs": [[0, 1], [2, 3]]},
+        meshes={"m": ([2], [0, 1])},
+    )
+
+
+def test_every_op_program_round_trips() -> None:
+    module = every_op_program()
+    assert parse_module(str(module)).is_structurally_equivalent(module)

@@ -66,6 +66,10 @@ INVALID: dict[str, tuple[str, str]] = {
         _func(X4, "%y = dist.all_reduce sum %x group @missing : tensor<4xf32>\nfunc.return"),
         "'dist.all_reduce' names group @missing but no `dist.group` of that name is declared at module level",
     ),
+    "group_size_group_not_declared": (
+        _func("", "%p = dist.group_size group @missing : index\nfunc.return"),
+        "'dist.group_size' names group @missing but no `dist.group` of that name",
+    ),
     "group_symbol_is_not_a_group": (
         _func(X4, "%r = dist.rank group @main : index\nfunc.return"),
         "'dist.rank' names group @main but no `dist.group` of that name",

@@ -72,12 +72,16 @@ func.func @generic(%x: tensor<4xi64>, %m: tensor<4xi64>) -> tensor<4xi64> {
 func.func @ciphertext(%ct: tensor<2x3x16xi64>, %q: tensor<3xi64>) -> (tensor<2x3x16xi64>, tensor<2x3x16xi64>) {
   %a = dist.all_reduce_add_ciphertext %ct, %q : tensor<2x3x16xi64>, tensor<3xi64>
   %b = dist.all_reduce_add_ciphertext %a, %q basis "P" max_modulus_bits 60 group @pairs : tensor<2x3x16xi64>, tensor<3xi64>
+  dist.assert_reduced %b, %q : tensor<2x3x16xi64>, tensor<3xi64>
+  dist.assert_reduced %b, %q max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
   func.return %a, %b : tensor<2x3x16xi64>, tensor<2x3x16xi64>
 }
 
 // CHECK-LABEL: func.func @ciphertext
 // CHECK-NEXT:    %a = dist.all_reduce_add_ciphertext %ct, %q : tensor<2x3x16xi64>, tensor<3xi64>
 // CHECK-NEXT:    %b = dist.all_reduce_add_ciphertext %a, %q basis "P" max_modulus_bits 60 group @pairs : tensor<2x3x16xi64>, tensor<3xi64>
+// CHECK-NEXT:    dist.assert_reduced %b, %q : tensor<2x3x16xi64>, tensor<3xi64>
+// CHECK-NEXT:    dist.assert_reduced %b, %q max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
 
 func.func @gather(%x: tensor<2x4xf32>, %c: tensor<4xi64>) -> (tensor<8x4xf32>, tensor<?x4xf32>) {
   %even = dist.all_gather %x axis 0 group @world4 : tensor<2x4xf32> -> tensor<8x4xf32>

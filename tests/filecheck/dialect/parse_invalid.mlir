@@ -68,3 +68,37 @@ func.func @main(%x: tensor<4xf32>) {
 // CHECK: Operation dist.frobnicate is not registered
   func.return
 }
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  dist.send %x to next : tensor<4xf32>
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:19
+// CHECK: expected a group rank: an integer or an index value such as %r
+  func.return
+}
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.broadcast %x root 99999999999999999999 : tensor<4xf32>
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:3
+// CHECK: Integer value 99999999999999999999 is out of range for type i64
+  func.return
+}
+
+// -----
+
+dist.group @g [[0, -1]]
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:20
+// CHECK: expected a global rank (>= 0)
+
+// -----
+
+dist.mesh @m [2] ranks [0, 1]
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.transfer %x from @m [0, r] to @m [*] global [4] : tensor<4xf32> -> tensor<4xf32>
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:37
+// CHECK: expected a mesh axis (>= 0) or `*` (replicated)
+  func.return
+}
