@@ -108,8 +108,8 @@ def main() -> int:
     print(f"threshold aggregation: {args.nproc} ranks x {args.size} floats, CKKS "
           f"N={params.poly_modulus_degree}, scale 2^{math.log2(params.scale):.0f}, "
           f"{len(moduli) - 1} RNS limbs + special prime, moduli {list(moduli)}")
-    print(f"collective key: {args.nproc} shares h_i = e_i - a*s_i summed by one dist program; "
-          f"loads as a SEAL public key; no process holds its secret: "
+    print(f"collective key: {args.nproc} shares h_i = e_i - a*s_i summed by one dist program, "
+          f"loaded as a SEAL public key; every encryption context is public (no secret key): "
           f"{'yes' if nobody_private else 'NO'}")
     print(f"smudging: each decryption share adds noise uniform in [-2^{params.smudging_bits}, "
           f"2^{params.smudging_bits}): statistical distance <= "

@@ -187,6 +187,16 @@ def test_the_collective_key_is_a_public_tenseal_context_and_round_trips(group3):
     assert err <= 7 * group3.params.smudging_error_std
 
 
+def test_the_ciphertext_noise_is_within_the_bound_the_smudging_assumes(group3):
+    params, moduli = group3.params, group3.params.data_moduli
+    secret = modular_sum([s.limbs[: len(moduli)] for s in group3.secrets], moduli)
+    zero = ts.ckks_vector(group3.context, [0.0] * 16)  # encodes to the zero polynomial
+    limbs = ckks_to_limbs(zero)[0]
+    noise = centered(modular_sum([limbs[0], mul_mod(limbs[1], secret, moduli)], moduli), moduli)
+    per_ciphertext = max(abs(int(e)) for e in noise)
+    assert 0 < per_ciphertext <= params.ciphertext_noise_bound // params.parties
+
+
 def test_the_aggregate_decrypts_within_the_smudging_error(group3):
     shares = group3.shares_of(group3.aggregate)
     values = np.array(
