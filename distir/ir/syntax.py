@@ -17,7 +17,7 @@ op with an index list):
 - `RankLists`: nested lists of ranks, `[[0, 1], [2, 3]]`;
 - `MeshLayout`: a layout with `*` for replicated dims, `[0, *]`.
 
-Parse errors name the op and point at the offending token.
+Parse errors point at the offending token and say what was expected there.
 """
 
 from __future__ import annotations
@@ -276,15 +276,3 @@ class MeshLayout(CustomDirective):
         state.print_whitespace(printer)
         dims = ("*" if d == REPLICATED else str(d) for d in layout.get_values())
         printer.print_string("[" + ", ".join(dims) + "]")
-
-
-DIRECTIVES = (
-    GroupRef,
-    StaticOrDynamicRank,
-    SharedType,
-    OptionalEnum,
-    CombineRegion,
-    RankLists,
-    MeshLayout,
-)
-"""Every custom directive; ops list the ones they use in `custom_directives`."""

@@ -217,10 +217,3 @@ def test_generic_form_reparses_to_the_same_module(name: str) -> None:
 def test_every_reduction_kind_is_covered() -> None:
     text = PROGRAMS["all_reduce_native_kinds"]
     assert all(f"dist.all_reduce {k.value} " in text for k in ReductionKind)
-
-
-def test_every_dist_op_is_covered() -> None:
-    from distir.ir import Dist
-
-    used = {op.name for text in PROGRAMS.values() for op in parse_module(text).walk()}
-    assert {op.name for op in Dist.operations} <= used
