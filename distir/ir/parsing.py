@@ -11,7 +11,10 @@ It also turns hostile input into located parse errors instead of crashes:
 - an op nested deeper than `MAX_NESTING_DEPTH` regions is rejected where it
   starts ("nesting deeper than 100 levels");
 - anything else too deep for Python's stack (brackets of an attribute nested
-  hundreds of levels) is reported where parsing stopped.
+  hundreds of levels) is reported where parsing stopped;
+- an unterminated string literal is an error at once: xDSL 0.74's lexer
+  matches strings with a regular expression that backtracks exponentially
+  (`"` and 30 letters took minutes), so this parser lexes with a fixed one.
 
 Locations cost O(log n) each: the line starts of the input are computed once
 and searched by bisection, so parsing is linear in the size of the file.
@@ -19,6 +22,7 @@ and searched by bisection, so parsing is linear in the size of the file.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from bisect import bisect_right
@@ -35,9 +39,10 @@ from xdsl.dialects.scf import Scf
 from xdsl.dialects.tensor import Tensor
 from xdsl.ir import Operation, Region
 from xdsl.parser import Parser
+from xdsl.parser.generic_parser import ParserState
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 from xdsl.utils.lexer import Input, Span
-from xdsl.utils.mlir_lexer import MLIRTokenKind
+from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
 from distir.ir.dialect import Dist
 
@@ -104,6 +109,18 @@ def decode_source(data: bytes, name: str) -> str:
         ) from None
 
 
+class LinearTimeLexer(MLIRLexer):
+    """xDSL's MLIR lexer with a string-literal pattern that cannot backtrack.
+
+    xDSL's `"(?:[^"\\\n\v\f]+|\\...)*"` nests `+` in `*`: on a string with no
+    closing quote it tries every way to split the run of characters, twice
+    the time per extra character. The possessive `*+` here matches the same
+    strings, in linear time.
+    """
+
+    _unescaped_characters_regex = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*+"')
+
+
 _headroom_lock = threading.Lock()
 _headroom_users = 0
 _saved_limit = 0
@@ -150,7 +167,9 @@ class LocatedParser(Parser):
 
     def __init__(self, ctx: Context, input: str | bytes, name: str = "<unknown>"):
         text = decode_source(input, name) if isinstance(input, bytes) else input
-        super().__init__(ctx, text, name)
+        super().__init__(ctx, "", name)
+        # Parser's constructor lexes with xDSL's lexer; start over with ours.
+        self._resume_from(ParserState(LinearTimeLexer(Input(text, name))))
         self._lines = LineIndex(text)
         self._filename = StringAttr(name)
         self._region_depth = 0

@@ -94,6 +94,22 @@ def test_control_characters_of_garbage_are_not_shown_raw() -> None:
     assert len(shown) == len(data.decode("utf-8", "replace"))  # columns unchanged
 
 
+def test_an_unterminated_string_is_an_error_at_once() -> None:
+    """xDSL's string pattern backtracked exponentially: 28 letters after a
+    quote took about 13 s, each one more 2x longer."""
+    text = 'func.func @main() {\n  "func.return"() {a = "' + "a" * 28 + "\n}\n"
+    start = time.perf_counter()
+    with pytest.raises(ParseError, match="closing string literal"):
+        parse_module(text)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_strings_with_escapes_still_parse() -> None:
+    text = 'func.func @main() {\n  "func.return"() {a = "q\\"\\n\\22\\\\"} : () -> ()\n}\n'
+    (op,) = [op for op in parse_module(text).walk() if op.name == "func.return"]
+    assert op.attributes["a"].data == 'q"\n"\\'
+
+
 # Nesting ------------------------------------------------------------------------
 
 
