@@ -1,9 +1,12 @@
-"""Torch implementations of every dist op over torch.distributed.
+"""Default Torch implementations of the collectives over torch.distributed.
 
-The same code runs gloo on CPU tensors and NCCL on CUDA tensors: helper
-tensors (counts, gather buffers) are made on the device of the inputs.
-Results never alias inputs: `in_place` is declared unsupported everywhere
-except where an implementation says otherwise.
+The same code runs gloo on CPU tensors and NCCL on CUDA tensors. Every
+implementation first takes its op's precondition from the group
+(`ProcessGroupResource.precondition`: local checks, and the agreement
+exchange when the op needs one), then moves the payload. Results come from
+the shared buffer pool, or are the input itself when the runtime marks it
+writable (donated, or an intermediate whose last use is this op): that is
+how a native collective runs at the speed of the raw in-place call.
 """
 
 from __future__ import annotations
@@ -14,24 +17,10 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.buffers import pooled_copy, pooled_empty
-from distir.backends.groups import (
-    ProcessGroupResource,
-    ciphertext_descriptor,
-    describe_descriptor,
-    explain_ciphertexts,
-    explain_layouts,
-    tensor_descriptor,
-)
+from distir.backends.groups import ProcessGroupResource, all_gather_single
 from distir.backends.registry import Implementation, Invocation
-from distir.errors import OpError
+from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
-from distir.interpreters.checks import (
-    check_axis_rows,
-    check_ciphertext,
-    check_counts,
-    check_root,
-    deferred_sum_is_exact,
-)
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
@@ -42,7 +31,8 @@ from distir.ir.dialect import (
     VariableAllToAllOp,
 )
 
-NATIVE_OPS = {
+#: the c10d reduction of each native kind
+C10D_REDUCTIONS = {
     "sum": dist.ReduceOp.SUM,
     "prod": dist.ReduceOp.PRODUCT,
     "min": dist.ReduceOp.MIN,
@@ -53,8 +43,11 @@ NATIVE_OPS = {
 }
 
 
-# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+def writable_result(x: torch.Tensor, position: int, writable: frozenset[int]) -> torch.Tensor:
+    """`x` itself when the op may overwrite it, else a pooled copy."""
+    if position in writable and x.is_contiguous():
+        return x
+    return pooled_copy(x)
 
 
 def gather_stacked(
@@ -63,7 +56,7 @@ def gather_stacked(
     """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
     flat = x.contiguous().reshape(-1)
     out = pooled_empty((res.size * flat.numel(),), x)
-    res.complete(_all_gather_single(out, flat, group=res.group, async_op=True), invocation)
+    res.complete(all_gather_single(out, flat, group=res.group, async_op=True), invocation)
     return out.view(res.size, *x.shape)
 
 
@@ -82,21 +75,11 @@ def _awaiting(
     return wait
 
 
-def _attempt(check: Callable[[], object]) -> BaseException | None:
-    """Runs a local check, returning its error instead of raising it, so that
-    the rank can still tell its peers before they enter the payload."""
-    try:
-        check()
-    except OpError as e:
-        return e
-    return None
-
-
 class GroupQueryImplementation(Implementation):
     name = "group-query"
     operation_types = (RankOp, GroupSizeOp)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         value = resources.rank if isinstance(invocation.op, RankOp) else resources.size
         return (torch.tensor(value, dtype=torch.int64),)
 
@@ -105,33 +88,21 @@ class BroadcastImplementation(Implementation):
     name = "broadcast"
     operation_types = (BroadcastOp,)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
-        return self.start(invocation, inputs, resources)()
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
+        return self.start(invocation, inputs, resources, writable)()
 
-    def start(self, invocation, inputs, resources):
+    def start(self, invocation, inputs, resources, writable=frozenset()):
         x = inputs[0]
-        root = invocation.properties["root"]
-        if root is None:
-            root = int(inputs[1])
-        error = _attempt(lambda: check_root(invocation, root, resources.size))
-
-        def explain(rows: list[list[int]]) -> str:
-            shown = "; ".join(
-                f"rank {r}: root {row[0]}, {describe_descriptor(row[1:])}"
-                for r, row in enumerate(rows)
-            )
-            return f"ranks disagree on the root or the message layout ({shown})"
-
-        resources.agree(invocation, lambda: [root, *tensor_descriptor(x)], error, x.device, explain)
+        root = resources.precondition(invocation, inputs).decoded["root"]
         if resources.rank != root:
-            y = pooled_empty(x.shape, x)
+            y = x if 0 in writable and x.is_contiguous() else pooled_empty(x.shape, x)
             work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
             return _awaiting(resources, work, invocation, (y,))
         # The root sends straight from its input (a broadcast only reads it
         # there) and makes its own result while the message is in flight.
         source = x.contiguous()
         work = dist.broadcast(source, group=resources.group, group_src=root, async_op=True)
-        y = pooled_copy(x) if source is x else source
+        y = source if source is not x or 0 in writable else pooled_copy(x)
         return _awaiting(resources, work, invocation, (y,))
 
 
@@ -142,16 +113,15 @@ class NativeAllReduceImplementation(Implementation):
     def matches(self, op) -> bool:
         return isinstance(op, AllReduceOp) and op.kind is not None
 
-    def execute(self, invocation, inputs, resources, *, in_place):
-        return self.start(invocation, inputs, resources)()
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
+        return self.start(invocation, inputs, resources, writable)()
 
-    def start(self, invocation, inputs, resources):
-        x = inputs[0]
-        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
-                        explain_layouts("input layouts"))
-        y = pooled_copy(x)
+    def start(self, invocation, inputs, resources, writable=frozenset()):
+        resources.precondition(invocation, inputs)
+        y = writable_result(inputs[0], 0, writable)
         work = dist.all_reduce(
-            y, op=NATIVE_OPS[invocation.properties["kind"]], group=resources.group, async_op=True
+            y, op=C10D_REDUCTIONS[invocation.properties["kind"]], group=resources.group,
+            async_op=True,
         )
         return _awaiting(resources, work, invocation, (y,))
 
@@ -177,10 +147,9 @@ class GatherFoldAllReduceImplementation(Implementation):
     def matches(self, op) -> bool:
         return isinstance(op, AllReduceOp) and op.kind is None
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, *extras = inputs
-        resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
-                        explain_layouts("input layouts"))
+        resources.precondition(invocation, inputs)
         stacked = gather_stacked(x, resources, invocation)
         result = fold_in_rank_order(invocation.regions[0], stacked.unbind(0), extras)
         if resources.size == 1:
@@ -198,24 +167,16 @@ class ExactCiphertextAddImplementation(Implementation):
     def __init__(self) -> None:
         self.rns = TorchRNSBackend()
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         ct, moduli = inputs
-        q_max = [0]
-
-        def check() -> None:
-            q_max[0] = check_ciphertext(invocation, ct, moduli)
-
-        error = _attempt(check)
-        descriptor = ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
-        resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
-        q_col = moduli.view(-1, 1)
-        if deferred_sum_is_exact(resources.size, q_max[0]):
-            y = pooled_copy(ct)
+        q_max = resources.precondition(invocation, inputs).decoded["q_max"]
+        if int64_sum_is_exact(resources.size, q_max):
+            y = writable_result(ct, 0, writable)
             resources.complete(
                 dist.all_reduce(y, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
                 invocation,
             )
-            torch.remainder(y, q_col, out=y)
+            torch.remainder(y, moduli.to(y.device).view(-1, 1), out=y)
             return (y,)
         stacked = gather_stacked(ct, resources, invocation)
         acc = pooled_copy(stacked[0])
@@ -235,11 +196,9 @@ class CombineCiphertextAddImplementation(Implementation):
     def __init__(self, combine: Callable[..., torch.Tensor]):
         self.combine = combine
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         ct, moduli = inputs
-        error = _attempt(lambda: check_ciphertext(invocation, ct, moduli))
-        descriptor = ciphertext_descriptor(ct, moduli) if error is None else [0] * 11
-        resources.agree(invocation, descriptor, error, ct.device, explain_ciphertexts)
+        resources.precondition(invocation, inputs)
         stacked = gather_stacked(ct, resources, invocation)
         acc = pooled_copy(stacked[0])
         in_place_add = getattr(self.combine, "in_place", None)
@@ -254,34 +213,16 @@ class AllGatherImplementation(Implementation):
     name = "all-gather"
     operation_types = (AllGatherOp,)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         axis = invocation.properties["axis"]
         x = inputs[0]
+        pre = resources.precondition(invocation, inputs)
         if len(inputs) == 1:
-            resources.agree(invocation, lambda: tensor_descriptor(x), None, x.device,
-                            explain_layouts("input layouts"))
             stacked = gather_stacked(x, resources, invocation)
             if axis == 0:
                 return (stacked.reshape(-1, *x.shape[1:]) if x.dim() else stacked,)
             return (torch.cat(stacked.unbind(0), dim=axis),)
-        counts: list[int] = []
-
-        def check() -> None:
-            counts.extend(check_counts(invocation, "counts", inputs[1], resources.size))
-            check_axis_rows(invocation, x, axis, counts[resources.rank],
-                            f"counts[{resources.rank}]")
-
-        error = _attempt(check)
-        descriptor = [*(counts or [0] * resources.size), *tensor_descriptor(x, skip_axis=axis)]
-
-        def explain(rows: list[list[int]]) -> str:
-            p = resources.size
-            if any(row[:p] != rows[0][:p] for row in rows):
-                shown = "; ".join(f"rank {r}: {row[:p]}" for r, row in enumerate(rows))
-                return f"ranks pass different counts ({shown})"
-            return explain_layouts("input layouts")([row[p:] for row in rows])
-
-        resources.agree(invocation, descriptor, error, x.device, explain)
+        counts = pre.decoded["counts"]
         # gloo has no uneven all-gather: pad every part to the largest, gather, slice.
         widest = max(counts)
         padded_shape = list(x.shape)
@@ -294,40 +235,48 @@ class AllGatherImplementation(Implementation):
 
 
 class VariableAllToAllImplementation(Implementation):
+    """Counts, then rows. With agreement, one all-gather carries every rank's
+    "accepted" flag, its layout digest and its send counts, so receive
+    counts and the check cost one exchange; without it, an all-to-all of the
+    counts."""
+
     name = "all-to-all-single"
     operation_types = (VariableAllToAllOp,)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, send_counts = inputs
         axis = invocation.properties["axis"]
-        send: list[int] = []
-
-        def check() -> None:
-            send.extend(check_counts(invocation, "send counts", send_counts, resources.size))
-            check_axis_rows(invocation, x, axis, sum(send), "the sum of send counts")
-
-        error = _attempt(check)
-        resources.agree(invocation, lambda: tensor_descriptor(x, skip_axis=axis), error, x.device,
-                        explain_layouts("row layouts"))
-        send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
-        recv_t = torch.empty_like(send_t)
-        resources.complete(
-            dist.all_to_all_single(recv_t, send_t, group=resources.group, async_op=True),
-            invocation,
-        )
-        recv = recv_t.tolist()
-        rows = x.movedim(axis, 0).contiguous()
-        out = pooled_empty((sum(recv), *rows.shape[1:]), x)
+        size, me = resources.size, resources.rank
+        pre = resources.local_precondition(invocation, inputs)
+        send = pre.decoded.get("send", [0] * size)
+        if resources.agreement and invocation.options.get("agree", False):
+            rows = resources.exchange_rows([int(pre.ok), pre.digest(), *send], invocation)
+            if any(row[0] != 1 or row[1] != rows[0][1] for row in rows):
+                resources.explain(invocation, pre, rows)
+            recv = [row[2 + me] for row in rows]
+        else:
+            if pre.error is not None:
+                raise pre.error
+            send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
+            recv_t = torch.empty_like(send_t)
+            resources.complete(
+                dist.all_to_all_single(recv_t, send_t, group=resources.group, async_op=True),
+                invocation,
+            )
+            recv = recv_t.tolist()
+        rows_in = x.movedim(axis, 0).contiguous()
+        out = pooled_empty((sum(recv), *rows_in.shape[1:]), x)
         work = dist.all_to_all_single(
             out,
-            rows,
+            rows_in,
             output_split_sizes=recv,
             input_split_sizes=send,
             group=resources.group,
             async_op=True,
         )
         resources.complete(work, invocation)
-        return (out.movedim(0, axis), recv_t.to(send_counts.dtype))
+        counts = torch.tensor(recv, dtype=send_counts.dtype, device=send_counts.device)
+        return (out.movedim(0, axis), counts)
 
 
 def distributed_operation_contributions(
@@ -337,9 +286,13 @@ def distributed_operation_contributions(
 
     `ciphertext_add`, a prepared RNS add combine (see
     `distir.he.rns.prepare_ciphertext_add_combine`), contributes a
-    specialised ciphertext implementation; without it the exact modular sum
-    is used.
+    specialised ciphertext implementation; without it the automatic
+    ciphertext sum is used.
     """
+    from distir.backends.algorithms import algorithm_contributions
+    from distir.backends.mesh import TransferImplementation
+    from distir.backends.p2p import p2p_contributions
+
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
         BroadcastImplementation(),
@@ -351,25 +304,13 @@ def distributed_operation_contributions(
     ]
     if ciphertext_add is not None:
         contributions.append(CombineCiphertextAddImplementation(ciphertext_add))
-    # Point-to-point algorithms (ring, halving-doubling, recursive-doubling,
-    # ciphertext-auto), appended last. The registry takes a requested name
-    # first, else the highest priority, and on a tie the earliest contribution:
-    # the all-reduce algorithms have priority 0 and come after native and
-    # gather-fold, so they run only when the op's `algorithm` (or
-    # `implementations=`) names them; ciphertext-auto has priority 1, so it
-    # replaces exact-modular-sum (0) by default, while a prepared
-    # `ciphertext_add` (rns-combine, also 1, contributed earlier) still wins.
-    from distir.backends.ring import ring_contributions
-
-    contributions.extend(ring_contributions())
-    # Point-to-point ops and mesh transfers: one implementation each.
-    from distir.backends.p2p import p2p_contributions
-
+    # The registry takes a requested name first (the op's `algorithm`, or
+    # the runtime's default choice for a generic all-reduce), else the
+    # highest priority, and on a tie the earliest contribution:
+    # ciphertext-auto has priority 1, so it replaces exact-modular-sum (0)
+    # by default, while a prepared `ciphertext_add` (rns-combine, also 1,
+    # contributed earlier) still wins.
+    contributions.extend(algorithm_contributions())
     contributions.extend(p2p_contributions())
+    contributions.append(TransferImplementation())
     return contributions
-
-
-__all__ = [
-    "Invocation",
-    "distributed_operation_contributions",
-]

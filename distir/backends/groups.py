@@ -1,83 +1,59 @@
-"""Process-group resources: what an implementation needs to talk to a group.
+"""Process groups: what an implementation needs to talk to a group.
 
-Ranks in IR are ranks of the op's group; `global_rank` converts one to a
-global rank for the few PyTorch calls that still want one. The groups a
-module declares are created here, on every rank, in manifest order.
+A `ProcessGroupResource` wraps one initialised torch.distributed group: the
+rank's position in it, completion of async work under the run's deadline,
+and the agreement exchange that runs before a payload (a fixed-size row per
+rank: "accepted" and a digest of what must be equal, see
+`interpreters.checks`). Ranks in IR are ranks of the op's group;
+`global_rank` converts one for the few PyTorch calls that still want one.
+
+The groups a module declares are validated (ranks beyond the base group are
+a named error on every rank, before any rank calls `new_group`), created
+under the program's deadline, and cached: programs with the same
+declaration on the same base group share the same process groups, so a
+process that compiles a thousand programs creates them once.
 """
 
 from __future__ import annotations
 
+import pickle
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from distir.backends.domain import ExecutionDomain, domain_for
 from distir.errors import (
     CollectiveFailed,
-    CollectiveMismatchError,
     DeadlineExceeded,
     DistirError,
 )
-from distir.ir.dialect import GroupOp
+from distir.interpreters.checks import (
+    Precondition,
+    evaluate,
+    mismatch,
+    precondition_rule,
+)
+from distir.interpreters.invocation import Invocation
+from distir.ir.dialect import GroupOp, MeshOp
 
 DEFAULT_DEADLINE_S = 60.0
 
-#: dtype codes exchanged in descriptors
-DTYPE_CODES = {
-    dtype: code
-    for code, dtype in enumerate(
-        [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-         torch.float16, torch.bfloat16, torch.float32, torch.float64]
-    )
-}
-DESCRIBED_DIMS = 8
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def tensor_descriptor(x: torch.Tensor, skip_axis: int | None = None) -> list[int]:
-    """[dtype code, rank, 8 dims] with the gathered axis (if any) masked."""
-    dims = [(-1 if d == skip_axis else s) for d, s in enumerate(x.shape)]
-    head, tail = dims[:DESCRIBED_DIMS], dims[DESCRIBED_DIMS:]
-    if tail:
-        head[-1] = hash(tuple(head[-1:] + tail)) & ((1 << 62) - 1)
-    return [DTYPE_CODES.get(x.dtype, 99), x.dim(), *head, *[0] * (DESCRIBED_DIMS - len(head))]
+class Step:
+    """Names an exchange that is not an op's (program agreement, group
+    creation) in errors, as an Invocation does."""
 
-
-def ciphertext_descriptor(ct: torch.Tensor, moduli: torch.Tensor) -> list[int]:
-    """[digest of the moduli, *tensor_descriptor(ct)]: ranks must agree on both."""
-    digest = hash(tuple(moduli.tolist())) & ((1 << 62) - 1)
-    return [digest, *tensor_descriptor(ct)]
-
-
-def explain_layouts(what: str) -> Callable[[list[list[int]]], str]:
-    """How `agree` words a disagreement between tensor descriptors."""
-
-    def explain(rows: list[list[int]]) -> str:
-        shown = "; ".join(f"rank {r}: {describe_descriptor(row)}" for r, row in enumerate(rows))
-        return f"ranks pass different {what} ({shown})"
-
-    return explain
-
-
-def explain_ciphertexts(rows: list[list[int]]) -> str:
-    """How `agree` words a disagreement between ciphertext descriptors."""
-    if len({row[0] for row in rows}) > 1:
-        by_moduli: dict[int, list[int]] = {}
-        for r, row in enumerate(rows):
-            by_moduli.setdefault(row[0], []).append(r)
-        return "ranks use different moduli (ranks " + " vs ".join(
-            str(ranks) for ranks in by_moduli.values()
-        ) + ")"
-    return explain_layouts("ciphertext layouts")([row[1:] for row in rows])
-
-
-def describe_descriptor(row: Sequence[int]) -> str:
-    names = {code: str(dtype).replace("torch.", "") for dtype, code in DTYPE_CODES.items()}
-    dtype, rank, dims = row[0], row[1], row[2 : 2 + min(row[1], DESCRIBED_DIMS)]
-    shown = ["*" if d == -1 else str(d) for d in dims]
-    return f"{names.get(dtype, '?')}[{', '.join(shown)}]" if rank else f"{names.get(dtype, '?')} scalar"
+    def __init__(self, description: str):
+        self.description = description
+        self.options: dict[str, Any] = {}
 
 
 class ProcessGroupResource:
@@ -87,7 +63,7 @@ class ProcessGroupResource:
         self,
         group: dist.ProcessGroup | None = None,
         name: str = "world",
-        domain: Any = None,
+        domain: ExecutionDomain | None = None,
     ):
         if not dist.is_initialized():
             raise DistirError(
@@ -103,98 +79,134 @@ class ProcessGroupResource:
             dist.get_global_rank(group, r) if group is not None else r
             for r in range(self.size)
         ]
-        if domain is None:
-            from distir.backends.domain import domain_for
-
-            domain = domain_for(group)
-        self.domain = domain
+        self.domain = domain if domain is not None else domain_for(group)
+        #: where exchange rows live: NCCL only moves CUDA tensors
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
         #: seconds a collective may take; set by the program for each run
         self.deadline_s = DEFAULT_DEADLINE_S
-        #: whether ops exchange descriptors before their payload; set per run
+        #: whether ops exchange preconditions before their payload; set per run
         self.agreement = True
+        #: preconditions checked and agreed at the start of this run, by
+        #: `Invocation.options["hoisted"]` index
+        self.hoisted: list[Precondition] = []
 
     # -- completion under a deadline --------------------------------------------
 
+    def deadline_for(self, invocation: Any) -> float:
+        return invocation.options.get("deadline_s") or self.deadline_s
+
     def complete(self, work: Any, invocation: Any) -> None:
         """Waits for an async collective, at most until its deadline."""
-        deadline = invocation.options.get("deadline_s") or self.deadline_s
+        deadline = self.deadline_for(invocation)
         start = time.monotonic()
         try:
             work.wait(timeout=timedelta(seconds=deadline))
         except RuntimeError as e:
-            waited = time.monotonic() - start
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if "timed out" in text.lower() or "timeout" in text.lower():
-                raise DeadlineExceeded(
-                    invocation.description,
-                    f"did not complete within its {deadline:g} s deadline on group "
-                    f"{self.name} (rank {self.rank} of {self.size} waited {waited:.2f} s; "
-                    "a peer is late, hung or running something else)",
-                ) from None
-            lost_peer = any(
-                word in text.lower() for word in ("connection", "closed", "reset", "peer")
-            )
-            raise CollectiveFailed(
+            raise self._failure(e, invocation, time.monotonic() - start) from None
+
+    def _failure(self, error: RuntimeError, invocation: Any, waited: float) -> DistirError:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        # The failure path may read the store: did a peer fail and say why?
+        published = self.domain.published_failure()
+        cause = f"; {published} failed first" if published else ""
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            deadline = self.deadline_for(invocation)
+            return DeadlineExceeded(
                 invocation.description,
-                f"the {self.backend} backend failed on group {self.name} after "
-                f"{waited:.2f} s{' (a peer may have exited)' if lost_peer else ''}: {text}",
-            ) from None
-
-    def agree(
-        self,
-        invocation: Any,
-        descriptor: Sequence[int] | Callable[[], Sequence[int]],
-        local_error: BaseException | None,
-        device: torch.device,
-        explain: Callable[[list[list[int]]], str],
-    ) -> None:
-        """Exchanges a fixed-size descriptor before the payload.
-
-        Every rank learns whether every other rank accepted its inputs and
-        whether the descriptors agree, so all ranks raise together instead
-        of some entering the payload collective and hanging. `descriptor`
-        may be a function, called only when the exchange happens.
-        """
-        if not (self.agreement and invocation.options.get("agree", False)):
-            if local_error is not None:
-                raise local_error
-            return
-        if callable(descriptor):
-            descriptor = descriptor()
-        row = torch.tensor(
-            [0 if local_error is not None else 1, *descriptor], dtype=torch.int64, device=device
+                f"did not complete within its {deadline:g} s deadline on group "
+                f"{self.name} (rank {self.rank} of {self.size} waited {waited:.2f} s; "
+                f"a peer is late, hung or running something else{cause})",
+            )
+        lost_peer = any(word in text.lower() for word in ("connection", "closed", "reset", "peer"))
+        return CollectiveFailed(
+            invocation.description,
+            f"the {self.backend} backend failed on group {self.name} after "
+            f"{waited:.2f} s{' (a peer may have exited)' if lost_peer else ''}{cause}: {text}",
         )
-        gathered = torch.empty(self.size * row.numel(), dtype=torch.int64, device=device)
-        self.complete(_all_gather_single(gathered, row, group=self.group, async_op=True),
-                      invocation)
-        rows = gathered.view(self.size, -1).tolist()
-        if local_error is not None:
-            raise local_error
-        rejected = [r for r, row_ in enumerate(rows) if row_[0] == 0]
-        if rejected:
-            raise CollectiveMismatchError(
-                invocation.description,
-                f"rank(s) {rejected} of group {self.name} rejected their inputs for this "
-                "collective (their own error says why), so no rank sends its payload",
-            )
-        if any(r[1:] != rows[0][1:] for r in rows):
-            raise CollectiveMismatchError(
-                invocation.description, explain([r[1:] for r in rows])
-            )
+
+    # -- exchanges of small rows ---------------------------------------------------
+
+    def exchange_rows(self, row: Sequence[int], invocation: Any) -> list[list[int]]:
+        """Every rank's `row` of int64 (all ranks pass rows of one length)."""
+        mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
+        rows = torch.empty(self.size * mine.numel(), dtype=torch.int64, device=self.device)
+        self.complete(all_gather_single(rows, mine, group=self.group, async_op=True), invocation)
+        return rows.view(self.size, -1).tolist()
+
+    def gather_objects(self, obj: Any, invocation: Any) -> list[Any]:
+        """Every rank's picklable `obj`, under the deadline (failure paths)."""
+        payload = pickle.dumps(obj)
+        sizes = self.exchange_rows([len(payload)], invocation)
+        widest = max(size for (size,) in sizes)
+        padded = torch.zeros(widest, dtype=torch.uint8)
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        out = torch.empty(self.size * widest, dtype=torch.uint8, device=self.device)
+        self.complete(
+            all_gather_single(out, padded.to(self.device), group=self.group, async_op=True),
+            invocation,
+        )
+        rows = out.view(self.size, widest).cpu()
+        return [pickle.loads(bytes(rows[r, :n].tolist())) for r, (n,) in enumerate(sizes)]
+
+    # -- preconditions ---------------------------------------------------------------
+
+    def local_precondition(
+        self, invocation: Invocation, inputs: Sequence[torch.Tensor]
+    ) -> Precondition:
+        """The op's precondition on this rank, not yet agreed: the one
+        checked at the start of the run when the op's was hoisted there,
+        else its rule evaluated on `inputs`."""
+        hoisted = invocation.options.get("hoisted")
+        if hoisted is not None and self.hoisted:
+            return self.hoisted[hoisted]
+        rule = precondition_rule(type(invocation.op))
+        if rule is None:
+            return Precondition()
+        return evaluate(rule, invocation, inputs, self.size, self.rank)
+
+    def precondition(
+        self, invocation: Invocation, inputs: Sequence[torch.Tensor]
+    ) -> Precondition:
+        """The op's precondition on this rank, agreed with the group.
+
+        Hoisted preconditions were checked and agreed at the start of the
+        run. Otherwise, when the op needs agreement (`options["agree"]`,
+        decided at compile time, the same on every rank) and the run has it
+        on, ranks exchange an "accepted" flag and a digest before any payload;
+        a disagreement raises on every rank, the rank that rejected its
+        inputs raising its own error. Without agreement a local error is
+        raised here, on this rank only.
+        """
+        if invocation.options.get("hoisted") is not None and self.hoisted:
+            return self.hoisted[invocation.options["hoisted"]]
+        pre = self.local_precondition(invocation, inputs)
+        if self.agreement and invocation.options.get("agree", False):
+            rows = self.exchange_rows([int(pre.ok), pre.digest()], invocation)
+            if any(ok != 1 or digest != rows[0][1] for ok, digest in rows):
+                self.explain(invocation, pre, rows)
+        if pre.error is not None:
+            raise pre.error
+        return pre
+
+    def explain(self, invocation: Any, pre: Precondition, rows: list[list[int]]) -> None:
+        """Every rank saw the disagreement: gather the reports and raise."""
+        try:
+            reports = self.gather_objects(pre.report(), invocation)
+        except DistirError:
+            reports = [None] * self.size
+        if pre.error is not None:
+            raise pre.error
+        raise mismatch(invocation.description, self.name, reports)
 
     def global_rank(self, group_rank: int) -> int:
         return self._global[group_rank]
 
-    @property
-    def global_ranks(self) -> tuple[int, ...]:
-        return tuple(self._global)
-
     def __repr__(self) -> str:
         return f"<group {self.name}: rank {self.rank} of {self.size}>"
-
-
-# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class NonMemberResource:
@@ -211,40 +223,110 @@ class NonMemberResource:
         )
 
 
+def check_declarations(
+    groups: Sequence[GroupOp], meshes: Sequence[MeshOp], size: int
+) -> None:
+    """Declared groups and meshes must name ranks of the base group only.
+
+    Every rank runs the same (agreed) program on a base group of the same
+    size, so every rank raises this same error, before any collective."""
+    for decl in groups:
+        beyond = sorted(r for part in decl.rank_lists for r in part if r >= size)
+        if beyond:
+            raise DistirError(
+                f"group @{decl.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
+                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks"
+            )
+    for mesh in meshes:
+        beyond = sorted(r for r in mesh.rank_list if r >= size)
+        if beyond:
+            raise DistirError(
+                f"mesh @{mesh.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
+                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks"
+            )
+
+
+#: (base group identity, global rank lists) -> this rank's process group, or
+#: None on a rank in no subgroup
+_GROUP_CACHE: dict[tuple, dist.ProcessGroup | None] = {}
+_GROUP_CACHE_LOCK = threading.Lock()
+
+
+def _registered(pg: Any) -> bool:
+    """Whether a process group is still alive (not destroyed since)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return pg in c10d._world.pg_map
+
+
+def cached_group_count() -> int:
+    """How many declared groups this process holds (for leak tests)."""
+    return len(_GROUP_CACHE)
+
+
 def create_declared_groups(
     declarations: Sequence[GroupOp],
     base: ProcessGroupResource,
-    timeout: timedelta | None = None,
+    deadline_s: float,
 ) -> dict[str | None, ProcessGroupResource | NonMemberResource]:
-    """Create every declared (sub)group, on every rank, in manifest order.
+    """Every declared (sub)group, on every rank, in manifest order.
 
     Declared ranks are ranks of the base group (the world unless the program
     runs on a subgroup). On the world, every rank creates every subgroup, as
     torch.distributed requires; on a smaller base group, members create
-    their own subgroup with local synchronisation.
+    their own subgroup with local synchronisation. Creation runs under the
+    deadline; groups already created for the same declaration are reused.
     """
     resources: dict[str | None, ProcessGroupResource | NonMemberResource] = {None: base}
+    base_ident = ("world", id(dist.group.WORLD)) if base.group is None else (
+        "group", id(base.group)
+    )
     on_world = base.group is None
+    timeout = timedelta(seconds=deadline_s)
     for decl in declarations:
         name = decl.sym_name.data
-        mine: ProcessGroupResource | NonMemberResource = NonMemberResource(name, base.rank)
-        for part in decl.rank_lists:
-            if max(part) >= base.size:
-                raise DistirError(
-                    f"group @{name} names rank {max(part)} but the program runs on "
-                    f"{base.size} ranks"
-                )
-            global_ranks = [base.global_rank(r) for r in part]
-            member = base.rank in part
+        parts = tuple(tuple(base.global_rank(r) for r in part) for part in decl.rank_lists)
+        key = (base_ident, parts)
+        with _GROUP_CACHE_LOCK:
+            cached = _GROUP_CACHE.get(key, ...)
+            if cached is not ... and cached is not None and not _registered(cached):
+                cached = ...
+        if cached is ...:
+            cached = _new_groups(parts, base, on_world, timeout, name)
+            with _GROUP_CACHE_LOCK:
+                _GROUP_CACHE[key] = cached
+        resources[name] = (
+            NonMemberResource(name, base.rank)
+            if cached is None
+            else ProcessGroupResource(cached, name, domain=base.domain)
+        )
+    return resources
+
+
+def _new_groups(
+    parts: tuple[tuple[int, ...], ...],
+    base: ProcessGroupResource,
+    on_world: bool,
+    timeout: timedelta,
+    name: str,
+) -> dist.ProcessGroup | None:
+    me = base.global_rank(base.rank)
+    mine = None
+    step = Step(f"creating group @{name}")
+    start = time.monotonic()
+    try:
+        for global_ranks in parts:
+            member = me in global_ranks
             if on_world:
-                pg = dist.new_group(global_ranks, timeout=timeout)
+                pg = dist.new_group(list(global_ranks), timeout=timeout)
             elif member:
                 pg = dist.new_group(
-                    global_ranks, timeout=timeout, use_local_synchronization=True
+                    list(global_ranks), timeout=timeout, use_local_synchronization=True
                 )
             else:
                 continue
             if member:
-                mine = ProcessGroupResource(pg, name, domain=base.domain)
-        resources[name] = mine
-    return resources
+                mine = pg
+    except (RuntimeError, dist.DistStoreError) as e:
+        raise base._failure(RuntimeError(str(e)), step, time.monotonic() - start) from None
+    return mine

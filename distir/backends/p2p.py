@@ -1,14 +1,9 @@
-"""Point-to-point implementations: send, recv, sendrecv and mesh transfers.
+"""Point-to-point implementations: send, recv and sendrecv.
 
 Every `dist.send`/`dist.sendrecv` message is preceded by a fixed-size header
-(dtype and shape, see `resources.tensor_descriptor`), which the receiver
-checks against its op's result type: a mismatch is an error naming the op,
-never garbage, and a dynamically shaped receive learns its shape from it.
-
-Mesh transfers need no header: both sides compute the same static transfer
-map, so every message's size is known in advance. Messages between one pair
-of ranks are posted in map order on both sides, which is how gloo and NCCL
-match them.
+(dtype and shape, `tensor_header`), which the receiver checks against its
+op's result type: a mismatch is an error naming the op, never garbage, and a
+dynamically shaped receive learns its shape from it.
 """
 
 from __future__ import annotations
@@ -18,20 +13,40 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from distir.backends.groups import (
-    DTYPE_CODES,
-    ProcessGroupResource,
-    describe_descriptor,
-    tensor_descriptor,
-)
+from distir.backends.groups import ProcessGroupResource
 from distir.backends.registry import Implementation, Invocation
 from distir.errors import CollectiveMismatchError
-from distir.interpreters.checks import check_peer, fail
-from distir.ir.dialect import RecvOp, SendOp, SendRecvOp, TransferOp
-from distir.ir.layouts import local_box
+from distir.interpreters.checks import check_peer
+from distir.ir.dialect import RecvOp, SendOp, SendRecvOp
 
-HEADER_SIZE = 10
+#: dtype codes of message headers
+DTYPE_CODES = {
+    dtype: code
+    for code, dtype in enumerate(
+        [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+         torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint16,
+         torch.uint32, torch.uint64]
+    )
+}  # fmt: skip
 _CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+HEADER_DIMS = 8
+HEADER_SIZE = 2 + HEADER_DIMS
+
+
+def tensor_header(x: torch.Tensor) -> list[int]:
+    """[dtype code, rank, dims...] padded to HEADER_SIZE; tensors of higher
+    rank than HEADER_DIMS are rejected by the sender."""
+    if x.dim() > HEADER_DIMS:
+        raise ValueError(f"point-to-point messages have at most {HEADER_DIMS} dimensions")
+    dims = list(x.shape)
+    return [DTYPE_CODES.get(x.dtype, 99), x.dim(), *dims, *[0] * (HEADER_DIMS - len(dims))]
+
+
+def describe_header(row: Sequence[int]) -> str:
+    dtype = _CODE_DTYPES.get(row[0])
+    name = str(dtype).replace("torch.", "") if dtype is not None else "?"
+    dims = row[2 : 2 + min(row[1], HEADER_DIMS)]
+    return f"{name}[{', '.join(map(str, dims))}]" if row[1] else f"{name} scalar"
 
 
 def _peer(invocation: Invocation, static: str, dynamic: torch.Tensor | None, size: int) -> int:
@@ -47,7 +62,7 @@ def _wait_all(resources: ProcessGroupResource, works: Sequence, invocation: Invo
 
 
 def _header(x: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(tensor_descriptor(x), dtype=torch.int64, device=x.device)
+    return torch.tensor(tensor_header(x), dtype=torch.int64, device=x.device)
 
 
 def _buffer_for(invocation: Invocation, header: torch.Tensor, peer: int) -> torch.Tensor:
@@ -66,7 +81,7 @@ def _buffer_for(invocation: Invocation, header: torch.Tensor, peer: int) -> torc
         shown = "x".join("?" if d is None else str(d) for d in declared)
         raise CollectiveMismatchError(
             invocation.description,
-            f"group rank {peer} sent {describe_descriptor(row)} but this op receives "
+            f"group rank {peer} sent {describe_header(row)} but this op receives "
             f"tensor<{shown}x{str(expected_dtype).replace('torch.', '')}>",
         )
     return torch.empty(shape, dtype=dtype, device=header.device)
@@ -80,7 +95,7 @@ class SendImplementation(Implementation):
     name = "send"
     operation_types = (SendOp,)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         x = inputs[0].contiguous()
         peer = _peer(invocation, "dest", inputs[1] if len(inputs) > 1 else None, resources.size)
         works = dist.batch_isend_irecv(
@@ -94,12 +109,9 @@ class RecvImplementation(Implementation):
     name = "recv"
     operation_types = (RecvOp,)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         peer = _peer(invocation, "source", inputs[0] if inputs else None, resources.size)
-        device = torch.device("cuda", torch.cuda.current_device()) if (
-            resources.backend == "nccl"
-        ) else torch.device("cpu")
-        header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=device)
+        header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=resources.device)
         _wait_all(resources, dist.batch_isend_irecv(
             [_p2p(dist.irecv, header, peer, resources)]), invocation)
         y = _buffer_for(invocation, header, peer)
@@ -112,7 +124,7 @@ class SendRecvImplementation(Implementation):
     name = "sendrecv"
     operation_types = (SendRecvOp,)
 
-    def execute(self, invocation, inputs, resources, *, in_place):
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
         x = inputs[0].contiguous()
         dynamic = list(inputs[1:])
         dest = _peer(invocation, "dest",
@@ -136,65 +148,9 @@ class SendRecvImplementation(Implementation):
         return (y,)
 
 
-def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
-    return tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
-
-
-class TransferImplementation(Implementation):
-    """A mesh-to-mesh transfer as one batch of point-to-point exchanges."""
-
-    name = "transfer-p2p"
-    operation_types = (TransferOp,)
-
-    def execute(self, invocation, inputs, resources, *, in_place):
-        src_mesh, src_layout, dst_mesh, dst_layout, shape, transfers = invocation.properties[
-            "plan"
-        ]
-        x = inputs[0]
-        me = resources.rank
-        dtype = x.dtype
-        if me in src_mesh.ranks:
-            box = local_box(src_mesh, src_layout, shape, me)
-            if tuple(x.shape) != tuple(box.sizes):
-                raise fail(
-                    invocation,
-                    f"rank {me} of source mesh @{src_mesh.name} holds a shard of shape "
-                    f"{list(x.shape)}, but its layout gives it {list(box.sizes)}",
-                )
-        if me in dst_mesh.ranks:
-            out_box = local_box(dst_mesh, dst_layout, shape, me)
-            y = torch.zeros(out_box.sizes, dtype=dtype, device=x.device)
-        else:
-            y = torch.empty([0] * len(shape), dtype=dtype, device=x.device)
-        ops, arrivals = [], []
-        for t in transfers:
-            if t.src_rank == me and t.dst_rank == me:
-                arrivals.append((t, x[_slices(t.src_offsets, t.box.sizes)]))
-            elif t.src_rank == me:
-                piece = x[_slices(t.src_offsets, t.box.sizes)].contiguous()
-                ops.append(dist.P2POp(dist.isend, piece, group=resources.group,
-                                      group_peer=t.dst_rank))
-            elif t.dst_rank == me:
-                buffer = torch.empty(t.box.sizes, dtype=dtype, device=x.device)
-                ops.append(dist.P2POp(dist.irecv, buffer, group=resources.group,
-                                      group_peer=t.src_rank))
-                arrivals.append((t, buffer))
-        if ops:
-            _wait_all(resources, dist.batch_isend_irecv(ops), invocation)
-        # Apply in map order: partial addends are summed in source-rank order.
-        for t, piece in arrivals:
-            target = y[_slices(t.dst_offsets, t.box.sizes)]
-            if t.partial:
-                target.add_(piece)
-            else:
-                target.copy_(piece)
-        return (y,)
-
-
 def p2p_contributions() -> list[Implementation]:
     return [
         SendImplementation(),
         RecvImplementation(),
         SendRecvImplementation(),
-        TransferImplementation(),
     ]

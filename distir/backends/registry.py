@@ -1,7 +1,11 @@
 """The registry of Torch implementations of dist ops.
 
-An implementation is a small class declaring `name`, `supports_in_place` and
-`operation_types`, with `execute(invocation, inputs, resources, *, in_place)`.
+An implementation is a small class declaring `name` and `operation_types`,
+with `execute(invocation, inputs, resources, writable)`: `writable` holds the
+positions of the inputs the implementation may overwrite and return as its
+results (the runtime proves that nothing else reads them: a donated input,
+or an intermediate whose last use is this op); every other input is read
+only, and no result may alias it.
 An execution owner gets its set from `distributed_operation_contributions()`
 and builds an `ImplementationRegistry` from it.
 
@@ -31,7 +35,6 @@ class Implementation:
     attributes and implement `execute`."""
 
     name: ClassVar[str]
-    supports_in_place: ClassVar[bool] = False
     operation_types: ClassVar[tuple[type[Operation], ...]]
     priority: ClassVar[int] = 0
 
@@ -44,13 +47,16 @@ class Implementation:
         invocation: Invocation,
         inputs: Sequence[torch.Tensor],
         resources: Any,
-        *,
-        in_place: bool,
+        writable: frozenset[int] = frozenset(),
     ) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
     def start(
-        self, invocation: Invocation, inputs: Sequence[torch.Tensor], resources: Any
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Any,
+        writable: frozenset[int] = frozenset(),
     ) -> Callable[[], tuple[torch.Tensor, ...]]:
         """Submits the op and returns a function that awaits its results.
 
@@ -58,7 +64,7 @@ class Implementation:
         runs `execute` to completion at once; implementations over async
         collectives override it to return before the payload completes.
         """
-        results = self.execute(invocation, inputs, resources, in_place=False)
+        results = self.execute(invocation, inputs, resources, writable)
         return lambda: results
 
     def __repr__(self) -> str:

@@ -16,7 +16,6 @@ bad flags); SIGINT and SIGTERM stop every rank and exit with 130 and 143.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import signal
 import statistics
@@ -30,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from distir.errors import CompileError, DistirError
+# Only the standard library is imported before `main` has taken over SIGINT
+# and SIGTERM: distir, xDSL and torch load inside the functions that use them.
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -38,10 +38,6 @@ EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
 DEFAULT_NPROC = 4
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived: unwind (every rank is stopped on the way) and exit 143."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +83,8 @@ def summarize(t: Any, limit: int = 6) -> str:
 def read_program(argument: str) -> tuple[str, str]:
     """(text, name for locations) of the program argument: a file, or `-`
     for standard input. Raises `DistirError` saying what is wrong."""
+    from distir.errors import DistirError
+
     if argument == "-":
         return sys.stdin.read(), "<stdin>"
     path = Path(argument)
@@ -113,6 +111,7 @@ def parse_program(text: str, filename: str):
     """The module `text` holds; a parse error is a located `CompileError`."""
     from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+    from distir.errors import CompileError
     from distir.ir.parsing import parse_module
 
     try:
@@ -131,6 +130,8 @@ def parse_program(text: str, filename: str):
 
 def entry_function(module, entry: str):
     from xdsl.dialects import func
+
+    from distir.errors import CompileError
 
     for op in module.ops:
         if isinstance(op, func.FuncOp) and op.sym_name.data == entry:
@@ -151,6 +152,7 @@ def one_line(e: BaseException) -> str:
 
 
 def _rank_inputs(request: RunRequest, function, rank: int, world_size: int) -> list:
+    from distir.errors import DistirError
     from distir.runtime.inputs import check_inputs, load_inputs, synthesize_inputs
 
     if request.inputs:
@@ -167,6 +169,8 @@ def _agree_on_inputs(error: str | None, world_size: int) -> None:
     """Every rank learns whether every rank has its inputs, so that one
     rank's bad inputs stop all of them at once, before any collective."""
     import torch.distributed as dist
+
+    from distir.errors import DistirError
 
     errors: list[str | None] = [None] * world_size
     dist.all_gather_object(errors, error)
@@ -185,6 +189,7 @@ def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
     import torch
 
     import distir
+    from distir.errors import DistirError
 
     module = parse_program(request.source, request.filename)
     error = None
@@ -223,6 +228,8 @@ def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
 
 
 def _launched_rank(ctx, request: RunRequest) -> dict:
+    from distir.errors import DistirError
+
     try:
         return run_rank(request, ctx.rank, ctx.world_size)
     except DistirError:
@@ -311,6 +318,8 @@ def _positive_seconds(text: str) -> float:
 
 
 def _version() -> str:
+    import importlib.metadata
+
     def version(name: str) -> str:
         try:
             return importlib.metadata.version(name)
@@ -433,6 +442,8 @@ def _note(message: str) -> None:
 
 
 def _check_output_path(output: str) -> None:
+    from distir.errors import DistirError
+
     path = Path(output)
     if path.is_dir():
         raise DistirError(f"--output {output} is a directory")
@@ -446,6 +457,7 @@ def _check_output_path(output: str) -> None:
 def _check_inputs_file(request: RunRequest, function, world_size: int) -> None:
     """What can be known about an inputs file without running a rank: that
     it exists and imports (`.py`), or loads and fits the program (`.pt`)."""
+    from distir.errors import DistirError
     from distir.runtime.inputs import (
         check_inputs,
         inputs_from_data,
@@ -473,6 +485,7 @@ def _check_inputs_file(request: RunRequest, function, world_size: int) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from distir.errors import DistirError
     from distir.runtime.launch import (
         check_backend,
         init_from_environment,
@@ -566,15 +579,43 @@ def _save(output: str, per_rank: Any) -> None:
     _note(f"saved every rank's results to {output}")
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+#: what distir-run says, and its exit status, when a signal ends it
+_SIGNAL_EXITS = {
+    signal.SIGINT: (EXIT_SIGINT, "interrupted (SIGINT)"),
+    signal.SIGTERM: (EXIT_SIGTERM, "terminated (SIGTERM)"),
+}
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """Ends distir-run at once, whatever it was doing. While ranks run,
+    `launch` holds these signals itself: it stops every rank first, then
+    hands the signal back to this handler."""
+    status, what = _SIGNAL_EXITS[signum]
+    # os.write, not print: the signal may have interrupted a print.
+    os.write(2, f"distir-run: {what}; no rank is left running\n".encode())
+    os._exit(status)
+
+
+def _own_signals() -> None:
+    """SIGINT and SIGTERM end this process at once with 130 and 143. An
+    exception raised from a handler could be swallowed by whatever code it
+    interrupts (a finaliser, an import), so the handler exits instead."""
+    for signum in _SIGNAL_EXITS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _exit_on_signal)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `distir-run` console script; returns the exit status."""
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    """Entry point of the `distir-run` console script; returns the exit status.
+
+    Run as the program (`argv` None, in the main thread), it owns SIGINT and
+    SIGTERM; called in-process with `argv`, it leaves the caller's signal
+    handlers alone and reports Ctrl-C as exit status 130.
+    """
+    if argv is None and threading.current_thread() is threading.main_thread():
+        _own_signals()
+    from distir.errors import DistirError
+
     try:
         args = build_parser().parse_args(argv)
         return _run(args)
@@ -589,16 +630,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("distir-run: interrupted (SIGINT); no rank is left running", file=sys.stderr)
         return EXIT_SIGINT
-    except Terminated:
-        print("distir-run: terminated (SIGTERM); no rank is left running", file=sys.stderr)
-        return EXIT_SIGTERM
     except BrokenPipeError:
         # The reader of our output went away (`distir-run ... | head`).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

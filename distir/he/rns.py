@@ -41,16 +41,29 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from distir.he.modular import MAX_MODULUS_EXCLUSIVE
+
 __all__ = [
     "IMPLEMENTATIONS",
     "MAX_MODULUS_EXCLUSIVE",
     "CiphertextAddCombine",
     "TorchRNSBackend",
     "prepare_ciphertext_add_combine",
+    "subtract_and_mask_",
 ]
 
-#: Moduli must be strictly below this so that ``a + b`` (both ``< q``) fits in int64.
-MAX_MODULUS_EXCLUSIVE = 1 << 62
+
+def subtract_and_mask_(s: Tensor, q: Tensor, scratch: Tensor) -> Tensor:
+    """``s = s mod q`` in place for ``0 <= s < 2q`` (``s`` a sum of two
+    reduced limbs), with ``scratch`` a tensor of ``s``'s shape: subtract q,
+    then add it back where the difference went negative (the arithmetic
+    shift by 63 is all ones exactly there). The one home of this form: the
+    RNS backend, the ring's modular combine and `lower-ciphertext-add`'s
+    region (as IR) compute the same operations."""
+    s.sub_(q)
+    torch.bitwise_right_shift(s, 63, out=scratch)
+    scratch.bitwise_and_(q)
+    return s.add_(scratch)
 
 #: Valid values for ``implementation`` (``None`` picks the backend default).
 IMPLEMENTATIONS: tuple[str | None, ...] = (None, "subtract-and-mask", "remainder")
@@ -177,11 +190,7 @@ class TorchRNSBackend:
     # ---------------------------------------------------------------- helpers
     def _subtract_and_mask(self, acc: Tensor, q: Tensor) -> None:
         # acc holds s = a + b in [0, 2q - 2]; leave s mod q in acc.
-        tmp = self._scratch(acc)
-        acc.sub_(q)
-        torch.bitwise_right_shift(acc, 63, out=tmp)
-        tmp.bitwise_and_(q)
-        acc.add_(tmp)
+        subtract_and_mask_(acc, q, self._scratch(acc))
 
     def _scratch(self, like: Tensor) -> Tensor:
         cache: OrderedDict[tuple[tuple[int, ...], torch.device], Tensor] | None

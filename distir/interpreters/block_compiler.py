@@ -1,45 +1,61 @@
 """Compiles a block of IR into one Python callable over tensors.
 
-Compilation happens once: each op becomes a kernel (see `local_ops`), each
-SSA value a slot in a flat list, and the callable runs the kernels in order.
+Compilation happens once: each op becomes a kernel (see `kernels`), each SSA
+value a slot in a flat list, and the callable runs the kernels in order.
 Nothing walks IR at run time, so dispatch costs a few microseconds per op.
 
 Ops that communicate (`dist.*`) are not compiled here: the compiler asks its
 `bind_dist_op` callback for their kernel, which is how the same compiler
-serves real torch.distributed execution and the reference simulator.
+serves real torch.distributed execution and the reference interpreter. A dist
+kernel is called as `kernel(inputs, writable)`: `writable` holds the operand
+positions it may overwrite, proved here once per op: the operand is used
+only by this op, and it is either a value nothing else holds (a fresh result
+of a kernel or collective of the same block) or a block argument the caller
+donated. Intermediates die after their last use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from xdsl.dialects import func, scf
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from distir.errors import DistirError, OpError, UnsupportedOpError
-from distir.interpreters.kernels import LOCAL_KERNELS, Kernel
+from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
 from distir.ir.dialect import AllReduceOp, WaveOp, YieldOp
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
-DistBinder = Callable[[Operation], Kernel]
-#: submits a dist op and returns the function that awaits its results
-Starter = Callable[..., Callable[[], tuple[torch.Tensor, ...]]]
+#: kernel(inputs, writable) -> results
+DistKernel = Callable[[Sequence[torch.Tensor], frozenset[int]], tuple[torch.Tensor, ...]]
+DistBinder = Callable[[Operation], DistKernel]
+#: starter(inputs, writable) -> the function that awaits the results
+Starter = Callable[
+    [Sequence[torch.Tensor], frozenset[int]], Callable[[], tuple[torch.Tensor, ...]]
+]
 DistStarter = Callable[[Operation], Starter]
+
+_NOTHING: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
 class Step:
-    kernel: Kernel
+    kernel: Callable[..., tuple[torch.Tensor, ...]]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     op: Operation
     #: slots whose last use is this step: dropped after it, so intermediates
     #: (and their buffers, which the result pool can then reuse) die early
     frees: tuple[int, ...] = ()
+    #: a dist kernel, called as kernel(inputs, writable)
+    dist: bool = False
+    #: operand positions the dist kernel may overwrite on every run
+    writable: frozenset[int] = _NOTHING
+    #: (operand position, block argument index): writable when donated
+    donatable: tuple[tuple[int, int], ...] = ()
 
 
 def _with_liveness(steps: list[Step], keep: tuple[int, ...]) -> list[Step]:
@@ -52,15 +68,46 @@ def _with_liveness(steps: list[Step], keep: tuple[int, ...]) -> list[Step]:
     for slot, index in last_use.items():
         if slot not in kept:
             frees.setdefault(index, []).append(slot)
-    return [
-        Step(s.kernel, s.inputs, s.outputs, s.op, tuple(frees.get(i, ()))) for i, s in enumerate(steps)
-    ]
+    return [replace(s, frees=tuple(frees.get(i, ()))) for i, s in enumerate(steps)]
 
 
-def _run_steps(steps: list[Step], env: list) -> None:
+def _fresh(op: Operation) -> bool:
+    """Whether the op's results are new tensors nothing else holds."""
+    if type(op) in FRESH_RESULTS:
+        return True
+    # Collectives return pooled buffers or an input they were allowed to
+    # overwrite; a generic all-reduce's region may yield one of its operands.
+    return (
+        op.name.startswith("dist.")
+        and not isinstance(op, WaveOp)
+        and not (isinstance(op, AllReduceOp) and op.kind is None)
+    )
+
+
+def _writable(op: Operation, block: Block) -> tuple[frozenset[int], tuple[tuple[int, int], ...]]:
+    writable, donatable = set(), []
+    for position, value in enumerate(op.operands):
+        if not value.has_one_use():
+            continue  # read elsewhere (or twice here)
+        if isinstance(value, BlockArgument):
+            if value.block is block:
+                donatable.append((position, value.index))
+        elif value.owner.parent_block() is block and _fresh(value.owner):
+            writable.add(position)
+    return frozenset(writable), tuple(donatable)
+
+
+def _run_steps(steps: list[Step], env: list, donated: frozenset[int]) -> None:
     for step in steps:
+        args = [env[i] for i in step.inputs]
         try:
-            results = step.kernel(*[env[i] for i in step.inputs])
+            if step.dist:
+                writable = step.writable
+                if donated and step.donatable:
+                    writable = writable | {p for p, arg in step.donatable if arg in donated}
+                results = step.kernel(args, writable)
+            else:
+                results = step.kernel(*args)
         except DistirError:
             raise
         except Exception as e:  # a torch error: say which op raised it
@@ -75,7 +122,8 @@ class CompiledBlock:
     """A block as a callable: `block(*args) -> tuple of terminator operands`.
 
     `captured` lists values defined outside the block that it reads; callers
-    pass them after the block arguments.
+    pass them after the block arguments. `donated` (entry blocks) names the
+    block arguments the caller lets collectives overwrite.
     """
 
     def __init__(
@@ -83,19 +131,26 @@ class CompiledBlock:
         steps: list[Step],
         n_slots: int,
         n_args: int,
+        n_local: int,
         returned: tuple[int, ...],
         captured: tuple[SSAValue, ...],
     ):
         self.steps = steps
         self.n_slots = n_slots
         self.n_args = n_args
+        self.n_local = n_local
         self.returned = returned
         self.captured = captured
 
-    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(
+        self, *args: torch.Tensor, donated: frozenset[int] = _NOTHING
+    ) -> tuple[torch.Tensor, ...]:
         env: list = [None] * self.n_slots
-        env[: len(args)] = args
-        _run_steps(self.steps, env)
+        env[: self.n_args] = args[: self.n_args]
+        if self.captured:
+            # Captured values arrive after the block arguments but live after the locals.
+            env[self.n_local :] = args[self.n_args :]
+        _run_steps(self.steps, env, donated)
         return tuple(env[i] for i in self.returned)
 
 
@@ -104,7 +159,7 @@ class BlockCompiler:
 
     def __init__(
         self,
-        module: ModuleOp | None,
+        module: Operation | None,
         bind_dist_op: DistBinder | None,
         bind_dist_start: DistStarter | None = None,
     ):
@@ -141,7 +196,7 @@ class BlockCompiler:
         steps: list[Step] = []
         returned: tuple[int, ...] | None = None
 
-        def slot_of(value: SSAValue, user: Operation) -> int:
+        def slot_of(value: SSAValue) -> int:
             if value not in slots:
                 # Defined outside this block: becomes a trailing argument.
                 slots[value] = -1 - len(captured)
@@ -149,66 +204,66 @@ class BlockCompiler:
             return slots[value]
 
         for op in block.ops:
-            ins = [slot_of(v, op) for v in op.operands]
+            ins = [slot_of(v) for v in op.operands]
             if isinstance(op, TERMINATORS):
                 returned = tuple(ins)
                 break
-            kernel, extra = self._kernel_for(op)
-            ins += [slot_of(v, op) for v in extra]
+            kernel, extra, dist = self._kernel_for(op)
+            ins += [slot_of(v) for v in extra]
             outs = []
             for result in op.results:
                 slots[result] = n_local
                 outs.append(n_local)
                 n_local += 1
-            steps.append(Step(kernel, tuple(ins), tuple(outs), op))
+            writable, donatable = _writable(op, block) if dist else (_NOTHING, ())
+            steps.append(Step(kernel, tuple(ins), tuple(outs), op, (), dist, writable, donatable))
         if returned is None:
-            raise UnsupportedOpError(
-                block.parent_op() or "block", "block has no terminator"
-            )
+            raise UnsupportedOpError(block.parent_op() or "block", "block has no terminator")
 
         # Captured values live after the locals: renumber them.
         def fix(i: int) -> int:
             return i if i >= 0 else n_local + (-1 - i)
 
-        steps = [
-            Step(s.kernel, tuple(map(fix, s.inputs)), s.outputs, s.op) for s in steps
-        ]
+        steps = [replace(s, inputs=tuple(map(fix, s.inputs))) for s in steps]
         returned = tuple(map(fix, returned))
         steps = _with_liveness(steps, returned)
-        if captured:
-            # Captured values are passed after the block arguments, but slots
-            # after the locals: shuffle them on entry.
-            inner = CompiledBlock(steps, n_local + len(captured), n_local, returned, ())
-            return _CapturingBlock(inner, len(block.args), n_local, tuple(captured))
-        return CompiledBlock(steps, n_local, len(block.args), returned, ())
+        return CompiledBlock(
+            steps, n_local + len(captured), len(block.args), n_local, returned, tuple(captured)
+        )
 
     # -- kernels for one op ---------------------------------------------------
 
-    def _kernel_for(self, op: Operation) -> tuple[Kernel, Sequence[SSAValue]]:
-        """The op's kernel and the captured values it needs after its operands."""
+    def _kernel_for(
+        self, op: Operation
+    ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Sequence[SSAValue], bool]:
+        """The op's kernel, the captured values it needs after its operands,
+        and whether it is a dist kernel."""
         factory = LOCAL_KERNELS.get(type(op))
         if factory is not None:
             try:
-                return factory(op), ()
+                return factory(op), (), False
             except NotImplementedError as e:
                 raise UnsupportedOpError(op, f"not supported: {e}") from e
         if isinstance(op, WaveOp):
             if self.bind_dist_op is None:
                 raise UnsupportedOpError(op, "a combine region may not hold a wave")
-            return self._wave_kernel(op)
+            kernel, captured = self._wave_kernel(op)
+            return kernel, captured, False
         if op.name.startswith("dist."):
             if self.bind_dist_op is None:
                 raise UnsupportedOpError(
                     op, "a combine region may only contain local (non-dist) ops"
                 )
-            return self.bind_dist_op(op), ()
+            return self.bind_dist_op(op), (), True
         if isinstance(op, func.CallOp):
             callee = self.compile_function(op.callee.root_reference.data)
-            return _call_kernel(callee), callee.captured
+            return (lambda *args: callee(*args)), callee.captured, False
         if isinstance(op, scf.ForOp):
-            return self._for_kernel(op)
+            kernel, captured = self._for_kernel(op)
+            return kernel, captured, False
         if isinstance(op, scf.IfOp):
-            return self._if_kernel(op)
+            kernel, captured = self._if_kernel(op)
+            return kernel, captured, False
         raise UnsupportedOpError(
             op,
             "no kernel for this op (supported: dist, arith, tensor, linalg.broadcast, "
@@ -216,7 +271,9 @@ class BlockCompiler:
         )
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
-        """Starts every op of the wave in order, then awaits them in order."""
+        """Starts every op of the wave in order, then awaits them in order.
+        Operands come from outside the wave, where other ops may read them:
+        nothing in a wave overwrites its inputs."""
         inner = [o for o in op.body.block.ops if not isinstance(o, YieldOp)]
         captured: list[SSAValue] = []
         for o in inner:
@@ -237,7 +294,7 @@ class BlockCompiler:
         yielded = tuple(produced[v] for v in terminator.arguments)
 
         def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            waiters = [start(*[values[i] for i in idx]) for start, idx in plans]
+            waiters = [start([values[i] for i in idx], _NOTHING) for start, idx in plans]
             results = [wait() for wait in waiters]
             return tuple(results[k][j] for k, j in yielded)
 
@@ -258,9 +315,7 @@ class BlockCompiler:
     def _if_kernel(self, op: scf.IfOp) -> tuple[Kernel, Sequence[SSAValue]]:
         then_block = self.compile_block(op.true_region.block)
         else_block = (
-            self.compile_block(op.false_region.block)
-            if op.false_region.blocks
-            else None
+            self.compile_block(op.false_region.block) if op.false_region.blocks else None
         )
         n_then = len(then_block.captured)
         captured = list(then_block.captured) + (
@@ -276,7 +331,7 @@ class BlockCompiler:
 
     def _lookup_function(self, name: str) -> func.FuncOp:
         if self.module is not None:
-            for op in self.module.ops:
+            for op in self.module.regions[0].block.ops if self.module.regions else ():
                 if isinstance(op, func.FuncOp) and op.sym_name.data == name:
                     if not op.body.blocks:
                         raise UnsupportedOpError(op, f"@{name} has no body")
@@ -284,28 +339,9 @@ class BlockCompiler:
         raise DistirError(f"no function @{name} in the module")
 
 
-class _CapturingBlock(CompiledBlock):
-    """Runs a block whose captured values arrive after its arguments."""
-
-    def __init__(self, inner: CompiledBlock, n_args: int, n_local: int, captured):
-        super().__init__(inner.steps, inner.n_slots, n_args, inner.returned, captured)
-        self.n_local = n_local
-
-    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        env: list = [None] * self.n_slots
-        env[: self.n_args] = args[: self.n_args]
-        env[self.n_local :] = args[self.n_args :]
-        _run_steps(self.steps, env)
-        return tuple(env[i] for i in self.returned)
-
-
-def _eager_start(kernel: Kernel) -> Starter:
-    def start(*inputs: torch.Tensor) -> Callable[[], tuple[torch.Tensor, ...]]:
-        results = kernel(*inputs)
+def _eager_start(kernel: DistKernel) -> Starter:
+    def start(inputs: Sequence[torch.Tensor], writable: frozenset[int]):
+        results = kernel(inputs, writable)
         return lambda: results
 
     return start
-
-
-def _call_kernel(callee: CompiledBlock) -> Kernel:
-    return lambda *args: callee(*args)

@@ -1,21 +1,35 @@
-"""Checks every backend runs before a rank enters a collective.
+"""What must hold of an op's inputs before any rank enters its payload.
 
-They look only at local data, so a mistake visible on one rank is reported
-there, naming the op, instead of desynchronising the group.
+Checks here look only at local data, so a mistake visible on one rank is
+reported there, naming the op. A collective's *precondition* also lists the
+values every rank of its group must agree on (a root, counts, moduli, the
+layout of a dynamically shaped operand, a combine's extra operands): ranks
+exchange a digest of them, with an "accepted" flag, before the payload, so a
+disagreement is an error naming the op on every rank instead of a hang or
+silent garbage. The Torch backend and the reference interpreter evaluate the
+same preconditions, so the reference rejects what the runtime rejects.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
+from xdsl.ir import Operation
 
-from distir.errors import OpError
+from distir.errors import CollectiveMismatchError, OpError
+from distir.he.modular import MAX_MODULUS_EXCLUSIVE
 from distir.interpreters.invocation import Invocation
-
-INT64_MAX = (1 << 63) - 1
 
 
 def fail(invocation: Invocation, message: str) -> OpError:
     return OpError(invocation.description, message)
+
+
+# Local checks -----------------------------------------------------------------
 
 
 def check_root(invocation: Invocation, root: int, size: int) -> None:
@@ -82,11 +96,11 @@ def check_ciphertext(
                    f"{list(ciphertext.shape)} (limbs on dimension -2)")
     q = moduli.tolist()
     for limb, qi in enumerate(q):
-        if not 2 <= qi < (1 << 62):
+        if not 2 <= qi < MAX_MODULUS_EXCLUSIVE:
             raise fail(invocation, f"modulus q[{limb}] = {qi} is outside [2, 2^62)")
     if ciphertext.numel() and not _limbs_in_range(ciphertext, moduli):
         # Slow path, only to say where: full-size masks locate the first bad limb.
-        q_col = moduli.view(-1, 1)
+        q_col = moduli.to(ciphertext.device).view(-1, 1)
         bad = (ciphertext < 0) | (ciphertext >= q_col)
         index = tuple(int(i) for i in bad.nonzero()[0].tolist())
         limb = index[-2]
@@ -95,7 +109,7 @@ def check_ciphertext(
             f"limb value {int(ciphertext[index])} at index {list(index)} is not reduced "
             f"modulo q[{limb}] = {q[limb]} (inputs must satisfy 0 <= limb < q)",
         )
-    return max(q)
+    return max(q) if q else 0
 
 
 def _limbs_in_range(ciphertext: torch.Tensor, moduli: torch.Tensor) -> bool:
@@ -113,11 +127,6 @@ def _limbs_in_range(ciphertext: torch.Tensor, moduli: torch.Tensor) -> bool:
     return not bool(((low < 0) | (high >= q_rows)).any())
 
 
-def deferred_sum_is_exact(group_size: int, q_max: int) -> bool:
-    """P·(q_max − 1) ≤ 2^63 − 1: an int64 sum of reduced limbs cannot overflow."""
-    return group_size * (q_max - 1) <= INT64_MAX
-
-
 def check_group_assumption(invocation: Invocation, size: int) -> None:
     """A pass proved this op exact only up to some group size: hold it to that."""
     limit = invocation.properties.get("assumed_max_group_size")
@@ -129,3 +138,150 @@ def check_group_assumption(invocation: Invocation, size: int) -> None:
             "its int64 sum could overflow. Recompile with a larger max-group-size or "
             "without defer-modular-reduction",
         )
+
+
+# What ranks agree on ------------------------------------------------------------
+
+
+def digest_of(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return int.from_bytes(h.digest(), "little") >> 1  # 63 bits: fits an int64 row
+
+
+def describe_layout(x: torch.Tensor, skip_axis: int | None = None) -> str:
+    """`int64[4, *]`: dtype and shape, the axis whose size may differ masked."""
+    dims = ["*" if d == skip_axis else str(s) for d, s in enumerate(x.shape)]
+    return f"{str(x.dtype).replace('torch.', '')}[{', '.join(dims)}]"
+
+
+def _describe_values(x: torch.Tensor, limit: int = 4) -> str:
+    flat = x.detach().reshape(-1)
+    shown = ", ".join(str(v) for v in flat[:limit].cpu().tolist())
+    more = f", ... ({flat.numel()} values)" if flat.numel() > limit else ""
+    return f"[{shown}{more}]" if x.dim() else shown
+
+
+def tensor_digest(x: torch.Tensor) -> int:
+    """A 63-bit digest of a tensor's dtype, shape and values."""
+    data = x.detach().contiguous().cpu().reshape(-1)
+    raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    return digest_of(str(x.dtype).encode(), repr(tuple(x.shape)).encode(), raw)
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """One thing every rank of the group must agree on: what it is, how it
+    reads in an error, and its digest."""
+
+    what: str
+    shown: str
+    digest: int
+
+    @classmethod
+    def value(cls, what: str, value: Any) -> Agreed:
+        shown = str(value)
+        return cls(what, shown, digest_of(shown.encode()))
+
+    @classmethod
+    def tensor(cls, what: str, x: torch.Tensor) -> Agreed:
+        return cls(what, _describe_values(x), tensor_digest(x))
+
+    @classmethod
+    def layout(cls, what: str, x: torch.Tensor, skip_axis: int | None = None) -> Agreed:
+        return cls.value(what, describe_layout(x, skip_axis))
+
+
+@dataclass
+class Precondition:
+    """The outcome of an op's local checks on one rank: its error (if the
+    rank rejects its inputs), the values every rank must agree on, and what
+    the checks decoded for the implementation to reuse (a root, counts)."""
+
+    error: OpError | None = None
+    agreed: list[Agreed] = field(default_factory=list)
+    decoded: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def digest(self) -> int:
+        return digest_of(*(f"{a.what}:{a.digest}".encode() for a in self.agreed))
+
+    def report(self) -> dict[str, Any]:
+        """What a rank tells the others when the digests disagree."""
+        return {
+            "error": None if self.error is None else str(self.error),
+            "agreed": [(a.what, a.shown, a.digest) for a in self.agreed],
+        }
+
+
+def disagreement(description: str, group: str, reports: Sequence[dict | None]) -> str:
+    """Why the preconditions of one op differ between ranks, in words."""
+    rejected = [r for r, rep in enumerate(reports) if rep is not None and rep["error"]]
+    if rejected:
+        return (
+            f"rank(s) {rejected} of group {group} rejected their inputs for this "
+            "collective (their own error says why), so no rank sends its payload"
+        )
+    known = [rep for rep in reports if rep is not None]
+    if not known:
+        return f"ranks of group {group} disagree on this collective's inputs"
+    lines = []
+    for index, (what, _shown, _digest) in enumerate(known[0]["agreed"]):
+        items = [rep["agreed"][index] if index < len(rep["agreed"]) else None for rep in known]
+        if len({item[2] if item else None for item in items}) > 1:
+            shown = "; ".join(
+                f"rank {r}: {rep['agreed'][index][1] if index < len(rep['agreed']) else '?'}"
+                for r, rep in enumerate(reports)
+                if rep is not None
+            )
+            lines.append(f"ranks pass different {what} ({shown})")
+    return "; ".join(lines) or f"ranks of group {group} disagree on this collective's inputs"
+
+
+def mismatch(description: str, group: str, reports: Sequence[dict | None]) -> Exception:
+    return CollectiveMismatchError(description, disagreement(description, group, reports))
+
+
+# The preconditions of each collective, by op type ---------------------------------
+
+#: (invocation, inputs, group size, group rank) -> Precondition
+PreconditionRule = Callable[[Invocation, Sequence[torch.Tensor], int, int], Precondition]
+
+PRECONDITIONS: dict[type[Operation], PreconditionRule] = {}
+
+
+def precondition(*op_types: type[Operation]) -> Callable[[PreconditionRule], PreconditionRule]:
+    """Registers the precondition rule of a collective (see `interpreters.collectives`)."""
+
+    def register(rule: PreconditionRule) -> PreconditionRule:
+        for op_type in op_types:
+            PRECONDITIONS[op_type] = rule
+        return rule
+
+    return register
+
+
+def precondition_rule(op_type: type[Operation]) -> PreconditionRule | None:
+    """The registered precondition rule of an op type (rules live beside
+    each op family's reference semantics and register on import)."""
+    from distir.interpreters.reference import load_rules
+
+    load_rules()
+    return PRECONDITIONS.get(op_type)
+
+
+def evaluate(
+    rule: PreconditionRule, invocation: Invocation, inputs: Sequence[torch.Tensor],
+    size: int, rank: int,
+) -> Precondition:
+    """Runs a rule; a local check that fails becomes the precondition's error
+    (the rank still takes part in the exchange, so its peers learn of it)."""
+    try:
+        return rule(invocation, inputs, size, rank)
+    except OpError as e:
+        return Precondition(error=e)

@@ -45,8 +45,13 @@ class Invocation:
     group: str | None
     properties: Mapping[str, Any]
     result_shapes: tuple[tuple[int | None, ...], ...]
+    operand_shapes: tuple[tuple[int | None, ...], ...] = ()
     regions: tuple[Callable[..., tuple[torch.Tensor, ...]], ...] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    def dynamic(self, operand: int) -> bool:
+        """Whether the operand's IR type leaves some dimension dynamic."""
+        return None in self.operand_shapes[operand]
 
 
 def transfer_plan(op: TransferOp):
@@ -105,6 +110,7 @@ def make_invocation(
         group=group,
         properties=decode_properties(op),
         result_shapes=tuple(static_shape(r.type) for r in op.results),
+        operand_shapes=tuple(static_shape(v.type) for v in op.operands),
         regions=tuple(regions),
         options=dict(options or {}),
     )

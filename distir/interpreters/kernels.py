@@ -65,26 +65,41 @@ def _unsigned(x: torch.Tensor, width: int) -> torch.Tensor:
 
 # Integer and float arithmetic ------------------------------------------------
 
-for _op, _fn in [
-    (arith.AddiOp, torch.add),
-    (arith.SubiOp, torch.sub),
-    (arith.MuliOp, torch.mul),
-    (arith.AndIOp, torch.bitwise_and),
-    (arith.OrIOp, torch.bitwise_or),
-    (arith.XOrIOp, torch.bitwise_xor),
-    (arith.MaxSIOp, torch.maximum),
-    (arith.MinSIOp, torch.minimum),
-    (arith.ShLIOp, torch.bitwise_left_shift),
-    (arith.ShRSIOp, torch.bitwise_right_shift),
-    (arith.AddfOp, torch.add),
-    (arith.SubfOp, torch.sub),
-    (arith.MulfOp, torch.mul),
-    (arith.DivfOp, torch.div),
-    (arith.MaximumfOp, torch.maximum),
-    (arith.MinimumfOp, torch.minimum),
-    (arith.MaxnumfOp, torch.fmax),
-    (arith.MinnumfOp, torch.fmin),
-]:
+#: The fold of each native reduction kind, element by element: the one table
+#: the reference interpreter and the point-to-point algorithms share.
+NATIVE_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add,
+    "prod": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "band": torch.bitwise_and,
+    "bor": torch.bitwise_or,
+    "bxor": torch.bitwise_xor,
+}
+
+#: Binary arith ops that are one torch function of (lhs, rhs) accepting
+#: `out=`: also what the all-reduce algorithms run in place.
+BINARY_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
+    arith.AddiOp: torch.add,
+    arith.SubiOp: torch.sub,
+    arith.MuliOp: torch.mul,
+    arith.AndIOp: torch.bitwise_and,
+    arith.OrIOp: torch.bitwise_or,
+    arith.XOrIOp: torch.bitwise_xor,
+    arith.MaxSIOp: torch.maximum,
+    arith.MinSIOp: torch.minimum,
+    arith.ShLIOp: torch.bitwise_left_shift,
+    arith.ShRSIOp: torch.bitwise_right_shift,
+    arith.AddfOp: torch.add,
+    arith.SubfOp: torch.sub,
+    arith.MulfOp: torch.mul,
+    arith.DivfOp: torch.div,
+    arith.MaximumfOp: torch.maximum,
+    arith.MinimumfOp: torch.minimum,
+    arith.MaxnumfOp: torch.fmax,
+    arith.MinnumfOp: torch.fmin,
+}
+for _op, _fn in BINARY_TORCH_OPS.items():
     LOCAL_KERNELS[_op] = _binary(_fn)
 
 
@@ -357,17 +372,20 @@ def _reshape(op: Operation) -> Kernel:
     return lambda x, shape: (x.reshape([int(s) for s in shape]).clone(),)
 
 
+def broadcast_view(
+    x: torch.Tensor, shape: Sequence[int], added: Sequence[int]
+) -> torch.Tensor:
+    """`linalg.broadcast` of x to `shape`, adding the dimensions `added`: a
+    view, no copy."""
+    view = [1 if d in added else s for d, s in enumerate(shape)]
+    return x.reshape(view).expand(list(shape))
+
+
 @kernel(LinalgBroadcastOp)
 def _broadcast(op: LinalgBroadcastOp) -> Kernel:
-    added = set(op.dimensions.get_values())
-
-    def run(x: torch.Tensor, init: torch.Tensor):
-        shape = list(init.shape)
-        view = [1 if d in added else s for d, s in enumerate(shape)]
-        # A broadcast view: no copy. Kernels never write into their inputs.
-        return (x.reshape(view).expand(shape),)
-
-    return run
+    added = tuple(op.dimensions.get_values())
+    # Kernels never write into their inputs, so a view is safe.
+    return lambda x, init: (broadcast_view(x, init.shape, added),)
 
 
 @kernel(AssertReducedOp)
@@ -389,3 +407,19 @@ def _assert_reduced(op: AssertReducedOp) -> Kernel:
         return ()
 
     return run
+
+
+#: Ops whose kernels always return new tensors that nothing else holds:
+#: the block compiler lets a collective overwrite such a value at its last
+#: use. (Constants are shared by every run; casts may return their input;
+#: broadcasts are views; select returns an operand.)
+FRESH_RESULTS: frozenset[type[Operation]] = frozenset(
+    {
+        *BINARY_TORCH_OPS,
+        arith.DivSIOp, arith.RemSIOp, arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp,
+        arith.MinUIOp, arith.ShRUIOp, arith.NegfOp, arith.CmpiOp, arith.CmpfOp,
+        tensor.EmptyOp, tensor.DimOp, tensor.ExtractOp, tensor.InsertOp,
+        tensor.FromElementsOp, tensor.SplatOp, tensor.ExtractSliceOp, tensor.ConcatOp,
+        tensor.ReshapeOp,
+    }
+)  # fmt: skip

@@ -1,13 +1,13 @@
-"""The reference simulator: P ranks in one process, plain tensors, no network.
+"""The reference interpreter: P ranks in one process, plain tensors, no network.
 
-It is the semantic oracle every pass and backend is tested against, so its
-collectives are written straight from the definitions in DESIGN.md — gather
-every rank's operands, compute the result the definition names — and share no
-code with the torch implementations beyond the local input checks.
-
-Each rank runs the compiled program in its own thread; at a collective the
-ranks of the group meet at an exchange point, check that they all reached the
-same op, and each computes its result from everybody's operands.
+It is the semantic oracle every pass and backend is tested against. Each rank
+runs the compiled program in its own thread; a dist op's meaning is a
+*reference rule* registered by op type (`@reference(BroadcastOp)`, beside
+the op family's preconditions in `interpreters.collectives`, `.p2p` and
+`.mesh`), written straight from the definitions in DESIGN.md: gather every
+rank's operands, compute what the definition names. Rules share the
+precondition rules (`interpreters.checks`) with the Torch backend, so the
+reference rejects exactly what the runtime rejects, and nothing else.
 """
 
 from __future__ import annotations
@@ -15,55 +15,60 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from xdsl.ir import Operation
 
 from distir.errors import CollectiveMismatchError, DistirError
 from distir.interpreters.checks import (
-    check_axis_rows,
-    check_ciphertext,
-    check_counts,
+    Precondition,
     check_group_assumption,
-    check_peer,
-    check_root,
+    evaluate,
     fail,
+    mismatch,
+    precondition_rule,
 )
 from distir.interpreters.invocation import Invocation, make_invocation
-from distir.ir.dialect import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AllReduceOp,
-    BroadcastOp,
-    GroupOp,
-    GroupSizeOp,
-    PeerOp,
-    RankOp,
-    RecvOp,
-    SendOp,
-    TransferOp,
-    VariableAllToAllOp,
-)
-from distir.ir.layouts import local_box
-
-_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "sum": torch.add,
-    "prod": torch.mul,
-    "min": torch.minimum,
-    "max": torch.maximum,
-    "band": torch.bitwise_and,
-    "bor": torch.bitwise_or,
-    "bxor": torch.bitwise_xor,
-}
+from distir.ir.dialect import GroupOp
 
 
 class SimulationError(DistirError):
     """A simulated rank failed; the message names the rank and the op."""
 
 
+#: (call, inputs) -> results
+ReferenceRule = Callable[["SimulatedCall", Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
+
+REFERENCE: dict[type[Operation], ReferenceRule] = {}
+
+
+def reference(*op_types: type[Operation]) -> Callable[[ReferenceRule], ReferenceRule]:
+    """Registers the reference semantics of a dist op."""
+
+    def register(rule: ReferenceRule) -> ReferenceRule:
+        for op_type in op_types:
+            REFERENCE[op_type] = rule
+        return rule
+
+    return register
+
+
+def reference_rule(op: Operation) -> ReferenceRule | None:
+    load_rules()
+    return REFERENCE.get(type(op))
+
+
+def load_rules() -> None:
+    """Imports the rule modules, which register themselves."""
+    import distir.interpreters.collectives  # noqa: F401
+    import distir.interpreters.mesh  # noqa: F401
+    import distir.interpreters.p2p  # noqa: F401
+
+
 @dataclass
 class _Meeting:
-    arrived: dict[int, tuple[str, Sequence[torch.Tensor]]]
+    arrived: dict[int, tuple[str, Any]]
     left: int = 0
 
 
@@ -81,18 +86,14 @@ class SimulatedWorld:
         self.failed: BaseException | None = None
 
     def exchange(
-        self,
-        key: tuple,
-        members: tuple[int, ...],
-        me: int,
-        description: str,
-        payload: Sequence[torch.Tensor],
-    ) -> list[Sequence[torch.Tensor]]:
+        self, key: tuple, members: tuple[int, ...], me: int, description: str, payload: Any
+    ) -> list[Any]:
         """Every member's payload, in group rank order."""
         with self._cond:
             meeting = self._meetings.setdefault(key, _Meeting({}))
             meeting.arrived[me] = (description, payload)
             self._cond.notify_all()
+
             def gone() -> list[int]:
                 return [m for m in members if m in self.finished and m not in meeting.arrived]
 
@@ -102,16 +103,17 @@ class SimulatedWorld:
                 or bool(gone()),
                 timeout=self.timeout,
             )
-            if self.failed is not None and len(meeting.arrived) < len(members):
-                raise SimulationError(
-                    f"{description}: another rank failed first ({self.failed})"
-                )
-            if gone() and len(meeting.arrived) < len(members):
-                raise SimulationError(
-                    f"{description}: ranks {gone()} finished the program without reaching "
-                    f"this collective (rank {me} waits in it)"
-                )
-            if not ok:
+            if len(meeting.arrived) < len(members):
+                if self.failed is not None:
+                    raise SimulationError(
+                        f"{description}: another rank failed first ({self.failed})"
+                    )
+                if gone():
+                    raise SimulationError(
+                        f"{description}: ranks {gone()} finished the program without "
+                        f"reaching this collective (rank {me} waits in it)"
+                    )
+                assert not ok
                 missing = sorted(set(members) - set(meeting.arrived))
                 raise SimulationError(
                     f"{description}: ranks {missing} never reached this collective "
@@ -162,8 +164,61 @@ class SimulatedWorld:
             )
 
 
+class SimulatedCall:
+    """One execution of one dist op on one simulated rank: what a reference
+    rule may ask (its group, its rank in it) and do (exchange with the group,
+    post and take point-to-point messages)."""
+
+    def __init__(self, rank: SimulatedRank, invocation: Invocation, members: tuple[int, ...]):
+        self.simulated = rank
+        self.invocation = invocation
+        self.members = members
+        self.me = members.index(rank.rank)
+        self.size = len(members)
+
+    def fail(self, message: str) -> Exception:
+        return fail(self.invocation, message)
+
+    def exchange(self, payload: Any, members: tuple[int, ...] | None = None) -> list[Any]:
+        """Every member's `payload`, in group rank order (`members`: global
+        ranks of another set than the op's group, e.g. two meshes)."""
+        members = members or self.members
+        return self.simulated.exchange(members, self.invocation.description, payload)
+
+    def agree(self, inputs: Sequence[torch.Tensor]) -> tuple[Precondition, list[Sequence[Any]]]:
+        """Checks the op's precondition on every rank and exchanges inputs;
+        raises as the runtime's agreement does (the rank that rejected its
+        inputs raises its own error, the others name it); returns this rank's
+        precondition and every rank's inputs."""
+        check_group_assumption(self.invocation, self.size)
+        rule = precondition_rule(type(self.invocation.op))
+        mine = (
+            evaluate(rule, self.invocation, inputs, self.size, self.me)
+            if rule is not None
+            else Precondition()
+        )
+        everyone = self.exchange((mine.report(), mine.digest(), tuple(inputs)))
+        if mine.error is not None:
+            raise mine.error
+        reports = [report for report, _, _ in everyone]
+        if any(r["error"] for r in reports) or len({d for _, d, _ in everyone}) > 1:
+            raise mismatch(self.invocation.description, self.group_name, reports)
+        return mine, [values for _, _, values in everyone]
+
+    @property
+    def group_name(self) -> str:
+        return "world" if self.invocation.group is None else f"@{self.invocation.group}"
+
+    def post(self, dest: int, payload: torch.Tensor) -> None:
+        self.simulated.world.post((self.members, self.me, dest), payload.clone())
+
+    def take(self, source: int) -> torch.Tensor:
+        return self.simulated.world.take((self.members, source, self.me),
+                                         self.invocation.description)
+
+
 class SimulatedRank:
-    """Binds a rank's dist ops to reference semantics over a SimulatedWorld."""
+    """Binds a rank's dist ops to their reference rules over a SimulatedWorld."""
 
     def __init__(self, world: SimulatedWorld, rank: int, groups: Sequence[GroupOp]):
         self.world = world
@@ -184,258 +239,22 @@ class SimulatedRank:
                        f"but only {self.world.size} ranks run")
         return members
 
+    def exchange(self, members: tuple[int, ...], description: str, payload: Any) -> list[Any]:
+        seq = self._sequence.get(members, 0)
+        self._sequence[members] = seq + 1
+        return self.world.exchange((members, seq), members, self.rank, description, payload)
+
     def bind(self, op: Operation, regions: Sequence[Callable]) -> Callable:
         invocation = make_invocation(op, regions)
-        if isinstance(op, PeerOp):
-            return self._bind_peer(op, invocation)
-        if isinstance(op, TransferOp):
-            return self._bind_transfer(invocation)
-        semantics = _SEMANTICS[type(op)]
+        rule = reference_rule(op)
+        if rule is None:
+            raise fail(invocation, "has no reference semantics")
 
         def kernel(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            members = self.members(invocation)
-            me = members.index(self.rank)
-            if isinstance(op, RankOp | GroupSizeOp):
-                value = me if isinstance(op, RankOp) else len(members)
-                return (torch.tensor(value, dtype=torch.int64),)
-            check_group_assumption(invocation, len(members))
-            _LOCAL_CHECKS.get(type(op), _no_check)(invocation, inputs, me, len(members))
-            seq = self._sequence.get(members, 0)
-            self._sequence[members] = seq + 1
-            everyone = self.world.exchange(
-                (members, seq), members, self.rank, invocation.description, inputs
-            )
-            return semantics(invocation, everyone, me)
+            call = SimulatedCall(self, invocation, self.members(invocation))
+            return rule(call, inputs)
 
         return kernel
-
-
-    def _bind_peer(self, op: PeerOp, invocation: Invocation) -> Callable:
-        def peer(name: str, dynamic: list, size: int) -> int:
-            value = invocation.properties.get(name)
-            value = int(dynamic.pop(0)) if value is None else value
-            check_peer(invocation, "destination" if name == "dest" else "source", value, size)
-            return value
-
-        def receive(members, me, source) -> torch.Tensor:
-            message = self.world.take((members, source, me), invocation.description)
-            declared = invocation.result_shapes[0]
-            if message.dtype != invocation.properties["result_dtype"] or message.dim() != len(
-                declared
-            ) or any(d is not None and d != s for d, s in zip(declared, message.shape)):
-                raise CollectiveMismatchError(
-                    invocation.description,
-                    f"group rank {source} sent {message.dtype} {list(message.shape)}, which "
-                    "this op's result type does not admit",
-                )
-            return message
-
-        def kernel(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            members = self.members(invocation)
-            me = members.index(self.rank)
-            if isinstance(op, SendOp):
-                dest = peer("dest", list(inputs[1:]), len(members))
-                self.world.post((members, me, dest), inputs[0].clone())
-                return ()
-            if isinstance(op, RecvOp):
-                return (receive(members, me, peer("source", list(inputs), len(members))),)
-            dynamic = list(inputs[1:])
-            dest = peer("dest", dynamic, len(members))
-            source = peer("source", dynamic, len(members))
-            self.world.post((members, me, dest), inputs[0].clone())
-            return (receive(members, me, source),)
-
-        return kernel
-
-    def _bind_transfer(self, invocation: Invocation) -> Callable:
-        src_mesh, src_layout, dst_mesh, dst_layout, shape, _ = invocation.properties["plan"]
-        members = tuple(sorted(set(src_mesh.ranks) | set(dst_mesh.ranks)))
-        key = ("transfer",) + members
-
-        def kernel(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            if self.rank not in members:
-                return (torch.empty([0] * len(shape), dtype=x.dtype),)
-            if self.rank in src_mesh.ranks:
-                box = local_box(src_mesh, src_layout, shape, self.rank)
-                if tuple(x.shape) != tuple(box.sizes):
-                    raise fail(invocation, f"rank {self.rank} of source mesh @{src_mesh.name} "
-                               f"holds a shard of shape {list(x.shape)}, but its layout gives "
-                               f"it {list(box.sizes)}")
-            seq = self._sequence.get(key, 0)
-            self._sequence[key] = seq + 1
-            everyone = self.world.exchange((key, seq), members, self.rank,
-                                           invocation.description, (x,))
-            shards = {r: ops[0] for r, ops in zip(members, everyone)}
-            whole = _reconstruct_global(invocation, src_mesh, src_layout, shape, shards)
-            if self.rank not in dst_mesh.ranks:
-                return (torch.empty([0] * len(shape), dtype=x.dtype),)
-            box = local_box(dst_mesh, dst_layout, shape, self.rank)
-            index = tuple(slice(o, o + n) for o, n in zip(box.offsets, box.sizes))
-            return (whole[index].clone(),)
-
-        return kernel
-
-
-def _mesh_coordinate(mesh, index: int) -> tuple[int, ...]:
-    coord = []
-    for size in reversed(mesh.shape):
-        coord.append(index % size)
-        index //= size
-    return tuple(reversed(coord))
-
-
-def _reconstruct_global(invocation, mesh, layout, shape, shards) -> torch.Tensor:
-    """The global tensor from its source shards, straight from the definition:
-    one replica of every shard (coordinate 0 along replicated axes), summed
-    over the partial axes in ascending rank order; other replicas must agree."""
-    sharding = {axis for axis in layout.dims if axis is not None}
-    replicated = [
-        a for a in range(len(mesh.shape)) if a not in sharding and a not in layout.partial
-    ]
-    coords = {rank: _mesh_coordinate(mesh, i) for i, rank in enumerate(mesh.ranks)}
-    canonical = {
-        tuple(c for a, c in enumerate(coord) if a not in replicated): rank
-        for rank, coord in coords.items()
-        if all(coord[a] == 0 for a in replicated)
-    }
-    whole = torch.zeros(shape, dtype=shards[mesh.ranks[0]].dtype)
-    for rank in sorted(mesh.ranks):
-        key = tuple(c for a, c in enumerate(coords[rank]) if a not in replicated)
-        owner = canonical[key]
-        if owner != rank:
-            if not torch.equal(shards[owner], shards[rank]):
-                raise CollectiveMismatchError(
-                    invocation.description,
-                    f"replicas disagree: rank {rank} and rank {owner} hold the same shard "
-                    "with different values",
-                )
-            continue
-        box = local_box(mesh, layout, shape, rank)
-        where = tuple(slice(o, o + n) for o, n in zip(box.offsets, box.sizes))
-        whole[where] += shards[rank]
-    return whole
-
-
-# Local checks: the same mistakes the torch backend rejects before communicating.
-
-
-def _no_check(invocation, inputs, me, size) -> None:
-    return None
-
-
-def _check_broadcast(invocation, inputs, me, size) -> None:
-    root = invocation.properties["root"]
-    check_root(invocation, int(inputs[1]) if root is None else root, size)
-
-
-def _check_gather(invocation, inputs, me, size) -> None:
-    if len(inputs) == 2:
-        counts = check_counts(invocation, "counts", inputs[1], size)
-        check_axis_rows(invocation, inputs[0], invocation.properties["axis"], counts[me],
-                        f"counts[{me}]")
-
-
-def _check_all_to_all(invocation, inputs, me, size) -> None:
-    send = check_counts(invocation, "send counts", inputs[1], size)
-    check_axis_rows(invocation, inputs[0], invocation.properties["axis"], sum(send),
-                    "the sum of send counts")
-
-
-def _check_ciphertext(invocation, inputs, me, size) -> None:
-    check_ciphertext(invocation, inputs[0], inputs[1])
-
-
-_LOCAL_CHECKS = {
-    BroadcastOp: _check_broadcast,
-    AllGatherOp: _check_gather,
-    VariableAllToAllOp: _check_all_to_all,
-    AllReduceAddCiphertextOp: _check_ciphertext,
-}
-
-
-# Reference semantics: (invocation, every rank's operands, my group rank) -> results.
-
-
-def _same_layout(invocation: Invocation, values: Sequence[torch.Tensor], what: str) -> None:
-    first = values[0]
-    for r, v in enumerate(values):
-        if v.shape != first.shape or v.dtype != first.dtype:
-            raise CollectiveMismatchError(
-                invocation.description,
-                f"{what} of rank {r} is {list(v.shape)} {v.dtype} but rank 0 has "
-                f"{list(first.shape)} {first.dtype}",
-            )
-
-
-def _broadcast(invocation, everyone, me):
-    root = invocation.properties["root"]
-    roots = {root if root is not None else int(ops[1]) for ops in everyone}
-    if len(roots) > 1:
-        raise CollectiveMismatchError(invocation.description,
-                                      f"ranks name different roots {sorted(roots)}")
-    _same_layout(invocation, [ops[0] for ops in everyone], "the message")
-    return (everyone[roots.pop()][0].clone(),)
-
-
-def _all_reduce(invocation, everyone, me):
-    values = [ops[0] for ops in everyone]
-    _same_layout(invocation, values, "the input")
-    kind = invocation.properties["kind"]
-    acc = values[0].clone()
-    if kind is not None:
-        for v in values[1:]:
-            acc = _FOLDS[kind](acc, v)
-        return (acc,)
-    extras = everyone[me][1:]
-    for v in values[1:]:
-        (acc,) = invocation.regions[0](acc, v, *extras)
-    return (acc,)
-
-
-def _ciphertext_add(invocation, everyone, me):
-    values = [ops[0] for ops in everyone]
-    _same_layout(invocation, values, "the ciphertext")
-    q = everyone[me][1].view(-1, 1)
-    acc = values[0].clone()
-    for v in values[1:]:
-        acc = torch.remainder(acc + v, q)  # exact: both < 2^62
-    return (acc,)
-
-
-def _all_gather(invocation, everyone, me):
-    axis = invocation.properties["axis"]
-    parts = [ops[0] for ops in everyone]
-    if len(everyone[0]) == 2:
-        counts = [ops[1].tolist() for ops in everyone]
-        if any(c != counts[0] for c in counts):
-            raise CollectiveMismatchError(invocation.description,
-                                          f"ranks pass different counts {counts}")
-    else:
-        _same_layout(invocation, parts, "the input")
-    return (torch.cat(parts, dim=axis),)
-
-
-def _variable_all_to_all(invocation, everyone, me):
-    axis = invocation.properties["axis"]
-    received = []
-    recv_counts = []
-    for x, send_counts in everyone:
-        sizes = [int(c) for c in send_counts.tolist()]
-        received.append(torch.split(x, sizes, dim=axis)[me])
-        recv_counts.append(sizes[me])
-    counts_dtype = everyone[me][1].dtype
-    return (torch.cat(received, dim=axis), torch.tensor(recv_counts, dtype=counts_dtype))
-
-
-_SEMANTICS = {
-    RankOp: None,
-    GroupSizeOp: None,
-    BroadcastOp: _broadcast,
-    AllReduceOp: _all_reduce,
-    AllReduceAddCiphertextOp: _ciphertext_add,
-    AllGatherOp: _all_gather,
-    VariableAllToAllOp: _variable_all_to_all,
-}
 
 
 def run_simulation(
@@ -469,8 +288,10 @@ def run_simulation(
     if any(t.is_alive() for t in threads):
         raise SimulationError(f"simulated ranks still running after {timeout + 5} s")
     if errors:
-        # Report the root cause, not the ranks that failed because of it.
-        errors.sort(key=lambda e: isinstance(e[1], SimulationError))
+        # Report the root cause: a rank's own error before the ranks that
+        # named it, and those before ranks that only saw another one fail.
+        errors.sort(key=lambda e: (isinstance(e[1], SimulationError),
+                                   isinstance(e[1], CollectiveMismatchError)))
         rank, error = errors[0]
         if isinstance(error, DistirError):
             error.add_note(f"raised on simulated rank {rank}")

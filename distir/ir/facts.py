@@ -87,3 +87,28 @@ def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:
 def agreed_operands(op: Operation) -> list[SSAValue]:
     """The operands of `op` whose values every rank must agree on."""
     return [v for v, role in operand_roles(op) if role in AGREED_ROLES]
+
+
+#: roles whose local checks can fail on one rank only, or whose values the
+#: ranks must compare, before any payload moves
+_CHECKED_ROLES = AGREED_ROLES | {
+    OperandRole.LIMBS,
+    OperandRole.SEND_COUNTS,
+    OperandRole.SHARD,
+}
+
+
+def needs_agreement(op: Operation) -> bool:
+    """Whether ranks must exchange an "accepted" flag and a digest before the
+    op's payload: the op is entered by every rank and some operand has a role
+    that is checked or agreed, or a dynamically shaped payload. Decided from
+    the IR alone, so every rank decides the same."""
+    if not op.has_trait(EveryRankEnters):
+        return False
+    for value, role in operand_roles(op):
+        if role in _CHECKED_ROLES:
+            return True
+        shape = getattr(value.type, "get_shape", None)
+        if role is OperandRole.PAYLOAD and shape is not None and any(d < 0 for d in shape()):
+            return True
+    return False

@@ -26,14 +26,33 @@ def with_location(ops: Iterable[Operation], location: LocationAttr) -> None:
             nested.location = location
 
 
-def broadcast_moduli(ciphertext: SSAValue, moduli: SSAValue) -> tuple[list[Operation], SSAValue]:
+def dynamic_sizes(value: SSAValue) -> tuple[list[Operation], list[SSAValue]]:
+    """`tensor.dim` ops reading the dynamic dimensions of `value`, and the sizes."""
+    t = value.type
+    assert isinstance(t, TensorType)
+    ops: list[Operation] = []
+    sizes: list[SSAValue] = []
+    for dim, size in enumerate(t.get_shape()):
+        if size == DYNAMIC_INDEX:
+            index = arith.ConstantOp(IntegerAttr(dim, IndexType()))
+            size_op = tensor.DimOp(value, index)
+            index.result.name_hint = f"c{dim}"
+            size_op.result.name_hint = f"dim{dim}"
+            ops += [index, size_op]
+            sizes.append(size_op.result)
+    return ops, sizes
+
+
+def broadcast_moduli(
+    ciphertext: SSAValue, moduli: SSAValue, sizes: list[SSAValue] | None = None
+) -> tuple[list[Operation], SSAValue]:
     """Ops that broadcast `moduli : tensor<Lxi64>` to the ciphertext's type
     `tensor<...xLxNxi64>` along every dimension but the limb one (-2), and the
     broadcast value.
 
     arith ops on tensors never broadcast, so a combine region or a remainder
     that works limb-wise needs the moduli in the ciphertext's own shape.
-    Dynamic sizes of the target are read off the ciphertext with
+    Dynamic sizes of the target are `sizes`, or read off the ciphertext with
     `tensor.dim`; when the moduli's length and the ciphertext's limb dimension
     disagree only in being static or dynamic, a `tensor.cast` reconciles them
     (linalg.broadcast wants identical mapped sizes).
@@ -52,17 +71,10 @@ def broadcast_moduli(ciphertext: SSAValue, moduli: SSAValue) -> tuple[list[Opera
         ops.append(cast)
         moduli = cast.dest
 
-    dynamic_sizes: list[SSAValue] = []
-    for dim, size in enumerate(shape):
-        if size == DYNAMIC_INDEX:
-            index = arith.ConstantOp(IntegerAttr(dim, IndexType()))
-            size_op = tensor.DimOp(ciphertext, index)
-            index.result.name_hint = f"c{dim}"
-            size_op.result.name_hint = f"dim{dim}"
-            ops += [index, size_op]
-            dynamic_sizes.append(size_op.result)
-
-    empty = tensor.EmptyOp(dynamic_sizes, ct_type)
+    if sizes is None:
+        size_ops, sizes = dynamic_sizes(ciphertext)
+        ops += size_ops
+    empty = tensor.EmptyOp(sizes, ct_type)
     broadcast = BroadcastOp(
         moduli,
         empty.tensor,

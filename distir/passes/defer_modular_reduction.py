@@ -49,6 +49,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
+from distir.he.modular import int64_sum_is_exact
 from distir.ir.dialect import (
     ASSUMED_GROUP_SIZE,
     AllReduceAddCiphertextOp,
@@ -58,8 +59,6 @@ from distir.ir.dialect import (
 )
 from distir.ir.parsing import format_location
 from distir.passes._rewrite_utils import broadcast_moduli, with_location
-
-INT64_MAX = 2**63 - 1
 
 
 def constant_moduli(op: AllReduceAddCiphertextOp) -> tuple[int, ...] | None:
@@ -122,7 +121,7 @@ def decide(op: AllReduceAddCiphertextOp, max_group_size: int | None) -> Decision
     assert group_size is not None and q_max_minus_1 is not None
     bound = group_size * q_max_minus_1
     facts = f"{size_source}, {moduli_source}"
-    if bound > INT64_MAX:
+    if not int64_sum_is_exact(group_size, q_max_minus_1 + 1):
         return Decision(False, f"P*(q_max-1) = {bound} exceeds 2^63-1 ({facts})")
     return Decision(
         True,

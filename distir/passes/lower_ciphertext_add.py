@@ -2,12 +2,14 @@
 
 `dist.all_reduce_add_ciphertext %ct, %q` becomes a commutative generic
 `dist.all_reduce` whose combine region is modular addition per limb, in plain
-arith ops; the moduli, broadcast to the ciphertext's shape outside the
-region, reach it as an extra operand:
+arith ops. The moduli `[L]` are the extra operand: small, so ranks agree on
+them at the cost of a digest of L words, and broadcast to the ciphertext's
+shape inside the region:
 
-    %empty = tensor.empty() : tensor<4x8xi64>
-    %q_bcast = linalg.broadcast ins(%q:tensor<4xi64>) outs(%empty:tensor<4x8xi64>) dimensions = [1]
-    %y = dist.all_reduce %ct, %q_bcast commutative : tensor<4x8xi64>, tensor<4x8xi64> combine(%lhs, %rhs, %mod) {
+    dist.assert_reduced %ct, %q : tensor<4x8xi64>, tensor<4xi64>
+    %y = dist.all_reduce %ct, %q commutative {known_combine = "modular-add"} : tensor<4x8xi64>, tensor<4xi64> combine(%lhs, %rhs, %q_limbs) {
+      %empty = tensor.empty() : tensor<4x8xi64>
+      %mod = linalg.broadcast ins(%q_limbs:tensor<4xi64>) outs(%empty:tensor<4x8xi64>) dimensions = [1]
       %sum = arith.addi %lhs, %rhs : tensor<4x8xi64>
       %sum_minus_q = arith.subi %sum, %mod : tensor<4x8xi64>
       %c63 = arith.constant dense<63> : tensor<4x8xi64>
@@ -27,7 +29,15 @@ and `d = s - q` otherwise: `s mod q`, reduced again, so the region is
 associative and commutative. Every op has the same meaning under signed and
 unsigned readings of the non-negative operands, so a backend may run it on
 int64 tensors as is. For dynamic shapes the shift amount is a `tensor.splat`
-sized from `%lhs`.
+and the broadcast target a `tensor.empty`, both sized from `%lhs`.
+
+What the op checked, the lowered program still checks: `dist.assert_reduced`
+rejects unreduced limbs and bad moduli on the rank that holds them, and the
+moduli, as an extra operand, must be equal on every rank (the runtime agrees
+on a digest of every extra before the payload). The pass records the fact a
+backend needs as `known_combine = "modular-add"` (the verifier holds the
+region to it), so a backend runs its in-place modular add without
+re-recognising the region.
 
 (Why not `cmpi uge` + `select`/`extui`: in xDSL 0.74 `arith.cmpi` types its
 result as a scalar `i1` even on tensor operands, `arith.extui` accepts only
@@ -47,11 +57,10 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import arith, tensor
 from xdsl.dialects.builtin import (
-    DYNAMIC_INDEX,
     DenseIntOrFPElementsAttr,
-    IndexType,
     IntegerAttr,
     ModuleOp,
+    StringAttr,
     TensorType,
 )
 from xdsl.ir import Block, Operation, Region, SSAValue
@@ -64,17 +73,24 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
+from distir.ir.analysis import KNOWN_COMBINE, MODULAR_ADD
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp, YieldOp
-from distir.passes._rewrite_utils import broadcast_moduli, with_location
+from distir.passes._rewrite_utils import broadcast_moduli, dynamic_sizes, with_location
 
 
-def modular_add_region(ciphertext_type: TensorType) -> Region:
+def modular_add_region(ciphertext_type: TensorType, moduli_type: TensorType) -> Region:
     """The combine region `(lhs, rhs, q) -> (lhs + rhs) mod q` for reduced
-    operands, on tensors of `ciphertext_type`."""
+    operands, on tensors of `ciphertext_type`, with moduli `[L]` broadcast
+    inside it."""
     t = ciphertext_type
-    block = Block(arg_types=[t, t, t])
-    lhs, rhs, q = block.args
-    lhs.name_hint, rhs.name_hint, q.name_hint = "lhs", "rhs", "mod"
+    block = Block(arg_types=[t, t, moduli_type])
+    lhs, rhs, limbs = block.args
+    lhs.name_hint, rhs.name_hint, limbs.name_hint = "lhs", "rhs", "q_limbs"
+    size_ops, sizes = dynamic_sizes(lhs)
+    block.add_ops(size_ops)
+    prelude, q = broadcast_moduli(lhs, limbs, sizes)
+    block.add_ops(prelude)
+    q.name_hint = "mod"
 
     def named(op: Operation, hint: str) -> Operation:
         op.results[0].name_hint = hint
@@ -83,7 +99,7 @@ def modular_add_region(ciphertext_type: TensorType) -> Region:
 
     total = named(arith.AddiOp(lhs, rhs), "sum")
     minus_q = named(arith.SubiOp(total, q), "sum_minus_q")
-    shift = named(_splat(block, lhs, 63), "c63")
+    shift = named(_splat(block, lhs, 63, sizes), "c63")
     below_q = named(arith.ShRSIOp(minus_q, shift), "below_q")
     add_back = named(arith.AndIOp(below_q, q), "add_back")
     reduced = named(arith.AddiOp(minus_q, add_back), "reduced")
@@ -91,26 +107,16 @@ def modular_add_region(ciphertext_type: TensorType) -> Region:
     return Region(block)
 
 
-def _splat(block: Block, like: SSAValue, value: int) -> Operation:
+def _splat(block: Block, like: SSAValue, value: int, sizes: list[SSAValue]) -> Operation:
     """A tensor of `like`'s type filled with `value`: a dense constant when
-    the shape is static, else a `tensor.splat` sized from `like` (the ops
-    computing the sizes are appended to `block`)."""
+    the shape is static, else a `tensor.splat` of the dynamic `sizes`."""
     t = like.type
     assert isinstance(t, TensorType)
-    if not any(size == DYNAMIC_INDEX for size in t.get_shape()):
+    if not sizes:
         return arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [value]))
     scalar = arith.ConstantOp(IntegerAttr(value, t.element_type))
     scalar.result.name_hint = f"c{value}_scalar"
     block.add_op(scalar)
-    sizes: list[SSAValue] = []
-    for dim, size in enumerate(t.get_shape()):
-        if size == DYNAMIC_INDEX:
-            index = arith.ConstantOp(IntegerAttr(dim, IndexType()))
-            index.result.name_hint = f"c{dim}"
-            size_op = tensor.DimOp(like, index)
-            size_op.result.name_hint = f"dim{dim}"
-            block.add_ops([index, size_op])
-            sizes.append(size_op.result)
     return tensor.SplatOp(scalar, sizes, t)
 
 
@@ -121,17 +127,27 @@ class CiphertextAddLowering(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: AllReduceAddCiphertextOp, rewriter: PatternRewriter) -> None:
-        prelude, moduli = broadcast_moduli(op.input, op.moduli)
-        assert isinstance(op.input.type, TensorType)
-        region = modular_add_region(op.input.type)
+        ct_type, moduli = op.input.type, op.moduli
+        assert isinstance(ct_type, TensorType) and isinstance(moduli.type, TensorType)
+        prelude: list[Operation] = []
+        limbs = ct_type.get_shape()[-2]
+        if moduli.type.get_shape()[0] != limbs:
+            # linalg.broadcast wants the moduli's length to match the limb
+            # dimension also in being static or dynamic.
+            cast = tensor.CastOp(moduli, TensorType(moduli.type.element_type, [limbs]))
+            cast.dest.name_hint = f"{moduli.name_hint or 'moduli'}_cast"
+            prelude.append(cast)
+            moduli = cast.dest
+        assert isinstance(moduli.type, TensorType)
         reduce = AllReduceOp(
             op.input,
-            combine=region,
+            combine=modular_add_region(ct_type, moduli.type),
             extras=[moduli],
             commutative=True,
             group=op.group,
         )
         reduce.attributes.update(op.attributes)
+        reduce.attributes[KNOWN_COMBINE] = StringAttr(MODULAR_ADD)
         # The op rejected unreduced limbs; the lowered program must too.
         check = AssertReducedOp(op.input, op.moduli)
         with_location([check, *prelude, reduce], op.location)

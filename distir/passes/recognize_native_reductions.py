@@ -29,9 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith
-from xdsl.dialects.builtin import IntegerType, ModuleOp, TensorType
-from xdsl.ir import Operation
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -41,49 +39,17 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.dialect import AllReduceOp, ReductionKind, YieldOp
+from distir.ir.analysis import native_kind as region_native_kind
+from distir.ir.dialect import AllReduceOp, ReductionKind
 from distir.passes._rewrite_utils import with_location
-
-NATIVE_KIND_OF: dict[type[Operation], ReductionKind] = {
-    arith.AddiOp: ReductionKind.SUM,
-    arith.AddfOp: ReductionKind.SUM,
-    arith.MuliOp: ReductionKind.PROD,
-    arith.MulfOp: ReductionKind.PROD,
-    arith.MaxSIOp: ReductionKind.MAX,
-    arith.MaximumfOp: ReductionKind.MAX,
-    arith.MinSIOp: ReductionKind.MIN,
-    arith.MinimumfOp: ReductionKind.MIN,
-    arith.AndIOp: ReductionKind.BAND,
-    arith.OrIOp: ReductionKind.BOR,
-    arith.XOrIOp: ReductionKind.BXOR,
-}
-
-# i1 arithmetic wraps (addi is xor) and maxsi/minsi read 1 as -1.
-_NOT_NATIVE_ON_I1 = frozenset({arith.AddiOp, arith.MuliOp, arith.MaxSIOp, arith.MinSIOp})
 
 
 def native_kind(op: AllReduceOp) -> ReductionKind | None:
     """The native kind a generic all-reduce computes, if its region is one
-    recognised op on (lhs, rhs)."""
+    recognised op on (lhs, rhs) (`ir.analysis.native_kind`)."""
     if op.kind is not None or op.algorithm is not None or len(op.combine.blocks) != 1:
         return None
-    block = op.combine.block
-    ops = list(block.ops)
-    if len(ops) != 2 or len(block.args) < 2:
-        return None
-    combine, terminator = ops
-    kind = NATIVE_KIND_OF.get(type(combine))
-    if kind is None or not isinstance(terminator, YieldOp):
-        return None
-    if len(combine.results) != 1 or list(terminator.arguments) != [combine.results[0]]:
-        return None
-    lhs, rhs = block.args[0], block.args[1]
-    if tuple(combine.operands) not in ((lhs, rhs), (rhs, lhs)):
-        return None
-    element = op.input.type.element_type if isinstance(op.input.type, TensorType) else None
-    if type(combine) in _NOT_NATIVE_ON_I1 and element == IntegerType(1):
-        return None
-    return kind
+    return region_native_kind(op.combine.block)
 
 
 @dataclass

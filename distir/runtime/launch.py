@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_any
 from typing import Any
@@ -468,6 +469,9 @@ def launch(
     recorder.install()
     try:
         try:
+            # Starting multiprocessing's resource tracker unblocks SIGINT and
+            # SIGTERM in this thread: start it before they are blocked.
+            resource_tracker.ensure_running()
             with _signals_blocked():
                 for p in procs:
                     p.start()

@@ -1,52 +1,38 @@
 """Compile-then-run: `distir.compile(...)` and `Program`.
 
-`compile` verifies the module, runs the pass pipeline, checks the entry
-function and chooses an implementation for every dist op, once. `Program.run`
-then executes on the current rank: the entry function is a compiled block (a
-flat list of kernels over value slots) bound to the rank's process groups, so
-a run does no IR walking.
+`compile` verifies the module, runs the pass pipeline and plans the program
+once (`planning.Plan`). `Program.run` then executes on the current rank: it
+agrees with its peers (`agreement`), binds to the rank's process groups the
+first time (`binding`), and runs the entry function, a compiled block (a
+flat list of kernels over value slots), so a run does no IR walking.
+
+The rule every run keeps: any exception raised on this rank during a run
+(an input check, the agreement, group creation, any kernel, local or
+collective) poisons the rank's execution domain before it propagates, and a
+poisoned domain never enters a collective again until the user recovers
+explicitly (see `distir.backends.domain`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import pickle
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-from xdsl.dialects import func
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
-from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
-from distir.backends.groups import _all_gather_single
 from distir.backends.registry import ImplementationRegistry
 from distir.durations import Duration, seconds
-from distir.errors import CompileError, DistirError, ProgramInputError, ProgramMismatch
-from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
-from distir.interpreters.checks import check_group_assumption, check_result_shape
-from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
-from distir.interpreters.invocation import make_invocation
-from distir.interpreters.kernels import LOCAL_KERNELS
-from distir.ir.dialect import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AllReduceOp,
-    BroadcastOp,
-    GroupOp,
-    MeshOp,
-    VariableAllToAllOp,
-    WaveOp,
-    YieldOp,
-    group_declarations,
-)
+from distir.errors import CompileError, ProgramInputError
+from distir.interpreters.block_compiler import BlockCompiler
 from distir.ir.parsing import describe_op, make_context, parse_module
 from distir.passes import apply_pipeline
+from distir.runtime.agreement import RunAgreement
+from distir.runtime.binding import Binding
+from distir.runtime.planning import Plan
 
 ProgramSource = ModuleOp | str | Path
 
@@ -60,7 +46,11 @@ def load_module(source: ProgramSource) -> ModuleOp:
             isinstance(source, str) and "\n" not in source and source.endswith(".mlir")
         ):
             path = Path(source)
-            return parse_module(path.read_text(), str(path))
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise CompileError(f"cannot read {path}: {e}") from None
+            return parse_module(text, str(path))
         return parse_module(source, "<program>")
     except ParseError as e:
         raise CompileError(f"parse error: {e}") from None
@@ -85,78 +75,35 @@ def _find_failing_op(module: ModuleOp) -> Operation | None:
     return None
 
 
-def is_executable_dist_op(op: Operation) -> bool:
-    """Ops an implementation executes (a wave is executed through its ops;
-    groups, meshes and yields are declarations and terminators; local checks
-    such as `dist.assert_reduced` are plain kernels)."""
-    return (
-        op.name.startswith("dist.")
-        and not isinstance(op, WaveOp | GroupOp | MeshOp | YieldOp)
-        and type(op) not in LOCAL_KERNELS
+def _donated(donate: bool | Sequence[int], count: int) -> frozenset[int]:
+    """The donated input indices (`donate=True`: all of them)."""
+    if donate is True:
+        return frozenset(range(count))
+    if donate is False:
+        return frozenset()
+    indices = frozenset(donate)
+    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < count]
+    if bad:
+        raise ProgramInputError(f"donate names inputs {sorted(bad)} of {count}")
+    return indices
+
+
+def _unaliased(
+    results: tuple[torch.Tensor, ...], inputs: Sequence[Any], donated: frozenset[int]
+) -> tuple[torch.Tensor, ...]:
+    """No result shares memory with an input the caller did not donate (a
+    program may return an argument itself, or a view of one)."""
+    kept = {
+        x.untyped_storage().data_ptr()
+        for i, x in enumerate(inputs)
+        if i not in donated and isinstance(x, torch.Tensor) and x.numel()
+    }
+    if not kept:
+        return results
+    return tuple(
+        r.clone() if r.numel() and r.untyped_storage().data_ptr() in kept else r
+        for r in results
     )
-
-
-def program_fingerprint(module: ModuleOp, entry: str) -> int:
-    """A 63-bit digest of the lowered program and its entry point."""
-    digest = hashlib.sha256(f"{entry}\n{module}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-def needs_descriptor_agreement(op: Operation) -> bool:
-    """Whether ranks must compare descriptors before this op's payload:
-    when its layout or parameters depend on run-time data (dynamic dims,
-    counts, a dynamic root, ciphertext limbs and moduli). Static layouts are
-    covered by the program agreement."""
-    if isinstance(op, VariableAllToAllOp | AllReduceAddCiphertextOp):
-        return True
-    if isinstance(op, AllGatherOp) and op.counts is not None:
-        return True
-    if isinstance(op, BroadcastOp) and op.root_value is not None:
-        return True
-    return any(
-        isinstance(v.type, TensorType) and any(d < 0 for d in v.type.get_shape())
-        for v in op.operands
-    )
-
-
-def op_options(op: Operation) -> dict[str, Any]:
-    """Per-op execution options: descriptor agreement and the op's own
-    deadline (a `deadline_ms` attribute overrides the program's)."""
-    options: dict[str, Any] = {"agree": needs_descriptor_agreement(op)}
-    deadline = op.attributes.get("deadline_ms")
-    if isinstance(deadline, IntegerAttr):
-        options["deadline_s"] = deadline.value.data / 1000.0
-    return options
-
-
-@dataclass(frozen=True)
-class _AgreementStep:
-    """Stands in for an invocation in the program-agreement exchange."""
-
-    description: str
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _device_of(inputs: Sequence[Any], base: Any) -> torch.device:
-    if base.backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _gather_objects(base: Any, obj: Any, step: _AgreementStep) -> list[Any]:
-    """all_gather_object under the deadline (only used on the failure path)."""
-    device = _device_of((), base)
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
-    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
-    sizes = torch.empty(base.size, dtype=torch.int64, device=device)
-    base.complete(_all_gather_single(sizes, size, group=base.group, async_op=True), step)
-    widest = int(sizes.max())
-    padded = torch.zeros(widest, dtype=torch.uint8, device=device)
-    padded[: payload.numel()] = payload
-    out = torch.empty(base.size * widest, dtype=torch.uint8, device=device)
-    base.complete(_all_gather_single(out, padded, group=base.group, async_op=True), step)
-    rows = out.view(base.size, widest).cpu()
-    return [pickle.loads(bytes(rows[r, : int(sizes[r])].tolist())) for r in range(base.size)]
 
 
 class Program:
@@ -169,7 +116,6 @@ class Program:
         entry: str = "main",
         registry: ImplementationRegistry | None = None,
         implementations: Mapping[str, str] | None = None,
-        timeout: timedelta = timedelta(seconds=60),
         deadline: Duration = 60.0,
         agreement: bool = True,
     ):
@@ -179,46 +125,33 @@ class Program:
             registry = ImplementationRegistry(distributed_operation_contributions())
         self.module = module
         self.entry = entry
-        self.registry = registry
-        self.requested = dict(implementations or {})
-        self.timeout = timeout
         self.deadline_s = seconds(deadline, "deadline")
         self.agreement = agreement
-        self.fingerprint = program_fingerprint(module, entry)
-        self.function = self._entry_function()
-        self.groups: list[GroupOp] = group_declarations(module)
-        self.input_types = list(self.function.function_type.inputs.data)
-        self.output_types = list(self.function.function_type.outputs.data)
-        # Choose every implementation now, so a missing one fails compile().
-        self.choices = {
-            op: self.registry.select(op, self._requested_name(op))
-            for op in module.walk()
-            if is_executable_dist_op(op)
-        }
-        # Compile once with placeholder binding: any unsupported local op, in the
-        # program or in a combine region, fails here rather than at run time.
-        checker = BlockCompiler(module, lambda op: (lambda *a: ()))
-        checker.compile_function(entry)
-        for op in module.walk():
-            if isinstance(op, AllReduceOp) and op.kind is None:
-                checker.compile_combine(op)
-        self._bound: dict[Any, CompiledBlock] = {}
+        self.plan = Plan(module, entry, registry, implementations or {})
+        self._run_agreement = RunAgreement(self.plan)
+        self._bindings: dict[Any, Binding] = {}
 
     # -- inspection -----------------------------------------------------------
 
     def __str__(self) -> str:
         return str(self.module)
 
-    def print_generic(self) -> str:
-        import io
+    @property
+    def function(self):
+        """The entry `func.func`."""
+        return self.plan.function
 
-        buf = io.StringIO()
-        Printer(stream=buf, print_generic_format=True).print_op(self.module)
-        return buf.getvalue()
+    @property
+    def fingerprint(self) -> int:
+        return self.plan.fingerprint
 
     def plan_summary(self) -> list[tuple[str, str]]:
         """(op, implementation name) for every dist op, in program order."""
-        return [(describe_op(op), impl.name) for op, impl in self.choices.items()]
+        return [(describe_op(op), impl.name) for op, impl in self.plan.choices.items()]
+
+    def check_inputs(self, inputs: Sequence[Any]) -> None:
+        """Raises `ProgramInputError` unless `inputs` match the entry signature."""
+        self.plan.check_inputs(inputs)
 
     # -- running --------------------------------------------------------------
 
@@ -232,224 +165,68 @@ class Program:
     ) -> Any:
         """Runs the entry function on this rank of `group` (default: world).
 
+        Every collective must complete within `deadline` (seconds or a
+        timedelta; default: the program's). With `agreement` (default: the
+        program's) ranks first agree, in one exchange, that they all run
+        this program on accepted inputs (see `distir.runtime.agreement`).
         `donate` (True, or the indices of donated inputs) lets distir
-        overwrite those inputs and return results that alias them; other
-        inputs are never modified and no result aliases them.
+        overwrite those inputs and return results that alias them, as JAX's
+        `donate_argnums`; other inputs are never modified and no result
+        aliases them. Returns the single result, or a tuple.
 
-        Every collective must complete within `deadline` (default: the
-        program's). With `agreement` (default: the program's), ranks first
-        check that they all run this program on accepted inputs, and ops
-        with data-dependent layouts exchange descriptors before their
-        payload. Returns the single result, or a tuple when the function has
-        several.
+            y = program.run(x, donate=True)   # x's memory may now hold y
         """
-        bound = self._bound.get(group)
-        if bound is None:
-            bound = self._bind_torch(group)
-        compiled, resources, base = bound
-        self._donated(donate, len(inputs))
-        deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
-        agree = self.agreement if agreement is None else agreement
-        for resource in resources:
-            resource.deadline_s = deadline_s
-            resource.agreement = agree
-        if agree:
-            base.domain.check_remote(f"@{self.entry}")
-            self._agree_on_program(inputs, base)
-        else:
-            base.domain.check(f"@{self.entry}")
-            self.check_inputs(inputs)
-        results = compiled(*inputs)
-        return results[0] if len(results) == 1 else results
-
-    @staticmethod
-    def _donated(donate: bool | Sequence[int], count: int) -> frozenset[int]:
-        """The donated input indices (`donate=True`: all of them)."""
-        if donate is True:
-            return frozenset(range(count))
-        if donate is False:
-            return frozenset()
-        indices = frozenset(donate)
-        bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < count]
-        if bad:
-            raise ProgramInputError(f"donate names inputs {sorted(bad)} of {count}")
-        return indices
-
-    def _agree_on_program(self, inputs: Sequence[Any], base: Any) -> None:
-        """One small exchange: same program everywhere, inputs accepted everywhere."""
-        local_error: ProgramInputError | None = None
+        binding = self._bindings.get(group)
+        if binding is None:
+            binding = self._bindings[group] = Binding(self.plan, group)
+        base = binding.base
+        base.domain.check(f"@{self.entry}")
         try:
-            self.check_inputs(inputs)
-        except ProgramInputError as e:
-            local_error = e
-        step = _AgreementStep(f"@{self.entry} (program agreement)")
-        device = _device_of(inputs, base)
-        row = torch.tensor(
-            [0 if local_error else 1, self.fingerprint], dtype=torch.int64, device=device
-        )
-        gathered = torch.empty(2 * base.size, dtype=torch.int64, device=device)
-        try:
-            base.complete(_all_gather_single(gathered, row, group=base.group, async_op=True), step)
-        except DistirError as e:
+            donated = _donated(donate, len(inputs))
+            deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
+            agree = self.agreement if agreement is None else agreement
+            binding.configure(deadline_s, agree)
+            if agree or not binding.ready:
+                # The first run on a group always agrees: groups are created
+                # only once every rank is known to run this very program.
+                base.hoisted = self._run_agreement.agree(inputs, base)
+            else:
+                base.hoisted = []
+                self.plan.check_inputs(inputs)
+            if not binding.ready:
+                binding.prepare(deadline_s)
+            assert binding.compiled is not None
+            results = _unaliased(binding.compiled(*inputs, donated=donated), inputs, donated)
+        except BaseException as e:
+            # Peers may be waiting in a collective this rank will not enter:
+            # poison the domain so that nothing here enters one again.
             base.domain.poison(e)
             raise
-        rows = gathered.view(base.size, 2).tolist()
-        if all(ok == 1 and fp == self.fingerprint for ok, fp in rows):
-            return
-        # Something differs: every rank knows, so every rank explains and raises
-        # (the rank whose own inputs were rejected raises that error itself).
-        details = self._explain_disagreement(rows, local_error, inputs, base, step)
-        error: DistirError = ProgramMismatch(details)
-        if local_error is not None:
-            local_error.add_note(details)
-            error = local_error
-        base.domain.poison(error)
-        raise error
-
-    def _explain_disagreement(self, rows, local_error, inputs, base, step) -> str:
-        mine = {
-            "error": str(local_error) if local_error else None,
-            "inputs": [describe_tensor(x) for x in inputs],
-        }
-        try:
-            reports = _gather_objects(base, mine, step)
-        except DistirError:
-            reports = [None] * base.size
-        lines = []
-        programs: dict[int, list[int]] = {}
-        for r, (_ok, fp) in enumerate(rows):
-            programs.setdefault(fp, []).append(r)
-        if len(programs) > 1:
-            listed = "; ".join(
-                f"ranks {ranks} run program {fp:016x}" for fp, ranks in programs.items()
-            )
-            lines.append(f"ranks run different programs ({listed}; this rank, "
-                         f"{base.rank}, runs {self.fingerprint:016x})")
-        for r, (ok, _fp) in enumerate(rows):
-            if ok == 0:
-                why = reports[r]["error"] if reports[r] else "its inputs were rejected"
-                lines.append(f"rank {r} rejected its inputs: {why}")
-        return f"@{self.entry}: " + "; ".join(lines)
-
-    def check_inputs(self, inputs: Sequence[Any]) -> None:
-        name = f"@{self.entry}"
-        if len(inputs) != len(self.input_types):
-            raise ProgramInputError(
-                f"{name} takes {len(self.input_types)} inputs, got {len(inputs)}"
-            )
-        for i, (value, t) in enumerate(zip(inputs, self.input_types, strict=True)):
-            if not isinstance(value, torch.Tensor) or not matches_type(value, t):
-                raise ProgramInputError(
-                    f"{name} input #{i} must be {t} ({element_dtype(t)}), got "
-                    f"{describe_tensor(value)}"
-                )
-
-    def _requested_name(self, op: Operation) -> str | None:
-        if op.name in self.requested:
-            return self.requested[op.name]
-        if isinstance(op, AllReduceOp) and op.algorithm is not None:
-            return op.algorithm.data
-        return None
-
-    def _bind_torch(self, group: Any) -> tuple[CompiledBlock, list[Any], Any]:
-        from distir.backends.groups import ProcessGroupResource, create_declared_groups
-
-        base = ProcessGroupResource(group)
-        base.domain.check(f"@{self.entry}")
-        resources = create_declared_groups(self.groups, base, timeout=self.timeout)
-        domain = base.domain
-
-        def prepare(op: Operation):
-            impl = self.choices[op]
-            regions = [compiler.compile_combine(op)] if isinstance(op, AllReduceOp) and (
-                op.kind is None
-            ) else []
-            invocation = make_invocation(op, regions, op_options(op))
-            resource = resources[invocation.group]
-            if isinstance(resource, ProcessGroupResource):
-                check_group_assumption(invocation, resource.size)
-            return impl, invocation, resource
-
-        def bind(op: Operation):
-            impl, invocation, resource = prepare(op)
-            n_results = len(op.results)
-            description = invocation.description
-
-            def kernel(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                domain.check(description)
-                try:
-                    results = impl.execute(invocation, xs, resource, in_place=False)
-                    for i in range(n_results):
-                        check_result_shape(invocation, i, results[i])
-                except BaseException as e:
-                    # Peers may be blocked in this collective or the next:
-                    # poison the domain so nothing else enters the backend.
-                    domain.poison(e)
-                    raise
-                return results
-
-            return kernel
-
-        def bind_start(op: Operation):
-            impl, invocation, resource = prepare(op)
-            description = invocation.description
-
-            def start(*xs: torch.Tensor):
-                domain.check(description)
-                try:
-                    wait = impl.start(invocation, xs, resource)
-                except BaseException as e:
-                    domain.poison(e)
-                    raise
-
-                def finish() -> tuple[torch.Tensor, ...]:
-                    try:
-                        results = wait()
-                        for i in range(len(results)):
-                            check_result_shape(invocation, i, results[i])
-                    except BaseException as e:
-                        domain.poison(e)
-                        raise
-                    return results
-
-                return finish
-
-            return start
-
-        compiler = BlockCompiler(self.module, bind, bind_start)
-        compiled = compiler.compile_function(self.entry)
-        live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
-        self._bound[group] = (compiled, live, base)
-        return self._bound[group]
-
-    def _entry_function(self) -> func.FuncOp:
-        for op in self.module.ops:
-            if isinstance(op, func.FuncOp) and op.sym_name.data == self.entry:
-                return op
-        raise CompileError(f"the module has no entry function @{self.entry}")
+        return results[0] if len(results) == 1 else results
 
     # -- simulation -------------------------------------------------------------
 
     def simulate(
         self, inputs_per_rank: Sequence[Sequence[torch.Tensor]], *, timeout: float = 30.0
     ) -> list[Any]:
+        """Runs the program for `len(inputs_per_rank)` ranks in this process
+        with the reference semantics, and returns every rank's results."""
         from distir.interpreters.reference import run_simulation
 
         for inputs in inputs_per_rank:
             self.check_inputs(inputs)
+        plan = self.plan
 
         def run_rank(rank_ctx) -> tuple[torch.Tensor, ...]:
             def bind(op: Operation):
-                regions = [compiler.compile_combine(op)] if isinstance(op, AllReduceOp) and (
-                    op.kind is None
-                ) else []
-                return rank_ctx.bind(op, regions)
+                kernel = rank_ctx.bind(op, plan.invocations[op].regions)
+                return lambda xs, writable: kernel(*xs)
 
-            compiler = BlockCompiler(self.module, bind)
-            results = compiler.compile_function(self.entry)(*inputs_per_rank[rank_ctx.rank])
+            compiled = BlockCompiler(self.module, bind).compile_function(self.entry)
+            results = compiled(*inputs_per_rank[rank_ctx.rank])
             return results[0] if len(results) == 1 else results
 
-        return run_simulation(run_rank, len(inputs_per_rank), self.groups, timeout)
+        return run_simulation(run_rank, len(inputs_per_rank), plan.groups, timeout)
 
 
 def compile(
@@ -459,18 +236,20 @@ def compile(
     entry: str = "main",
     implementations: Mapping[str, str] | None = None,
     registry: ImplementationRegistry | None = None,
-    timeout: timedelta = timedelta(seconds=60),
     deadline: Duration = 60.0,
     agreement: bool = True,
     verify_spmd: bool = True,
 ) -> Program:
     """Verify, lower (`pipeline`, in `distir-opt -p` syntax) and plan a program.
 
-    `deadline` bounds every collective of every run (overridable per run and
-    per op with a `deadline_ms` attribute); `agreement` makes ranks check,
-    at each run, that they run the same program on accepted inputs;
+    `source` is IR text, a path to a `.mlir` file or a module. `deadline`
+    (seconds or a timedelta) bounds every collective of every run, and the
+    creation of the program's process groups (overridable per run and per
+    op with a `deadline_ms` attribute); `agreement` makes ranks check, at
+    each run, that they run the same program on accepted inputs;
     `verify_spmd` rejects collectives under rank-dependent control flow.
     """
+    deadline_s = seconds(deadline, "deadline")
     module = load_module(source)
     _verify(module, "the program does not verify")
     if pipeline:
@@ -494,8 +273,7 @@ def compile(
         entry=entry,
         registry=registry,
         implementations=implementations,
-        timeout=timeout,
-        deadline=deadline,
+        deadline=deadline_s,
         agreement=agreement,
     )
 

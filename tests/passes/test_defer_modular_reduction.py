@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from pass_support import FILENAME, line_of, locations, op_names, ops_named, rerun, run
 from xdsl.dialects.builtin import ModuleOp
 
+from distir.he.modular import INT64_MAX
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, ReductionKind
 from distir.ir.parsing import parse_module
 from distir.passes import parse_pipeline
 from distir.passes.defer_modular_reduction import (
-    INT64_MAX,
     DeferModularReductionPass,
     decide,
 )

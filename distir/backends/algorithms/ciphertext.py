@@ -1,0 +1,81 @@
+"""`dist.all_reduce_add_ciphertext`, automatic: exact, and as fast as the
+int64 headroom allows.
+
+Its schedule is chosen at run time from the group size P, the largest
+modulus q_max and the message size (`ciphertext_schedule`):
+
+* `native-deferred` for small messages when P·(q_max−1) ≤ 2^63−1: one
+  native int64 sum, then one remainder (one collective's latency instead of
+  the ring's 2(P−1) rounds);
+* `deferred-ring` when P·(q_max−1) ≤ 2^63−1: a ring whose limbs are added
+  without reduction through the reduce-scatter, the owned 1/P chunk reduced
+  once, tile by tile, before the all-gather;
+* `lazy-ring` otherwise: a segment is reduced only before its next addition
+  could pass 2^63−1; with q_max near 2^62 that is a modular ring, one
+  reduction after every addition.
+
+(A native int64 sum followed by one reduction of the whole result was
+measured for large messages too: at P=4 on two cores it took 1.6x gloo's sum
+against 1.06x for the deferred ring, as it reduces all the data, out of
+cache.) Limbs are checked to be reduced, and the ranks agree on it and on
+the moduli, before any limb is sent.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from distir.backends.algorithms.ring import ring_all_reduce
+from distir.backends.buffers import pooled_empty
+from distir.backends.combines import LazyModularAdd, ModuliPieces
+from distir.backends.exchange import TorchExchange
+from distir.backends.registry import Implementation
+from distir.he.modular import int64_sum_is_exact, lazy_reduction_schedule
+from distir.ir.dialect import AllReduceAddCiphertextOp
+
+#: Below this many bytes, a native int64 sum (one collective) beats the
+#: ring's 2(P - 1) message rounds when the headroom allows it.
+NATIVE_DEFERRED_MAX_BYTES = 1 << 20
+
+
+def ciphertext_schedule(size: int, q_max: int, nbytes: int) -> str:
+    """`native-deferred`, `deferred-ring` or `lazy-ring` (see the module)."""
+    if not int64_sum_is_exact(size, q_max):
+        return "lazy-ring"
+    return "native-deferred" if nbytes <= NATIVE_DEFERRED_MAX_BYTES else "deferred-ring"
+
+
+class CiphertextAllReduceImplementation(Implementation):
+    """The automatic ciphertext sum (see the module docstring)."""
+
+    name = "ciphertext-auto"
+    operation_types = (AllReduceAddCiphertextOp,)
+    priority = 1
+
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
+        ct, moduli = inputs
+        q_max = resources.precondition(invocation, inputs).decoded["q_max"]
+        flat = ct.contiguous().reshape(-1)
+        in_place = 0 in writable and flat.data_ptr() == ct.data_ptr()
+        out = flat if in_place else pooled_empty((flat.numel(),), ct)
+        size = resources.size
+        if size == 1 or flat.numel() == 0:
+            if not in_place:
+                out.copy_(flat)
+            return (out.view(ct.shape),)
+        schedule = ciphertext_schedule(size, q_max, flat.numel() * flat.element_size())
+        if schedule == "native-deferred":
+            if not in_place:
+                out.copy_(flat)
+            resources.complete(
+                dist.all_reduce(out, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
+                invocation,
+            )
+            view = out.view(ct.shape)
+            torch.remainder(view, moduli.to(ct.device).view(-1, 1), out=view)
+            return (view,)
+        lazy = LazyModularAdd(ModuliPieces.per_row(moduli.to(ct.device), ct.shape))
+        combines = [lazy.step_combine(b) for b in lazy_reduction_schedule(size, q_max)]
+        ring_all_reduce(flat, out, combines.__getitem__, TorchExchange(resources, invocation))
+        return (out.view(ct.shape),)

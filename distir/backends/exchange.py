@@ -1,0 +1,185 @@
+"""The message layer the all-reduce algorithms are written against.
+
+An `Exchange` is one execution's point-to-point messages inside one group,
+addressed by *group* rank: `send(tensor, peer)`, `recv(tensor, peer)`
+returning a handle, `wait(handle)`, and `finish()` (every send completed).
+`TorchExchange` runs them on torch.distributed under the op's deadline;
+`InProcessExchange` runs P ranks as threads of one process, so every
+algorithm can be checked against the reference for any group size (tests
+run P up to 64) without starting a process.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from distir.errors import DeadlineExceeded
+
+#: Issue CPU sends from a helper thread (see `_SendThread`).
+THREADED_SENDS = True
+
+
+class Exchange(Protocol):
+    size: int
+    rank: int
+
+    def send(self, t: torch.Tensor, peer: int) -> None: ...
+
+    def recv(self, t: torch.Tensor, peer: int) -> Any: ...
+
+    def wait(self, handle: Any) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class _SendThread:
+    """Posts gloo sends from a helper thread.
+
+    gloo writes a message to its socket inside `isend`, in the calling
+    thread, until the socket buffer is full; on loopback that write also does
+    the receiver's TCP work. Posted from the rank's own thread it would
+    serialise with the combine; from here it overlaps it (c10d calls and
+    torch kernels release the GIL). One thread and one queue keep the
+    messages in order; the rank's thread completes the returned works.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="distir-send", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            t, peer, group, posted = self._queue.get()
+            if t is None:  # a fence: everything before it is posted
+                posted.set()
+                continue
+            try:
+                posted.append(dist.isend(t, dst=peer, group=group))
+            except BaseException as e:  # reported by the rank's thread
+                posted.append(e)
+
+    def send(self, t: torch.Tensor, peer: int, group: Any, posted: list) -> None:
+        self._queue.put((t, peer, group, posted))
+
+    def fence(self) -> threading.Event:
+        done = threading.Event()
+        self._queue.put((None, None, None, done))
+        return done
+
+
+_send_thread: _SendThread | None = None
+_send_thread_lock = threading.Lock()
+
+
+def _shared_send_thread() -> _SendThread:
+    global _send_thread
+    with _send_thread_lock:
+        if _send_thread is None:
+            _send_thread = _SendThread()
+        return _send_thread
+
+
+class TorchExchange:
+    """Messages over a process group; every wait goes through the group's
+    deadline (`resources.complete`). CPU sends are posted by the shared send
+    thread when `THREADED_SENDS` is set."""
+
+    def __init__(self, resources: Any, invocation: Any):
+        self.resources = resources
+        self.invocation = invocation
+        self.group = resources.group
+        self.size = resources.size
+        self.rank = resources.rank
+        self.sends: list[Any] = []
+        self.threaded: list[Any] | None = None
+
+    def send(self, t: torch.Tensor, peer: int) -> None:
+        if not t.numel():
+            return
+        dst = self.resources.global_rank(peer)
+        if THREADED_SENDS and t.device.type == "cpu":
+            if self.threaded is None:
+                self.threaded = []
+            _shared_send_thread().send(t, dst, self.group, self.threaded)
+        else:
+            self.sends.append(dist.isend(t, dst=dst, group=self.group))
+
+    def recv(self, t: torch.Tensor, peer: int) -> Any:
+        if not t.numel():
+            return None
+        return dist.irecv(t, src=self.resources.global_rank(peer), group=self.group)
+
+    def wait(self, handle: Any) -> None:
+        if handle is not None:
+            self.resources.complete(handle, self.invocation)
+
+    def finish(self) -> None:
+        if self.threaded is not None:
+            deadline = self.resources.deadline_for(self.invocation)
+            if not _shared_send_thread().fence().wait(timeout=deadline):
+                raise DeadlineExceeded(
+                    self.invocation.description,
+                    f"sends were not posted within the {deadline:g} s deadline",
+                )
+            self.sends += self.threaded
+            self.threaded = None
+        sends, self.sends = self.sends, []
+        for work in sends:
+            if isinstance(work, BaseException):
+                raise work
+            self.wait(work)
+
+
+class InProcessWorld:
+    """Mailboxes shared by the ranks of an `InProcessExchange` group."""
+
+    def __init__(self, size: int, timeout: float = 30.0):
+        self.size = size
+        self.timeout = timeout
+        self._boxes: dict[tuple[int, int], queue.Queue] = {
+            (a, b): queue.Queue() for a in range(size) for b in range(size)
+        }
+
+    def exchange(self, rank: int) -> InProcessExchange:
+        return InProcessExchange(self, rank)
+
+
+class InProcessExchange:
+    """One rank's messages, as a thread of the process: sends copy the data
+    (a real send leaves the buffer to the caller after `finish`), receives
+    copy into the caller's tensor when waited for, in order per pair."""
+
+    def __init__(self, world: InProcessWorld, rank: int):
+        self.world = world
+        self.size = world.size
+        self.rank = rank
+
+    def send(self, t: torch.Tensor, peer: int) -> None:
+        if t.numel():
+            self.world._boxes[(self.rank, peer)].put(t.clone())
+
+    def recv(self, t: torch.Tensor, peer: int) -> Any:
+        return (t, peer) if t.numel() else None
+
+    def wait(self, handle: Any) -> None:
+        if handle is None:
+            return
+        t, peer = handle
+        try:
+            message = self.world._boxes[(peer, self.rank)].get(timeout=self.world.timeout)
+        except queue.Empty:
+            raise TimeoutError(f"rank {self.rank}: no message from {peer}") from None
+        if message.shape != t.shape:
+            raise AssertionError(
+                f"rank {self.rank} receives {list(t.shape)} but {peer} sent {list(message.shape)}"
+            )
+        t.copy_(message)
+
+    def finish(self) -> None:
+        return None

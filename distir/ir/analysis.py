@@ -1,0 +1,395 @@
+"""What a combine region computes, and how to run a generic all-reduce.
+
+Torch-free facts about combine regions, in one place: passes decide with
+them (`recognize-native-reductions`, `select-all-reduce-algorithm`) and the
+Torch backend evaluates regions by them, so the pass and the backend can
+never disagree about what a region is.
+
+- `is_elementwise_region`: every output element depends only on the same
+  element of the operands and extras, so the region may run chunk by chunk;
+- `single_op`: the region is one binary op on (lhs, rhs), which a backend
+  runs in place;
+- `native_kind`: the region is one commutative op a native collective has;
+- `is_modular_add_region`: the region is `lower-ciphertext-add`'s modular
+  addition; the pass records it as the `known_combine = "modular-add"`
+  attribute and the verifier holds the region to it;
+- `choose_algorithm`: the algorithm a generic all-reduce runs with, from
+  what its region allows and an alpha-beta cost model of the message size
+  and the group size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.dialects import arith, tensor
+from xdsl.dialects.builtin import (
+    DenseIntOrFPElementsAttr,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    i64,
+)
+from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
+from xdsl.ir import Block, Operation, SSAValue
+
+from distir.ir.dialect import ReductionKind
+from distir.ir.elementwise import ELEMENTWISE_OPS
+
+#: Discardable attribute by which a pass records what a combine region is.
+KNOWN_COMBINE = "known_combine"
+MODULAR_ADD = "modular-add"
+
+RING = "ring"
+HALVING_DOUBLING = "halving-doubling"
+RECURSIVE_DOUBLING = "recursive-doubling"
+GATHER_FOLD = "gather-fold"
+
+
+def _shape(t: object) -> tuple[int, ...] | None:
+    return tuple(t.get_shape()) if isinstance(t, TensorType) else None
+
+
+def _is_splat(op: arith.ConstantOp) -> bool:
+    return isinstance(op.value, DenseIntOrFPElementsAttr) and op.value.is_splat()
+
+
+def _only_sizes(value: SSAValue) -> bool:
+    """Used only as a size of a `tensor.splat` or `tensor.empty`, directly or
+    through `tensor.dim`."""
+    return all(
+        (isinstance(use.operation, tensor.SplatOp) and use.index >= 1)
+        or isinstance(use.operation, tensor.EmptyOp)
+        or (isinstance(use.operation, tensor.DimOp) and use.index == 1)
+        for use in value.uses
+    )
+
+
+def _only_broadcast_outs(value: SSAValue) -> bool:
+    return all(
+        isinstance(use.operation, LinalgBroadcastOp) and use.index == 1 for use in value.uses
+    )
+
+
+def broadcast_extra(op: Operation, block: Block) -> tuple[int, tuple[int, ...]] | None:
+    """(extra index, broadcast dimensions) when `op` is a `linalg.broadcast`
+    of one of the region's extras to the operands' shape."""
+    if not isinstance(op, LinalgBroadcastOp):
+        return None
+    source = op.operands[0]
+    if source not in block.args[2:] or _shape(op.results[0].type) != _shape(block.args[0].type):
+        return None
+    return block.args.index(source) - 2, tuple(op.dimensions.get_values())
+
+
+def is_elementwise_region(block: Block) -> bool:
+    """Whether output element i depends only on element i of the operands
+    and of the extras (broadcast extras count: element i of the broadcast).
+
+    Allowed: arith ops on tensors of the operands' shape (the element type
+    may change), splat constants and constants of that shape, `tensor.splat`
+    (sizes from `tensor.dim`), and `linalg.broadcast` of an extra into a
+    `tensor.empty` of that shape. Extras that are not broadcast must have the
+    operands' shape."""
+    shape = _shape(block.args[0].type) if block.args else None
+    if shape is None:
+        return False
+    broadcast_sources = {
+        op.operands[0] for op in block.ops if broadcast_extra(op, block) is not None
+    }
+    for arg in block.args[2:]:
+        if _shape(arg.type) != shape and not (
+            arg in broadcast_sources
+            and all(isinstance(u.operation, LinalgBroadcastOp) for u in arg.uses)
+        ):
+            return False
+    for op in block.ops:
+        if op.name == "dist.yield":
+            return len(op.operands) == 1
+        if isinstance(op, tensor.DimOp) or (
+            isinstance(op, arith.ConstantOp) and isinstance(op.result.type, IndexType)
+        ):
+            ok = _only_sizes(op.results[0])
+        elif isinstance(op, arith.ConstantOp):
+            t = op.result.type
+            ok = (
+                _shape(t) == shape or _is_splat(op)
+                if isinstance(t, TensorType)
+                else all(
+                    isinstance(use.operation, tensor.SplatOp) and use.index == 0
+                    for use in op.result.uses
+                )
+            )
+        elif isinstance(op, tensor.SplatOp):
+            ok = _shape(op.results[0].type) == shape
+        elif isinstance(op, tensor.EmptyOp):
+            ok = _shape(op.results[0].type) == shape and _only_broadcast_outs(op.results[0])
+        elif isinstance(op, LinalgBroadcastOp):
+            ok = broadcast_extra(op, block) is not None
+        else:
+            ok = isinstance(op, ELEMENTWISE_OPS) and all(
+                _shape(v.type) == shape for v in (*op.operands, *op.results)
+            )
+        if not ok:
+            return False
+    return False
+
+
+def single_op(block: Block) -> tuple[type[Operation], bool] | None:
+    """(op type, swapped) when the region is one binary op on (lhs, rhs),
+    yielded; `swapped` when its operands are (rhs, lhs)."""
+    ops = list(block.ops)
+    if len(ops) != 2 or len(block.args) < 2 or ops[1].name != "dist.yield":
+        return None
+    op, terminator = ops
+    if len(op.results) != 1 or list(terminator.operands) != [op.results[0]]:
+        return None
+    lhs, rhs = block.args[0], block.args[1]
+    if tuple(op.operands) == (lhs, rhs):
+        return type(op), False
+    if tuple(op.operands) == (rhs, lhs):
+        return type(op), True
+    return None
+
+
+#: the native kind of each commutative arith op (max and min are signed)
+NATIVE_KIND_OF: dict[type[Operation], ReductionKind] = {
+    arith.AddiOp: ReductionKind.SUM,
+    arith.AddfOp: ReductionKind.SUM,
+    arith.MuliOp: ReductionKind.PROD,
+    arith.MulfOp: ReductionKind.PROD,
+    arith.MaxSIOp: ReductionKind.MAX,
+    arith.MaximumfOp: ReductionKind.MAX,
+    arith.MinSIOp: ReductionKind.MIN,
+    arith.MinimumfOp: ReductionKind.MIN,
+    arith.AndIOp: ReductionKind.BAND,
+    arith.OrIOp: ReductionKind.BOR,
+    arith.XOrIOp: ReductionKind.BXOR,
+}
+
+# i1 arithmetic wraps (addi is xor) and maxsi/minsi read 1 as -1.
+_NOT_NATIVE_ON_I1 = frozenset({arith.AddiOp, arith.MuliOp, arith.MaxSIOp, arith.MinSIOp})
+
+
+def native_kind(block: Block) -> ReductionKind | None:
+    """The native kind a combine region computes, if it is one recognised
+    commutative op on (lhs, rhs)."""
+    found = single_op(block)
+    if found is None:
+        return None
+    op_type, _ = found
+    kind = NATIVE_KIND_OF.get(op_type)
+    element = block.args[0].type.element_type if isinstance(block.args[0].type, TensorType) else None
+    if kind is None or (op_type in _NOT_NATIVE_ON_I1 and element == IntegerType(1)):
+        return None
+    return kind
+
+
+def _owner(value: SSAValue, op_type: type[Operation]) -> Operation | None:
+    owner = value.owner
+    return owner if isinstance(owner, op_type) else None
+
+
+def _is_constant(value: SSAValue, number: int) -> bool:
+    owner = value.owner
+    if isinstance(owner, tensor.SplatOp):
+        owner = owner.operands[0].owner
+    if not isinstance(owner, arith.ConstantOp):
+        return False
+    attr = owner.value
+    if isinstance(attr, IntegerAttr):
+        return attr.value.data == number
+    return (
+        isinstance(attr, DenseIntOrFPElementsAttr)
+        and attr.is_splat()
+        and attr.get_values()[0] == number
+    )
+
+
+def _pair(op: Operation, a: SSAValue, b: SSAValue) -> bool:
+    return tuple(op.operands) in ((a, b), (b, a))
+
+
+def modular_add_modulus(block: Block) -> SSAValue | None:
+    """The modulus value of `lower-ciphertext-add`'s region on i64, or None
+    when the block is not that region: `s = lhs + rhs; d = s - q;
+    d + ((d >> 63) & q)`, with q the first extra or its broadcast."""
+    if len(block.args) != 3 or block.last_op is None or block.last_op.name != "dist.yield":
+        return None
+    t = block.args[0].type
+    if not isinstance(t, TensorType) or t.element_type != i64:
+        return None
+    lhs, rhs, extra = block.args
+    moduli = {extra}
+    for op in block.ops:
+        found = broadcast_extra(op, block)
+        if found is not None and found[0] == 0:
+            moduli.add(op.results[0])
+    (final_value,) = block.last_op.operands if len(block.last_op.operands) == 1 else (None,)
+    final = _owner(final_value, arith.AddiOp) if final_value is not None else None
+    if final is None:
+        return None
+    for d, masked in (tuple(final.operands), tuple(reversed(final.operands))):
+        sub = _owner(d, arith.SubiOp)
+        mask = _owner(masked, arith.AndIOp)
+        if sub is None or mask is None or sub.operands[1] not in moduli:
+            continue
+        q = sub.operands[1]
+        total = _owner(sub.operands[0], arith.AddiOp)
+        if total is None or not _pair(total, lhs, rhs):
+            continue
+        for shifted, other in (tuple(mask.operands), tuple(reversed(mask.operands))):
+            shift = _owner(shifted, arith.ShRSIOp)
+            if (
+                other is q
+                and shift is not None
+                and shift.operands[0] is d
+                and _is_constant(shift.operands[1], 63)
+            ):
+                return q
+    return None
+
+
+def is_modular_add_region(block: Block) -> bool:
+    return modular_add_modulus(block) is not None
+
+
+def known_combine(op: Operation) -> str | None:
+    """The combine a pass recorded on a generic all-reduce (verified)."""
+    attr = op.attributes.get(KNOWN_COMBINE)
+    return attr.data if isinstance(attr, StringAttr) else None
+
+
+#: what each known combine's region must be
+KNOWN_COMBINES = {MODULAR_ADD: is_modular_add_region}
+
+
+def known_combine_error(op: Operation) -> str | None:
+    """Why an op's recorded `known_combine` does not hold, or None: backends
+    run the recorded combine instead of the region, so the two must agree."""
+    if KNOWN_COMBINE not in op.attributes:
+        return None
+    name = known_combine(op)
+    check = KNOWN_COMBINES.get(name or "")
+    if check is None:
+        return (
+            f"'{op.name}' records known_combine {op.attributes[KNOWN_COMBINE]}, but the "
+            f"known combines are {', '.join(repr(k) for k in KNOWN_COMBINES)}"
+        )
+    if not op.regions or not op.regions[0].blocks or not check(op.regions[0].block):
+        return (
+            f"'{op.name}' records known_combine \"{name}\" but its combine region is "
+            f"not that combine"
+        )
+    return None
+
+
+# Algorithm choice ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds to run an algorithm: `alpha` per message round, `beta` per
+    byte on the wire, `gamma` per byte combined, per rank.
+
+    The defaults are what `distir-bench --fit` measured over gloo on
+    loopback on the 2-core machine CI runs on (see benchmarks/README.md)."""
+
+    alpha: float = 2.5e-4
+    beta: float = 6.0e-10
+    gamma: float = 4.0e-10
+    #: gather-fold holds P copies of the message: not above this many bytes
+    gather_fold_max_bytes: int = 1 << 20
+
+    def seconds(self, algorithm: str, size: int, nbytes: int) -> float:
+        p = size
+        if p <= 1:
+            return 0.0
+        log_p = math.ceil(math.log2(p))
+        pow2 = p & (p - 1) == 0
+        fold = 0 if pow2 else 1  # non-powers of two fold pairs first (and back)
+        share = nbytes * (p - 1) / p
+        if algorithm == RING:
+            rounds, wire, combined = 2 * (p - 1), 2 * share, share
+        elif algorithm == HALVING_DOUBLING:
+            rounds = 2 * (log_p + fold)
+            wire, combined = 2 * share + 2 * fold * nbytes, share + fold * nbytes
+        elif algorithm == RECURSIVE_DOUBLING:
+            rounds = log_p + 2 * fold
+            wire, combined = nbytes * (log_p + 2 * fold), nbytes * (log_p + fold)
+        elif algorithm == GATHER_FOLD:
+            rounds, wire, combined = p - 1, nbytes * (p - 1), nbytes * (p - 1)
+        else:
+            raise ValueError(f"no cost model for algorithm {algorithm!r}")
+        return self.alpha * rounds + self.beta * wire + self.gamma * combined
+
+
+DEFAULT_COST_MODEL = CostModel()
+
+
+def candidate_algorithms(elementwise: bool, commutative: bool) -> tuple[str, ...]:
+    """The algorithms that compute a combine's result exactly as defined:
+    chunking needs an elementwise region, the ring's rotated fold order needs
+    a commutative one; recursive doubling and gather-fold keep rank order
+    on whole tensors."""
+    found = []
+    if elementwise:
+        if commutative:
+            found.append(RING)
+        found.append(HALVING_DOUBLING)
+    return (*found, RECURSIVE_DOUBLING, GATHER_FOLD)
+
+
+def choose_algorithm(
+    elementwise: bool,
+    commutative: bool,
+    size: int | None,
+    nbytes: int | None,
+    model: CostModel = DEFAULT_COST_MODEL,
+) -> str:
+    """The cheapest exact algorithm. With the group size or the message size
+    unknown (a dynamic shape, the world's size at compile time) the choice
+    assumes a large message on many ranks: the bandwidth-optimal one."""
+    candidates = candidate_algorithms(elementwise, commutative)
+    if size is None or nbytes is None:
+        return candidates[0]
+    assert size is not None and nbytes is not None
+    allowed = [
+        a for a in candidates if a != GATHER_FOLD or nbytes * size <= model.gather_fold_max_bytes
+    ]
+    return min(allowed, key=lambda a: (model.seconds(a, size, nbytes), allowed.index(a)))
+
+
+def elementwise_combine(op: Operation) -> bool:
+    """Whether a `dist.all_reduce` may be combined chunk by chunk: native,
+    a recorded known combine, or an elementwise region."""
+    if op.properties.get("kind") is not None:
+        return True
+    return known_combine(op) is not None or is_elementwise_region(op.regions[0].block)
+
+
+def static_bytes(t: object) -> int | None:
+    """Bytes of a statically shaped tensor type, or None."""
+    shape = _shape(t)
+    if shape is None or any(d < 0 for d in shape):
+        return None
+    element = t.element_type  # type: ignore[attr-defined]
+    width = getattr(element, "bitwidth", None) or getattr(getattr(element, "width", None),
+                                                          "data", None)
+    if width is None:
+        return None
+    return math.prod(shape) * max(1, width // 8)
+
+
+def default_algorithm(
+    op: Operation, size: int | None, model: CostModel = DEFAULT_COST_MODEL
+) -> str:
+    """The algorithm of a generic `dist.all_reduce` that records none: what
+    `select-all-reduce-algorithm` would record, for group size `size`."""
+    commutative = op.properties.get("commutative") is not None
+    return choose_algorithm(
+        elementwise_combine(op), commutative, size, static_bytes(op.operands[0].type), model
+    )

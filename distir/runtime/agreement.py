@@ -1,0 +1,138 @@
+"""The agreement at the start of every run: one exchange of 32 bytes per rank.
+
+Before the first collective of a run, every rank of the program's base
+group contributes one fixed-size row of four int64 words:
+
+    [MAGIC, accepted, program fingerprint, digest of the hoisted preconditions]
+
+`accepted` is 1 when the rank's inputs match the entry signature and every
+hoisted precondition (the checks of entry-block ops whose operands are all
+entry arguments: dynamic roots, counts, moduli and limbs, extras, dynamic
+shapes) holds on this rank; the digest covers what those ops need equal on
+every rank. When every row matches, the run goes on, and the hoisted ops
+skip their own exchange. Otherwise every rank saw it: they exchange reports
+(the failure path) and all raise, naming the rank and the op.
+
+The row has the same size for every program, so an agreement can never be
+matched with another program's exchange of another size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from distir.backends.groups import ProcessGroupResource, Step
+from distir.errors import DistirError, ProgramInputError, ProgramMismatch
+from distir.interpreters.checks import (
+    Precondition,
+    digest_of,
+    evaluate,
+    mismatch,
+    precondition_rule,
+)
+from distir.runtime.planning import Plan
+
+MAGIC = 0x6469737469720001  # "distir", row format 1
+
+
+class RunAgreement:
+    """The per-run agreement of one program."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.step = Step(f"@{plan.entry} (program agreement)")
+        self.rules = [precondition_rule(type(op)) for op in plan.hoisted]
+
+    def agree(self, inputs: Sequence[Any], base: ProcessGroupResource) -> list[Precondition]:
+        """Checks this rank's inputs and hoisted preconditions, agrees with
+        every rank, and returns the preconditions (or raises on every rank)."""
+        plan = self.plan
+        input_error: ProgramInputError | None = None
+        hoisted: list[Precondition] = []
+        try:
+            plan.check_inputs(inputs)
+        except ProgramInputError as e:
+            input_error = e
+        if input_error is None:
+            for op, rule in zip(plan.hoisted, self.rules):
+                operands = plan.hoisted_inputs(op, inputs)
+                invocation = plan.invocations[op]
+                hoisted.append(
+                    evaluate(rule, invocation, operands, base.size, base.rank)
+                    if rule is not None
+                    else Precondition()
+                )
+        accepted = input_error is None and all(p.ok for p in hoisted)
+        digest = digest_of(*(p.digest().to_bytes(8, "little") for p in hoisted))
+        mine = [MAGIC, int(accepted), plan.fingerprint, digest]
+        rows = base.exchange_rows(mine, self.step)
+        if all(row == rows[0] for row in rows) and accepted:
+            return hoisted
+        self._disagree(rows, input_error, hoisted, inputs, base)
+        raise AssertionError("unreachable")  # _disagree always raises
+
+    def _disagree(
+        self,
+        rows: list[list[int]],
+        input_error: ProgramInputError | None,
+        hoisted: list[Precondition],
+        inputs: Sequence[Any],
+        base: ProcessGroupResource,
+    ) -> None:
+        """Every rank saw the same rows: all explain, all raise."""
+        plan = self.plan
+        mine = {
+            "input_error": None if input_error is None else str(input_error),
+            "preconditions": [p.report() for p in hoisted],
+        }
+        try:
+            reports: list[Any] = base.gather_objects(mine, self.step)
+        except DistirError:
+            reports = [None] * base.size
+        programs: dict[int, list[int]] = {}
+        for r, row in enumerate(rows):
+            programs.setdefault(row[2] if row[0] == MAGIC else -1, []).append(r)
+        lines = []
+        if len(programs) > 1:
+            listed = "; ".join(
+                f"ranks {ranks} run program {fp:016x}" if fp >= 0 else
+                f"ranks {ranks} run something else"
+                for fp, ranks in programs.items()
+            )
+            lines.append(
+                f"ranks run different programs ({listed}; this rank, {base.rank}, "
+                f"runs {plan.fingerprint:016x})"
+            )
+        for r, report in enumerate(reports):
+            if report is not None and report["input_error"]:
+                lines.append(f"rank {r} rejected its inputs: {report['input_error']}")
+        if lines:
+            details = f"@{plan.entry}: " + "; ".join(lines)
+            if input_error is not None:
+                input_error.add_note(details)
+                raise input_error
+            raise ProgramMismatch(details)
+        # Same program, inputs accepted: a hoisted precondition differs.
+        for index, op in enumerate(plan.hoisted):
+            own = hoisted[index]
+            per_op = [
+                None if report is None else report["preconditions"][index] for report in reports
+            ]
+            differs = any(p is None or p["error"] for p in per_op) or len(
+                {tuple(item[2] for item in p["agreed"]) for p in per_op if p is not None}
+            ) > 1
+            if not differs and own.ok:
+                continue
+            if own.error is not None:
+                raise own.error
+            raise mismatch(plan.invocations[op].description, base.name, per_op)
+        raise ProgramMismatch(f"@{plan.entry}: ranks disagree at the start of the run")
+
+
+def no_agreement(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[Precondition]:
+    """A run without agreement checks this rank's inputs only."""
+    plan.check_inputs(inputs)
+    return []

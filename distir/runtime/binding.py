@@ -1,0 +1,101 @@
+"""Binding: a planned program on this rank's process groups.
+
+A `Binding` is created when a program first runs on a base group. After
+the first run's agreement (so every rank knows every rank runs this very
+program), it validates the declared groups and meshes against the base
+group (a rank beyond it is a named error on every rank, before any
+`new_group`), creates or reuses the declared process groups under the run's
+deadline, and compiles the entry function with a kernel per dist op over
+them. Nothing of this happens again for the same (program, group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from xdsl.ir import Operation
+
+from distir.backends.groups import (
+    NonMemberResource,
+    ProcessGroupResource,
+    check_declarations,
+    create_declared_groups,
+)
+from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
+from distir.interpreters.checks import check_group_assumption, check_result_shape
+from distir.ir.analysis import default_algorithm
+from distir.runtime.planning import Plan
+
+
+class Binding:
+    """One program on one base group of this rank."""
+
+    def __init__(self, plan: Plan, group: Any):
+        self.plan = plan
+        self.base = ProcessGroupResource(group)
+        self.resources: list[ProcessGroupResource] = [self.base]
+        self.compiled: CompiledBlock | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.compiled is not None
+
+    def configure(self, deadline_s: float, agreement: bool) -> None:
+        for resource in self.resources:
+            resource.deadline_s = deadline_s
+            resource.agreement = agreement
+
+    def prepare(self, deadline_s: float) -> None:
+        """Creates the declared groups and compiles the entry function."""
+        plan = self.plan
+        check_declarations(plan.groups, plan.meshes, self.base.size)
+        resources = create_declared_groups(plan.groups, self.base, deadline_s)
+        live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
+
+        def target(op: Operation):
+            invocation = plan.invocations[op]
+            resource = resources[invocation.group]
+            implementation = plan.choices[op]
+            if isinstance(resource, ProcessGroupResource):
+                check_group_assumption(invocation, resource.size)
+                if op in plan.auto_algorithm:
+                    implementation = plan.select(op, default_algorithm(op, resource.size))
+            return implementation, invocation, resource
+
+        def bind(op: Operation):
+            implementation, invocation, resource = target(op)
+            n_results = len(op.results)
+
+            def kernel(xs: Sequence[torch.Tensor], writable: frozenset[int]):
+                results = implementation.execute(invocation, xs, resource, writable)
+                for i in range(n_results):
+                    check_result_shape(invocation, i, results[i])
+                return results
+
+            return kernel
+
+        def bind_start(op: Operation):
+            implementation, invocation, resource = target(op)
+
+            def start(xs: Sequence[torch.Tensor], writable: frozenset[int]):
+                wait = implementation.start(invocation, xs, resource, writable)
+
+                def finish() -> tuple[torch.Tensor, ...]:
+                    results = wait()
+                    for i in range(len(results)):
+                        check_result_shape(invocation, i, results[i])
+                    return results
+
+                return finish
+
+            return start
+
+        compiled = BlockCompiler(plan.module, bind, bind_start).compile_function(plan.entry)
+        self.resources = live
+        self.configure(self.base.deadline_s, self.base.agreement)
+        self.compiled = compiled
+
+
+__all__ = ["Binding", "NonMemberResource"]

@@ -1,0 +1,172 @@
+"""Planning: everything about a program's runs that is decided once.
+
+`Plan(module, ...)` reads the verified, lowered module and decides, for the
+whole life of the program: its entry function and signature, its
+fingerprint (what ranks compare to know they run the same program), the
+implementation of every dist op (a missing one fails compile), each op's
+`Invocation` with its run options (a `deadline_ms` attribute, whether the
+op exchanges a precondition before its payload), and which ops' preconditions
+are *hoisted* into the one agreement exchange at the start of every run:
+ops of the entry block, on the program's base group, whose every operand is
+an entry argument, so their checks depend on the run's inputs only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp
+from xdsl.ir import BlockArgument, Operation
+
+from distir.backends.registry import Implementation, ImplementationRegistry
+from distir.errors import CompileError, ProgramInputError, UnsupportedOpError
+from distir.interpreters.block_compiler import BlockCompiler
+from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
+from distir.interpreters.invocation import Invocation, make_invocation
+from distir.interpreters.kernels import LOCAL_KERNELS
+from distir.ir.analysis import default_algorithm, known_combine_error
+from distir.ir.dialect import (
+    AllReduceOp,
+    GroupMemberOp,
+    GroupOp,
+    MeshOp,
+    VariableAllToAllOp,
+    WaveOp,
+    YieldOp,
+    group_declarations,
+)
+from distir.ir.facts import needs_agreement
+from distir.ir.parsing import describe_op
+
+
+def is_executable_dist_op(op: Operation) -> bool:
+    """Ops an implementation executes (a wave is executed through its ops;
+    groups, meshes and yields are declarations and terminators; local checks
+    such as `dist.assert_reduced` are plain kernels)."""
+    return (
+        op.name.startswith("dist.")
+        and not isinstance(op, WaveOp | GroupOp | MeshOp | YieldOp)
+        and type(op) not in LOCAL_KERNELS
+    )
+
+
+def program_fingerprint(module: ModuleOp, entry: str) -> int:
+    """A 63-bit digest of the lowered program and its entry point."""
+    digest = hashlib.sha256(f"{entry}\n{module}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _hoistable(op: Operation, entry_block: Any) -> bool:
+    parent = op.parent_block()
+    if parent is not entry_block:
+        wave = parent.parent_op() if parent is not None else None
+        if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
+            return False
+    on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
+    # Variable all-to-all exchanges its counts anyway: its check rides on that.
+    return (
+        on_base
+        and not isinstance(op, VariableAllToAllOp)
+        and all(isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands)
+    )
+
+
+class Plan:
+    """What a program runs, decided at compile time."""
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        entry: str,
+        registry: ImplementationRegistry,
+        implementations: Mapping[str, str],
+    ):
+        self.module = module
+        self.entry = entry
+        self.registry = registry
+        self.requested = dict(implementations)
+        self.function = self._entry_function()
+        self.fingerprint = program_fingerprint(module, entry)
+        self.groups: list[GroupOp] = group_declarations(module)
+        self.meshes: list[MeshOp] = [op for op in module.ops if isinstance(op, MeshOp)]
+        self.input_types = list(self.function.function_type.inputs.data)
+        self.output_types = list(self.function.function_type.outputs.data)
+        self.ops = [op for op in module.walk() if is_executable_dist_op(op)]
+        #: generic all-reduces whose algorithm follows from the group size,
+        #: chosen again when the program binds to a group
+        self.auto_algorithm: set[Operation] = set()
+        self.choices: dict[Operation, Implementation] = {}
+        for op in self.ops:
+            error = known_combine_error(op)
+            if error is not None:
+                raise CompileError(f"{describe_op(op)}: {error}")
+            name = self._requested_name(op)
+            if name is None and isinstance(op, AllReduceOp) and op.kind is None:
+                self.auto_algorithm.add(op)
+                size = op.static_group_size()
+                self.choices[op] = self.select(op, default_algorithm(op, size))
+            else:
+                self.choices[op] = registry.select(op, name)
+        # Compile once with placeholder kernels: any unsupported local op, in the
+        # program or in a combine region, fails here rather than at run time.
+        self.compiler = BlockCompiler(module, lambda op: (lambda xs, w: ()))
+        self.compiler.compile_function(entry)
+        entry_block = self.function.body.block
+        self.hoisted: list[Operation] = []
+        self.invocations: dict[Operation, Invocation] = {}
+        for op in self.ops:
+            options: dict[str, Any] = {"agree": needs_agreement(op)}
+            deadline = op.attributes.get("deadline_ms")
+            if isinstance(deadline, IntegerAttr):
+                options["deadline_s"] = deadline.value.data / 1000.0
+            if options["agree"] and _hoistable(op, entry_block):
+                options["hoisted"] = len(self.hoisted)
+                self.hoisted.append(op)
+            regions = (
+                [self.compiler.compile_combine(op)]
+                if isinstance(op, AllReduceOp) and op.kind is None
+                else []
+            )
+            self.invocations[op] = make_invocation(op, regions, options)
+
+    def select(self, op: Operation, algorithm: str) -> Implementation:
+        """The implementation of a generic all-reduce's default algorithm,
+        or the registry's default when the registry has no such one."""
+        try:
+            return self.registry.select(op, algorithm)
+        except UnsupportedOpError:
+            return self.registry.select(op, None)
+
+    def _requested_name(self, op: Operation) -> str | None:
+        if op.name in self.requested:
+            return self.requested[op.name]
+        if isinstance(op, AllReduceOp) and op.algorithm is not None:
+            return op.algorithm.data
+        return None
+
+    def _entry_function(self) -> func.FuncOp:
+        for op in self.module.ops:
+            if isinstance(op, func.FuncOp) and op.sym_name.data == self.entry:
+                return op
+        raise CompileError(f"the module has no entry function @{self.entry}")
+
+    def check_inputs(self, inputs: Sequence[Any]) -> None:
+        name = f"@{self.entry}"
+        if len(inputs) != len(self.input_types):
+            raise ProgramInputError(
+                f"{name} takes {len(self.input_types)} inputs, got {len(inputs)}"
+            )
+        for i, (value, t) in enumerate(zip(inputs, self.input_types, strict=True)):
+            if not isinstance(value, torch.Tensor) or not matches_type(value, t):
+                raise ProgramInputError(
+                    f"{name} input #{i} must be {t} ({element_dtype(t)}), got "
+                    f"{describe_tensor(value)}"
+                )
+
+    def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A hoisted op's operands: entry arguments, taken from the run's inputs."""
+        return [inputs[v.index] for v in op.operands]  # type: ignore[attr-defined]
