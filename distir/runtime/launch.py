@@ -297,11 +297,12 @@ def _rank_entry(
 def _check_launchable(fn: Callable[..., Any]) -> None:
     """Ranks are fresh interpreters that import `fn` by its module and name:
     refuse, up front, what they could not find."""
-    name = getattr(fn, "__qualname__", None) or repr(fn)
+    qualname = getattr(fn, "__qualname__", None)
+    name = qualname or repr(fn)
     hint = "define it with `def` at the top level of an importable module or script"
     if getattr(fn, "__name__", None) == "<lambda>":
         raise TypeError(f"launch needs a module-level function, got a lambda; {hint}")
-    if "<locals>" in name:
+    if isinstance(qualname, str) and "<locals>" in qualname:
         raise TypeError(
             f"launch needs a module-level function, got {name}, defined inside another "
             f"function; {hint}"

@@ -1,0 +1,359 @@
+"""`distir.launch` and `distir-run` own their rank processes: signals are
+forwarded, ranks are waited for together, none survives its parent (not even
+a SIGKILLed one), and what ranks could not import is refused up front."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+import distir
+from distir.runtime.launch import LaunchError, launch
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_RUN = ["examples/all_reduce.mlir", "--nproc", "2", "--repeat", "1000000000", "--timeout", "200"]
+
+
+# Rank processes, seen from outside -----------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces: fields start after its closing paren.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if fields else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def rank_processes(parent: int) -> dict[int, str]:
+    """pid -> start time of the rank processes `parent` started (not its
+    multiprocessing resource tracker)."""
+    found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True)
+    ranks = {}
+    for pid in map(int, found.stdout.split()):
+        start = _start_time(pid)
+        if start is not None and "spawn_main" in _cmdline(pid):
+            ranks[pid] = start
+    return ranks
+
+
+def alive(ranks: dict[int, str]) -> list[int]:
+    """The processes of `ranks` that still run (zombies and reused pids do not)."""
+    left = []
+    for pid, start in ranks.items():
+        fields = _stat(pid)
+        if fields and fields[0] != "Z" and fields[19] == start:
+            left.append(pid)
+    return left
+
+
+def wait_for_ranks(proc: subprocess.Popen, count: int, *, running: bool, timeout: float = 90):
+    """The rank processes of `proc` once `count` exist; with `running`, once
+    each has entered its rank (named distir-rank-N) rather than still
+    starting its interpreter."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        ranks = rank_processes(proc.pid)
+        if len(ranks) == count and (
+            not running or all(_comm(pid).startswith("distir-rank-") for pid in ranks)
+        ):
+            return ranks
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"{count} ranks did not start: {proc.communicate()}")
+
+
+def assert_gone_within(ranks: dict[int, str], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while alive(ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = alive(ranks)
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"rank processes {survivors} outlived their parent"
+
+
+def start(args: list[str], **kwargs) -> subprocess.Popen:
+    # A session of its own: signals reach only the process they are sent to.
+    return subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, **kwargs,
+    )
+
+
+def start_distir_run(*args: str) -> subprocess.Popen:
+    return start([sys.executable, "-m", "distir.cli.run", *args])
+
+
+# distir-run ------------------------------------------------------------------------------
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_distir_run_stops_every_rank_and_exits_at_once(signum, status) -> None:
+    proc = start_distir_run(*LONG_RUN)
+    ranks = wait_for_ranks(proc, 2, running=True)
+    time.sleep(1.0)  # inside the run loop
+    sent = time.monotonic()
+    os.kill(proc.pid, signum)  # the parent only, as `kill PID` does
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == status, (proc.returncode, err)
+    assert took < 3.0, f"exited {took:.1f} s after {signum.name}"
+    assert "Traceback" not in err + out, err
+    assert f"({signum.name}); no rank is left running" in err
+    assert_gone_within(ranks, 3.0)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_a_signal_while_ranks_start_is_not_a_traceback_and_stops_them() -> None:
+    proc = start_distir_run(*LONG_RUN)
+    # Their interpreters are still starting: the signal must not reach them as
+    # a KeyboardInterrupt in the middle of an import.
+    ranks = wait_for_ranks(proc, 2, running=False)
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err + out, err
+    assert_gone_within(ranks, 3.0)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_no_rank_outlives_a_sigkilled_distir_run() -> None:
+    proc = start_distir_run(*LONG_RUN)
+    ranks = wait_for_ranks(proc, 2, running=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert_gone_within(ranks, 5.0)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_no_rank_outlives_a_parent_sigkilled_while_it_starts_them() -> None:
+    proc = start_distir_run(*LONG_RUN)
+    ranks = wait_for_ranks(proc, 2, running=False)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    # A rank that had not yet asked to die with its parent sees, once it
+    # does, that its parent is gone, and exits (interpreter start-up on a
+    # loaded machine takes seconds).
+    assert_gone_within(ranks, 30.0)
+
+
+# distir.launch from a script ----------------------------------------------------------------
+
+
+SCRIPT = """\
+import sys
+import time
+
+import distir
+
+
+def sleeper():
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    try:
+        distir.launch(sleeper, 2, timeout=300)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt from launch", flush=True)
+        sys.exit(7)
+"""
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("signum", "status", "printed"),
+    [(signal.SIGINT, 7, "KeyboardInterrupt from launch"), (signal.SIGTERM, -signal.SIGTERM, "")],
+)
+def test_launch_forwards_a_signal_then_lets_it_act_on_the_caller(
+    tmp_path, signum, status, printed
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = start([sys.executable, str(script)], env=env)
+    ranks = wait_for_ranks(proc, 2, running=True)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    os.kill(proc.pid, signum)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 3.0
+    # SIGINT: KeyboardInterrupt raised from launch; SIGTERM: the default action.
+    assert proc.returncode == status, (proc.returncode, err)
+    assert printed in out
+    assert "Traceback" not in err, err
+    assert_gone_within(ranks, 3.0)
+
+
+# What ranks cannot import is refused before any starts ------------------------------------
+
+
+def module_level(ctx):
+    return ctx.rank
+
+
+def test_a_lambda_is_refused() -> None:
+    with pytest.raises(TypeError, match="got a lambda"):
+        launch(lambda: 1, 2)
+
+
+def test_a_nested_function_is_refused() -> None:
+    def nested():
+        return 1
+
+    with pytest.raises(TypeError, match=r"test_a_nested_function_is_refused.<locals>.nested, "
+                                        r"defined inside another function"):
+        launch(nested, 2)
+
+
+def test_a_function_of_an_interactive_session_is_refused(monkeypatch) -> None:
+    # What a function typed at the REPL or in a notebook looks like: its
+    # module is a __main__ without a file, which no rank can import.
+    namespace: dict = {"__name__": "__main__"}
+    exec("def typed_in(ctx):\n    return 1\n", namespace)
+    main = type(sys)("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with pytest.raises(TypeError, match="defined in an interactive session"):
+        launch(namespace["typed_in"], 2, pass_context=True)
+
+
+def test_an_unpicklable_callable_is_refused() -> None:
+    class NotImportable:
+        def __call__(self):
+            return 1
+
+    with pytest.raises(TypeError, match="cannot send"):
+        launch(NotImportable(), 1)
+
+
+@pytest.mark.parametrize("nproc", [0, -1, 1.5, True])
+def test_nproc_must_be_a_positive_integer(nproc) -> None:
+    with pytest.raises(ValueError, match="nproc must be an integer >= 1"):
+        launch(module_level, nproc, pass_context=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"timeout": 0}, ValueError),
+        ({"timeout": "60"}, TypeError),
+        ({"collective_timeout": timedelta(seconds=-1)}, ValueError),
+        ({"collective_timeout": float("inf")}, ValueError),
+    ],
+)
+def test_bad_durations_are_refused_before_any_rank_starts(kwargs, error) -> None:
+    with pytest.raises(error, match="timeout"):
+        launch(module_level, 2, pass_context=True, **kwargs)
+
+
+def test_the_docstring_documents_the_spawn_guard_and_each_time_parameter() -> None:
+    doc = distir.launch.__doc__
+    assert 'if __name__ == "__main__":' in doc
+    assert "runs once in every rank" in doc
+    assert "timeout: seconds (or a timedelta) the whole launch may take" in doc
+    assert "collective_timeout: seconds (or a timedelta)" in doc
+
+
+# Ranks, from inside ----------------------------------------------------------------------
+
+
+def describe_rank(ctx):
+    with open("/proc/self/comm") as f:
+        comm = f.read().strip()
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")
+    return comm, {name: os.environ.get(name) for name in names}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_ranks_see_their_own_rendezvous_not_a_stale_one(monkeypatch) -> None:
+    for name, value in {"RANK": "5", "WORLD_SIZE": "7", "MASTER_ADDR": "10.0.0.1",
+                        "TORCHELASTIC_RUN_ID": "stale"}.items():
+        monkeypatch.setenv(name, value)
+    results = launch(describe_rank, 2, pass_context=True, timeout=timedelta(seconds=90),
+                     collective_timeout=timedelta(seconds=30))
+    for rank, (comm, env) in enumerate(results):
+        assert comm == f"distir-rank-{rank}"
+        assert env == {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RUN_ID": None}
+
+
+def linger(ctx):
+    # The result is sent, but a non-daemon thread keeps the process alive.
+    threading.Thread(target=time.sleep, args=(600,), daemon=False).start()
+    return time.time()
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_lingering_ranks_are_waited_for_together_not_in_turn() -> None:
+    results = launch(linger, 3, pass_context=True, timeout=100)
+    # Waiting 5 s per rank in turn would take 15 s here; together, 5 s.
+    assert time.time() - max(results) < 9.0
+
+
+def exit_on_rank_one(ctx):
+    if ctx.rank == 1:
+        os._exit(3)
+    time.sleep(600)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_rank_that_dies_without_a_result_is_reported_and_its_peers_stopped() -> None:
+    with pytest.raises(LaunchError) as info:
+        launch(exit_on_rank_one, 2, pass_context=True, timeout=100, collective_timeout=1)
+    failures = info.value.failures
+    assert failures[1] == "exited with code 3 without a result"
+    assert failures[0].startswith("did not finish in time (still running 3 s after another")
+
+
+def test_the_launch_module_names_torchrun_by_its_marker() -> None:
+    from distir.runtime.launch import stale_rendezvous_variables, under_torchrun
+
+    stale = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}
+    assert not under_torchrun(stale)
+    assert stale_rendezvous_variables(stale) == ["RANK", "WORLD_SIZE", "MASTER_ADDR"]
+    torchrun = dict(stale, TORCHELASTIC_RUN_ID="job")
+    assert under_torchrun(torchrun)
+    assert stale_rendezvous_variables(torchrun) == []
+
