@@ -159,7 +159,7 @@ def format_pass_list(available: Mapping[str, Callable[[], type[ModulePass]]], wi
             continue
         try:
             cls = available[name]()
-        except Exception as e:  # noqa: BLE001 - a broken pass must not break --help
+        except Exception as e:  # a pass that fails to import must not break --help
             lines += [f"  {name}", *wrap(f"(cannot be loaded: {e})", 6)]
             continue
         lines.append(f"  {name}")
@@ -220,7 +220,7 @@ class PassListHelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().add_text(self._pass_list() if text is _PASS_LIST else text)
 
 
-class _PipelineFlagOfDistir:
+class _DistirPipelineFlag:
     """Stands for the argument parser while xDSL registers its arguments,
     registering `-p` as distir's: a flag that may occur once, with a short
     help (xDSL's lists every pass name in one blob)."""
@@ -263,7 +263,7 @@ class DistirOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(
-            cast(argparse.ArgumentParser, _PipelineFlagOfDistir(arg_parser))
+            cast(argparse.ArgumentParser, _DistirPipelineFlag(arg_parser))
         )
         available = self.available_passes
         arg_parser.epilog = _PASS_LIST

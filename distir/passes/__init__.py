@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import inspect
 import textwrap
 import types
@@ -149,6 +150,7 @@ def _spelled(value: Any) -> str:
     return str(value)
 
 
+@functools.cache
 def _field_docs(cls: type) -> dict[str, str]:
     """Docstrings of dataclass fields (the string literal that follows a
     field), which Python does not keep at run time: read from the source."""
