@@ -25,6 +25,7 @@ from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
     AllReduceOp,
+    AssertUniformOp,
     BroadcastOp,
     GroupSizeOp,
     RankOp,
@@ -209,6 +210,17 @@ class CombineCiphertextAddImplementation(Implementation):
         return (acc,)
 
 
+class AssertUniformImplementation(Implementation):
+    """Nothing but the agreement: every rank passes the same value."""
+
+    name = "assert-uniform"
+    operation_types = (AssertUniformOp,)
+
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
+        resources.precondition(invocation, inputs)
+        return ()
+
+
 class AllGatherImplementation(Implementation):
     name = "all-gather"
     operation_types = (AllGatherOp,)
@@ -299,6 +311,7 @@ def distributed_operation_contributions(
         NativeAllReduceImplementation(),
         GatherFoldAllReduceImplementation(),
         ExactCiphertextAddImplementation(),
+        AssertUniformImplementation(),
         AllGatherImplementation(),
         VariableAllToAllImplementation(),
     ]

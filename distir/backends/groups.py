@@ -106,9 +106,11 @@ class ProcessGroupResource:
         try:
             work.wait(timeout=timedelta(seconds=deadline))
         except RuntimeError as e:
-            raise self._failure(e, invocation, time.monotonic() - start) from None
+            raise self.failure(e, invocation, time.monotonic() - start) from None
 
-    def _failure(self, error: RuntimeError, invocation: Any, waited: float) -> DistirError:
+    def failure(self, error: RuntimeError, invocation: Any, waited: float = 0.0) -> DistirError:
+        """A backend error as a named distir error (and the cause a peer
+        published, if any)."""
         text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         # The failure path may read the store: did a peer fail and say why?
         published = self.domain.published_failure()
@@ -328,5 +330,5 @@ def _new_groups(
             if member:
                 mine = pg
     except (RuntimeError, dist.DistStoreError) as e:
-        raise base._failure(RuntimeError(str(e)), step, time.monotonic() - start) from None
+        raise base.failure(RuntimeError(str(e)), step, time.monotonic() - start) from None
     return mine

@@ -29,6 +29,7 @@ from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
     AllReduceOp,
+    AssertUniformOp,
     BroadcastOp,
     GroupSizeOp,
     RankOp,
@@ -135,6 +136,22 @@ def ciphertext_reference(call: SimulatedCall, inputs: Inputs) -> tuple[torch.Ten
     for v in values[1:]:
         acc = torch.remainder(acc + v, q)  # exact: both < 2^62
     return (acc,)
+
+
+# dist.assert_uniform ---------------------------------------------------------------------
+
+
+@precondition(AssertUniformOp)
+def assert_uniform_precondition(
+    inv: Invocation, inputs: Inputs, size: int, rank: int
+) -> Precondition:
+    return Precondition(agreed=[Agreed.tensor("values", inputs[0])])
+
+
+@reference(AssertUniformOp)
+def assert_uniform_reference(call: SimulatedCall, inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    call.agree(inputs)
+    return ()
 
 
 # dist.all_gather -----------------------------------------------------------------------

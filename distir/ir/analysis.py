@@ -36,7 +36,7 @@ from xdsl.dialects.builtin import (
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.ir import Block, Operation, SSAValue
 
-from distir.ir.dialect import ReductionKind
+from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
 from distir.ir.elementwise import ELEMENTWISE_OPS
 
 #: Discardable attribute by which a pass records what a combine region is.
@@ -155,19 +155,12 @@ def single_op(block: Block) -> tuple[type[Operation], bool] | None:
     return None
 
 
-#: the native kind of each commutative arith op (max and min are signed)
+#: the native kind of each commutative arith op, from the kinds' fact table
 NATIVE_KIND_OF: dict[type[Operation], ReductionKind] = {
-    arith.AddiOp: ReductionKind.SUM,
-    arith.AddfOp: ReductionKind.SUM,
-    arith.MuliOp: ReductionKind.PROD,
-    arith.MulfOp: ReductionKind.PROD,
-    arith.MaxSIOp: ReductionKind.MAX,
-    arith.MaximumfOp: ReductionKind.MAX,
-    arith.MinSIOp: ReductionKind.MIN,
-    arith.MinimumfOp: ReductionKind.MIN,
-    arith.AndIOp: ReductionKind.BAND,
-    arith.OrIOp: ReductionKind.BOR,
-    arith.XOrIOp: ReductionKind.BXOR,
+    combine: kind
+    for kind, facts in REDUCTION_KINDS.items()
+    for combine in (facts.integer_combine, facts.float_combine)
+    if combine is not None
 }
 
 # i1 arithmetic wraps (addi is xor) and maxsi/minsi read 1 as -1.

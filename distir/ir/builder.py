@@ -47,6 +47,7 @@ from distir.ir.collectives import (
     AllReduceAddCiphertextOp,
     AllReduceOp,
     AssertReducedOp,
+    AssertUniformOp,
     BroadcastOp,
     VariableAllToAllOp,
     WaveOp,
@@ -255,6 +256,12 @@ def all_reduce_add_ciphertext(
 def assert_reduced(limbs: Value, moduli: Value, *, max_modulus_bits: int | None = None) -> None:
     """The local check that every limb is reduced modulo its modulus."""
     AssertReducedOp(limbs, moduli, max_modulus_bits)
+
+
+@_builds(AssertUniformOp)
+def assert_uniform(x: Value, *, group: GroupRef = None) -> None:
+    """The collective check that every rank of the group passes the same `x`."""
+    AssertUniformOp(x, group)
 
 
 @_builds(AllGatherOp)

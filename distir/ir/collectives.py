@@ -41,6 +41,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
+from distir.ir.analysis import known_combine_error
 from distir.ir.attributes import (
     CollectiveEffect,
     RaisesEffect,
@@ -286,6 +287,11 @@ class AllReduceOp(CollectiveOp):
                 "'dist.all_reduce' combine must yield one value of type "
                 f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
             )
+        # Backends run a recorded combine instead of the region: hold the
+        # region to it.
+        error = known_combine_error(self)
+        if error is not None:
+            raise VerifyException(error)
 
 
 ###############################################################################
@@ -430,6 +436,34 @@ class AssertReducedOp(IRDLOperation):
             raise VerifyException("'dist.assert_reduced' limbs and moduli must be i64")
         if ct.get_num_dims() < 2 or mod.get_num_dims() != 1:
             raise VerifyException("'dist.assert_reduced' takes limbs [..., L, N] and moduli [L]")
+
+
+@irdl_op_definition
+class AssertUniformOp(CollectiveOp):
+    """Fails on every rank of the group, naming this op, unless every rank
+    passes the same value of `x` (same dtype, shape and elements). Lowerings
+    that turn an operand a collective had to agree on into a local one emit
+    it (`defer-modular-reduction` keeps the moduli agreed this way), so no
+    lowering loses a check the original op had. Ranks compare a digest of
+    `x`, at the start of the run when `x` is an entry argument."""
+
+    name = "dist.assert_uniform"
+
+    input = operand_def(TensorType)
+
+    traits = traits_def(CollectiveEffect(), EveryRankEnters())
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.UNIFORM}
+
+    assembly_format = "$input custom<GroupRef>($group) attr-dict `:` type($input)"
+    custom_directives = (GroupRef,)
+
+    def __init__(self, input: SSAValue | Operation, group: GroupName = None):
+        props: dict[str, Attribute] = {}
+        group_property(props, group)
+        super().__init__(operands=[SSAValue.get(input)], properties=props)
+
+    def verify_(self) -> None:
+        self.verify_group()
 
 
 ###############################################################################

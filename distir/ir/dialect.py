@@ -36,6 +36,7 @@ from distir.ir.collectives import (
     AllReduceAddCiphertextOp,
     AllReduceOp,
     AssertReducedOp,
+    AssertUniformOp,
     BroadcastOp,
     CollectiveOp,
     CombineIsolatedFromAbove,
@@ -65,6 +66,7 @@ _OPS: tuple[type[IRDLOperation], ...] = (
     WaveOp,
     TransferOp,
     AssertReducedOp,
+    AssertUniformOp,
     YieldOp,
 )
 
@@ -87,6 +89,7 @@ __all__ = [
     "AllReduceAddCiphertextOp",
     "AllReduceOp",
     "AssertReducedOp",
+    "AssertUniformOp",
     "BroadcastOp",
     "CollectiveEffect",
     "CollectiveOp",

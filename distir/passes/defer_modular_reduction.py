@@ -3,10 +3,16 @@
 When the facts prove that the plain sum of every rank's limbs cannot overflow
 int64, `dist.all_reduce_add_ciphertext %ct, %q` becomes
 
+    dist.assert_reduced %ct, %q : T, tensor<Lxi64>
+    dist.assert_uniform %q : tensor<Lxi64>
     %s = dist.all_reduce sum %ct : T
     %r = arith.remui %s, %q_bcast : T
 
-with `%q_bcast` the moduli broadcast to the ciphertext's shape: the backend's
+with `%q_bcast` the moduli broadcast to the ciphertext's shape. The two
+asserts keep the op's checks: limbs reduced on each rank, moduli equal on
+every rank (without the second, ranks with different moduli would each
+reduce the same sum their own way, silently; constant moduli need no
+check, since ranks agree on the program). The backend's
 native collective does the communication and the reduction is deferred to one
 remainder at the end. Inputs are reduced (`0 <= limb <= q_l - 1`), so with P
 ranks the sum of limb l is at most `P * (q_l - 1) <= P * (q_max - 1)`, and
@@ -55,6 +61,7 @@ from distir.ir.dialect import (
     AllReduceAddCiphertextOp,
     AllReduceOp,
     AssertReducedOp,
+    AssertUniformOp,
     ReductionKind,
 )
 from distir.ir.parsing import format_location
@@ -159,14 +166,17 @@ class DeferredReduction(RewritePattern):
             # Checked when the program binds to a group: a larger one would overflow.
             total.attributes[ASSUMED_GROUP_SIZE] = IntegerAttr(decision.assumed_group_size, i64)
         total.result.name_hint = "sum"
-        # The op rejected unreduced limbs (and the bound checks the declared moduli).
+        # The op rejected unreduced limbs (and the bound checks the declared
+        # moduli) and moduli that differ between ranks: so does the rewrite.
         check = AssertReducedOp(op.input, op.moduli, decision.assumed_modulus_bits)
+        # (Constant moduli are equal everywhere: ranks agree on the program.)
+        agreed = [] if constant_moduli(op) is not None else [AssertUniformOp(op.moduli, op.group)]
         prelude, moduli = broadcast_moduli(op.input, op.moduli)
         reduced = arith.RemUIOp(total.result, moduli)
-        with_location([check, *prelude, total, reduced], op.location)
+        with_location([check, *agreed, *prelude, total, reduced], op.location)
         if self.remarks:
             remark(op, "deferred to a native sum and one remainder", decision.reason)
-        rewriter.insert([check, *prelude])
+        rewriter.insert([check, *agreed, *prelude])
         rewriter.replace(op, [total, reduced], [reduced.result])
 
 

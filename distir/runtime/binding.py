@@ -69,7 +69,10 @@ class Binding:
             n_results = len(op.results)
 
             def kernel(xs: Sequence[torch.Tensor], writable: frozenset[int]):
-                results = implementation.execute(invocation, xs, resource, writable)
+                try:
+                    results = implementation.execute(invocation, xs, resource, writable)
+                except RuntimeError as e:  # raised by the backend when submitting
+                    raise resource.failure(e, invocation) from None
                 for i in range(n_results):
                     check_result_shape(invocation, i, results[i])
                 return results
@@ -80,10 +83,16 @@ class Binding:
             implementation, invocation, resource = target(op)
 
             def start(xs: Sequence[torch.Tensor], writable: frozenset[int]):
-                wait = implementation.start(invocation, xs, resource, writable)
+                try:
+                    wait = implementation.start(invocation, xs, resource, writable)
+                except RuntimeError as e:
+                    raise resource.failure(e, invocation) from None
 
                 def finish() -> tuple[torch.Tensor, ...]:
-                    results = wait()
+                    try:
+                        results = wait()
+                    except RuntimeError as e:
+                        raise resource.failure(e, invocation) from None
                     for i in range(len(results)):
                         check_result_shape(invocation, i, results[i])
                     return results

@@ -145,6 +145,16 @@ class Program:
     def fingerprint(self) -> int:
         return self.plan.fingerprint
 
+    @property
+    def input_types(self) -> list:
+        """The entry function's argument types."""
+        return self.plan.input_types
+
+    @property
+    def output_types(self) -> list:
+        """The entry function's result types."""
+        return self.plan.output_types
+
     def plan_summary(self) -> list[tuple[str, str]]:
         """(op, implementation name) for every dist op, in program order."""
         return [(describe_op(op), impl.name) for op, impl in self.plan.choices.items()]

@@ -1,75 +1,59 @@
-"""`distir-run`: run an example on local gloo ranks and print one block per rank.
+"""`distir-run`: run a program on local gloo ranks and print one block per rank.
 
-Each run is a subprocess (`python -m distir.cli.run`) that spawns its ranks,
-a few seconds apiece, so examples that run on two ranks run on two, and only
-two examples run on four. Every printed result line is checked against the
-reference simulator fed the inputs distir-run synthesises for that rank.
+Runs are subprocesses (`python -m distir.cli.run`) that spawn their ranks, a
+few seconds apiece, so each example runs at the smallest world size its IR
+allows. Every printed result line is checked against the reference simulator
+fed the inputs distir-run synthesises for that rank. What distir-run checks
+before it starts a rank is tested in-process, with `launch` replaced by a
+function that fails the test if it is called.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
+import time
+import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
 import distir
-from distir.cli.run import summarize
-from distir.errors import DistirError
-from distir.ir.dialect import AllGatherOp, GroupOp, VariableAllToAllOp
+from distir.cli import run as cli
+from distir.cli.run import checksum, summarize
+from distir.ir.parsing import parse_file
 from distir.runtime.inputs import synthesize_inputs
-
-pytestmark = pytest.mark.multirank
+from distir.runtime.requirements import world_size_range
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.mlir"))
-#: examples that need four ranks and are worth the time of a four-rank run
 RUN_TIMEOUT_S = 150
+multirank = pytest.mark.multirank
 
 
-def required_world_size(path: Path) -> int | None:
-    """The world size an example's IR pins down, if any: declared group and
-    mesh ranks, and static per-rank counts of world-group ops."""
-    text = path.read_text()
-    needed = 0
-    for line in text.splitlines():
-        if line.strip().startswith("dist.mesh") and "ranks" in line:
-            ranks = re.findall(r"\d+", line.split("ranks", 1)[1])
-            needed = max(needed, *(int(r) + 1 for r in ranks))
-    try:
-        program = distir.compile(path)
-    except DistirError:
-        return needed or None
-    for op in program.module.walk():
-        if isinstance(op, GroupOp):
-            needed = max(needed, max(max(part) for part in op.rank_lists) + 1)
-        counts = None
-        if isinstance(op, AllGatherOp) and op.group is None and op.counts is not None:
-            counts = op.counts.type
-        if isinstance(op, VariableAllToAllOp) and op.group is None:
-            counts = op.send_counts.type
-        if counts is not None and counts.get_shape()[0] > 0:
-            needed = max(needed, counts.get_shape()[0])
-    return needed or None
+def smallest_world_size(path: Path) -> int:
+    """The smallest world size an example runs on, at least 2 (one rank
+    shows nothing about a collective)."""
+    low, high = world_size_range(parse_file(path))
+    assert high is None or low <= high, f"{path} runs on no world size"
+    return max(low, 2) if high is None or high >= 2 else low
 
 
 def _example_params():
-    params = []
-    for path in EXAMPLES:
-        needed = required_world_size(path)
-        # Every example runs, at the smallest world size it supports.
-        nproc = 2 if needed is None or needed <= 2 else needed
-        params.append(pytest.param(path, nproc, id=f"{path.name}-nproc{nproc}"))
-    return params
+    return [
+        pytest.param(path, n, id=f"{path.name}-nproc{n}")
+        for path in EXAMPLES
+        for n in [smallest_world_size(path)]
+    ]
 
 
-def distir_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def distir_run(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "distir.cli.run", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, **kwargs,
     )
 
 
@@ -89,10 +73,10 @@ def rank_blocks(stdout: str) -> dict[int, list[str]]:
     return blocks
 
 
-def expected_lines(path: Path, world_size: int) -> list[list[str]]:
+def expected_lines(path: Path, world_size: int, entry: str = "main") -> list[list[str]]:
     """What each rank must print: the simulator's results on the inputs
     distir-run synthesises (seed 0, dynamic size 4)."""
-    program = distir.compile(path)
+    program = distir.compile(path, entry=entry)
     inputs = [synthesize_inputs(program.function, r, world_size, 0, 4) for r in range(world_size)]
     results = program.simulate(inputs, timeout=30)
     lines = []
@@ -102,10 +86,35 @@ def expected_lines(path: Path, world_size: int) -> list[list[str]]:
     return lines
 
 
-def assert_clean_failure(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+def assert_clean_failure(proc: subprocess.CompletedProcess, status: int = 1) -> None:
+    assert proc.returncode == status, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     assert proc.stderr.startswith("distir-run: error: "), proc.stderr
+
+
+class Spawned(AssertionError):
+    pass
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """distir-run in this process, where starting a rank fails the test."""
+
+    def launch(*args, **kwargs):
+        raise Spawned("distir-run started ranks")
+
+    monkeypatch.setattr("distir.runtime.launch.launch", launch)
+    for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run_here(capsys, *args: str) -> tuple[int, str]:
+    """(exit status, stderr) of distir-run called in this process."""
+    try:
+        status = cli.main(list(args))
+    except SystemExit as e:  # argparse
+        status = e.code
+    return status, capsys.readouterr().err
 
 
 # Examples ------------------------------------------------------------------------------
@@ -115,6 +124,7 @@ def test_examples_exist() -> None:
     assert EXAMPLES, "examples/*.mlir not found"
 
 
+@multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.parametrize(("path", "nproc"), _example_params())
 def test_example_runs_and_prints_one_block_per_rank(path: Path, nproc: int) -> None:
@@ -146,6 +156,7 @@ def make_inputs(rank, world_size):
 """
 
 
+@multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_inputs_from_a_python_file(tmp_path) -> None:
     inputs = tmp_path / "my_inputs.py"
@@ -218,20 +229,413 @@ def test_a_malformed_pipeline() -> None:
     assert_clean_failure(proc)
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_inputs_that_every_rank_rejects(tmp_path) -> None:
-    # all_gather.mlir declares 4 per-rank counts: on 2 ranks, every rank
-    # rejects its counts input before any payload moves.
-    inputs = tmp_path / "wrong.py"
-    inputs.write_text("""\
+
+
+# Inputs that are wrong: found once, reported once -------------------------------------------
+
+
+WRONG_SHAPES = """\
 import torch
 
 
 def make_inputs(rank, world_size):
-    return [torch.zeros(2, 4), torch.zeros(rank + 1, 4), torch.arange(1, 3)]
-""")
-    proc = distir_run("examples/all_gather.mlir", "--nproc", "2", "--inputs", str(inputs))
+    return [torch.zeros(8, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)]
+"""
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_inputs_that_every_rank_rejects_are_reported_once(tmp_path) -> None:
+    inputs = tmp_path / "wrong.py"
+    inputs.write_text(WRONG_SHAPES)
+    proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(inputs))
     assert_clean_failure(proc)
+    assert proc.stderr.splitlines() == [
+        "distir-run: error: 2 of 2 ranks failed:",
+        f"  ranks 0-1: {inputs}: @main input #1 must be tensor<8xi64> (torch.int64), got "
+        "tensor of shape [3] and dtype torch.int64",
+    ]
+
+
+RAISES_ON = """\
+def make_inputs(rank, world_size):
+    if rank in {ranks}:
+        raise ValueError("no data for this rank")
+    import torch
+    return [torch.zeros(8, dtype=torch.int64), torch.ones(8, dtype=torch.int64)]
+"""
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_factory_that_raises_on_every_rank_is_one_line(tmp_path) -> None:
+    inputs = tmp_path / "raises.py"
+    inputs.write_text(RAISES_ON.format(ranks="range(99)"))
+    proc = distir_run("examples/all_reduce.mlir", "--nproc", "3", "--inputs", str(inputs))
+    assert_clean_failure(proc)
+    assert proc.stderr.splitlines() == [
+        "distir-run: error: 3 of 3 ranks failed:",
+        f"  ranks 0-2: {inputs}: make_inputs raised ValueError: no data for this rank "
+        f"(at {inputs}:3)",
+    ]
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_factory_that_raises_on_one_rank_stops_the_others_at_once(tmp_path) -> None:
+    inputs = tmp_path / "raises.py"
+    inputs.write_text(RAISES_ON.format(ranks="{1}"))
+    # The collective timeout is 60 s: the others must not wait for it.
+    start = time.monotonic()
+    proc = distir_run("examples/all_reduce.mlir", "--nproc", "3", "--inputs", str(inputs))
+    assert time.monotonic() - start < 50
+    assert_clean_failure(proc)
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "distir-run: error: 3 of 3 ranks failed:"
+    assert sorted(lines[1:]) == [
+        "  rank 1: " + f"{inputs}: make_inputs raised ValueError: no data for this rank "
+        f"(at {inputs}:3)",
+        "  ranks 0, 2: not run: rank 1 had no inputs",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("missing.py", None, "inputs file {path} does not exist"),
+        ("missing.pt", None, "inputs file {path} does not exist"),
+        ("garbage.pt", b"\x00garbage", "inputs file {path} is not a file torch.save wrote"),
+        ("broken.py", b"def make_inputs(:\n", "inputs file {path} does not import: SyntaxError"),
+        ("none.py", b"x = 1\n", "{path} must define make_inputs(rank, world_size)"),
+        ("inputs.csv", b"1,2\n", "inputs file {path} must be a .py defining make_inputs"),
+    ],
+)
+def test_a_bad_inputs_file_is_refused_before_any_rank_starts(
+    tmp_path, capsys, no_launch, name, content, expected
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(path))
+    assert status == 1
+    assert err.startswith("distir-run: error: " + expected.format(path=path)), err
+    assert err.count("\n") == 1, err
+
+
+def test_a_pt_file_that_does_not_fit_the_program_names_the_rank(tmp_path, capsys, no_launch):
+    path = tmp_path / "inputs.pt"
+    torch.save([[torch.zeros(8, dtype=torch.int64)] * 2, [torch.zeros(8)] * 2], path)
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(path))
+    assert status == 1
+    assert err == (
+        f"distir-run: error: {path}, inputs of rank 1: @main input #0 must be tensor<8xi64> "
+        "(torch.int64), got tensor of shape [8] and dtype torch.float32\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--nproc", "0"], "argument --nproc: must be >= 1, got 0"),
+        (["--nproc", "-2"], "argument --nproc: must be >= 1, got -2"),
+        (["--nproc", "two"], "argument --nproc: expected int, got 'two'"),
+        (["--repeat", "0"], "argument --repeat: must be >= 1, got 0"),
+        (["--deadline", "0"], "argument --deadline: must be a positive number of seconds, got 0"),
+        (["--timeout", "nan"], "argument --timeout: must be a positive number of seconds, got nan"),
+        (["--dynamic-size", "-1"], "argument --dynamic-size: must be >= 0, got -1"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(capsys, no_launch, flags, expected) -> None:
+    status, err = run_here(capsys, "examples/all_reduce.mlir", *flags)
+    assert status == 2
+    assert err == f"distir-run: error: {expected} (see distir-run --help)\n"
+
+
+def test_nccl_without_a_gpu_is_refused_before_spawning(capsys, no_launch, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--nproc", "2", "--backend", "nccl")
+    assert status == 1
+    assert err == (
+        f"distir-run: error: --backend nccl needs a CUDA GPU, and torch {torch.__version__} "
+        "sees none (gloo runs on CPU: --backend gloo)\n"
+    )
+
+
+def test_nccl_needs_a_gpu_per_rank(capsys, no_launch, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--nproc", "2", "--backend", "nccl")
+    assert status == 1
+    assert "--backend nccl needs one GPU per rank: 2 ranks, 1 GPU(s)" in err
+
+
+# The program argument is a path --------------------------------------------------------------
+
+
+def test_a_path_without_its_suffix(capsys, no_launch) -> None:
+    status, err = run_here(capsys, "examples/all_reduce", "--nproc", "2")
+    assert status == 1
+    assert err == (
+        "distir-run: error: examples/all_reduce: no such file "
+        "(did you mean examples/all_reduce.mlir?)\n"
+    )
+
+
+def test_a_directory(capsys, no_launch) -> None:
+    status, err = run_here(capsys, "examples", "--nproc", "2")
+    assert (status, err) == (1, "distir-run: error: examples is a directory, not a program file\n")
+
+
+def test_a_text_file_that_is_not_ir(tmp_path, capsys, no_launch) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("remember to run all_reduce\n")
+    status, err = run_here(capsys, str(path), "--nproc", "2")
+    assert status == 1
+    first, *context = err.splitlines()
+    assert re.fullmatch(
+        rf"distir-run: error: {re.escape(str(path))}:1:\d+: Operation remember is not "
+        r"registered \(distir-run reads MLIR text, as in a \.mlir file\)",
+        first,
+    ), first
+    assert context[0] == "remember to run all_reduce"
+
+
+def test_a_file_that_is_not_text(tmp_path, capsys, no_launch) -> None:
+    path = tmp_path / "prog.mlir"
+    path.write_bytes(b"func.func @main() {\xff\xfe}")
+    status, err = run_here(capsys, str(path))
+    assert (status, err) == (
+        1, f"distir-run: error: {path} is not a text file: byte 19 is not UTF-8\n"
+    )
+
+
+def test_any_file_of_ir_is_a_program_whatever_its_suffix(tmp_path, capsys, monkeypatch) -> None:
+    path = tmp_path / "all_reduce.txt"
+    path.write_text((ROOT / "examples/all_reduce.mlir").read_text())
+    seen = {}
+
+    def launch(fn, nproc, request, **kwargs):
+        seen.update(nproc=nproc, request=request)
+        return []
+
+    monkeypatch.setattr("distir.runtime.launch.launch", launch)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    status, _ = run_here(capsys, str(path), "--nproc", "3")
+    assert status == 0
+    assert seen["nproc"] == 3
+    assert seen["request"].filename == str(path)
+    assert seen["request"].source == path.read_text()
+
+
+def test_a_dash_reads_the_program_from_stdin(capsys, monkeypatch) -> None:
+    text = (ROOT / "examples/all_reduce.mlir").read_text()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    seen = {}
+
+    def launch(fn, nproc, request, **kwargs):
+        seen["request"] = request
+        return []
+
+    monkeypatch.setattr("distir.runtime.launch.launch", launch)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    status, _ = run_here(capsys, "-", "--nproc", "2")
+    assert status == 0
+    assert (seen["request"].source, seen["request"].filename) == (text, "<stdin>")
+
+
+def test_a_parse_error_on_stdin_is_located_there(capsys, no_launch, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("func.func @main( {\n"))
+    status, err = run_here(capsys, "-", "--nproc", "2")
+    assert status == 1
+    assert err.startswith("distir-run: error: <stdin>:1:"), err
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_program_piped_in_runs_like_the_file() -> None:
+    path = ROOT / "examples/custom_combine.mlir"
+    proc = distir_run("-", "--nproc", "2", input=path.read_text())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("distir-run: <stdin> on 2 local gloo ranks (pipeline: none)\n")
+    blocks = rank_blocks(proc.stdout)
+    assert [blocks[0], blocks[1]] == expected_lines(path, 2)
+
+
+# World sizes the IR pins down, checked before spawning -------------------------------------------
+
+
+def test_a_program_for_four_ranks_on_three_fails_at_once(capsys, no_launch) -> None:
+    start = time.monotonic()
+    status, err = run_here(capsys, "examples/variable_all_to_all.mlir", "--nproc", "3")
+    assert time.monotonic() - start < 1.0
+    assert status == 1
+    assert err == (
+        "distir-run: error: this program needs 4 ranks, not 3: 'dist.variable_all_to_all' at "
+        "examples/variable_all_to_all.mlir:4:5 takes send counts tensor<4xi64> (one per rank)\n"
+    )
+
+
+def test_a_mesh_naming_missing_ranks_fails_at_once(capsys, no_launch) -> None:
+    status, err = run_here(capsys, "examples/mesh_transfer.mlir", "--nproc", "4")
+    assert (status, err) == (
+        1, "distir-run: error: mesh @infer names ranks 4, 5 but the program runs on 4 ranks\n"
+    )
+
+
+def test_what_a_pass_assumed_about_the_group_size_is_checked(capsys, no_launch) -> None:
+    status, err = run_here(
+        capsys, "examples/ciphertext_add.mlir", "--nproc", "9",
+        "-p", "defer-modular-reduction{max-group-size=8}",
+    )
+    assert status == 1
+    assert "this program runs on at most 8 ranks, not 9" in err
+
+
+# Inputs are synthesised from the program as written ---------------------------------------------
+
+
+@multirank
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
+def test_lowered_ciphertext_sums_print_what_the_unlowered_one_computes() -> None:
+    path = ROOT / "examples/ciphertext_add.mlir"
+    expected = expected_lines(path, 3)
+    for pipeline in ("lower-ciphertext-add", "defer-modular-reduction{max-group-size=8}"):
+        proc = distir_run("examples/ciphertext_add.mlir", "--nproc", "3", "-p", pipeline)
+        assert proc.returncode == 0, (pipeline, proc.stderr)
+        assert f"(pipeline: {pipeline})" in proc.stdout.splitlines()[0]
+        blocks = rank_blocks(proc.stdout)
+        assert [blocks[r] for r in range(3)] == expected, pipeline
+
+
+# Flags -------------------------------------------------------------------------------------
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(
+        r"distir-run \S+ \(torch \S+, xdsl \S+, Python \d+\.\d+\.\d+\)\n", out
+    ), out
+    assert torch.__version__ in out
+
+
+def test_help_shows_every_default_and_what_each_duration_means() -> None:
+    text = " ".join(cli.build_parser().format_help().split())
+    for shown in (
+        "(default: 4;", "(default: main)", "(default: none)", "(default: 0)", "(default: 4)",
+        "(default: gloo)", "(default: 1)", "(default: 60)", "(default: 120)",
+        "(default: not saved)", "(default: synthesised from the program)",
+    ):
+        assert shown in text, shown
+    assert "--deadline SECONDS seconds every collective may take" in text
+    assert "--timeout SECONDS seconds before a hung launch is killed" in text
+    assert "- for standard input" in text
+    assert "--rdzv-backend c10d" in text
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.bool, torch.int8,
+     torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64,
+     torch.uint64, torch.complex64],
+)
+def test_the_checksum_is_the_crc32_of_the_bytes_for_every_dtype(dtype) -> None:
+    t = (torch.arange(6) % 2).to(dtype).reshape(2, 3)
+    raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+    assert len(raw) == t.numel() * t.element_size()
+    assert checksum(t) == f"{zlib.crc32(raw):08x}"
+    assert checksum(t.t()) == checksum(t.t().contiguous())
+    summarize(t)  # prints values of every dtype
+
+
+def test_a_scalar_and_an_empty_tensor_have_checksums() -> None:
+    assert checksum(torch.tensor(3, dtype=torch.int64)) == (
+        f"{zlib.crc32((3).to_bytes(8, 'little')):08x}"
+    )
+    assert checksum(torch.zeros(0, 4, dtype=torch.bfloat16)) == f"{zlib.crc32(b''):08x}"
+
+
+def test_an_entry_that_does_not_exist(capsys, no_launch) -> None:
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--entry", "nope")
+    assert (status, err) == (1, "distir-run: error: the module has no entry function @nope\n")
+
+
+def test_an_output_file_in_a_missing_directory(tmp_path, capsys, no_launch) -> None:
+    target = tmp_path / "absent" / "out.pt"
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--nproc", "2", "-o", str(target))
+    assert status == 1
+    assert f"directory {target.parent} does not exist" in err
+
+
+TWO_ENTRIES = """\
+func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
+  %y = dist.all_reduce sum %x : tensor<4xi64>
+  func.return %y : tensor<4xi64>
+}
+func.func @narrow(%h: tensor<5xbf16>, %u: tensor<3xui8>) -> (tensor<5xbf16>, tensor<3xui8>, tensor<6xui8>) {
+  %b = dist.broadcast %h root 1 : tensor<5xbf16>
+  %s = dist.all_reduce max %u : tensor<3xui8>
+  %g = dist.all_gather %u axis 0 : tensor<3xui8> -> tensor<6xui8>
+  func.return %b, %s, %g : tensor<5xbf16>, tensor<3xui8>, tensor<6xui8>
+}
+"""
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_entry_output_and_narrow_types(tmp_path) -> None:
+    program = tmp_path / "two.mlir"
+    program.write_text(TWO_ENTRIES)
+    output = tmp_path / "results.pt"
+    proc = distir_run(str(program), "--nproc", "2", "--entry", "narrow", "--output", str(output))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    expected = expected_lines(program, 2, entry="narrow")
+    blocks = rank_blocks(proc.stdout)
+    assert [blocks[0], blocks[1]] == expected
+    assert "bfloat16[5]" in expected[0][0] and "uint8[3]" in expected[0][1]
+    saved = torch.load(output)
+    assert [len(per_rank) for per_rank in saved] == [3, 3]
+    assert [t.dtype for t in saved[0]] == [torch.bfloat16, torch.uint8, torch.uint8]
     for rank in range(2):
-        assert f"rank {rank}:" in proc.stderr
-    assert "input #2" in proc.stderr
+        assert [f"  result #{i}: {summarize(t)}" for i, t in enumerate(saved[rank])] == (
+            expected[rank]
+        )
+
+
+DEADLOCK = """\
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %r = dist.rank : index
+  %zero = arith.constant 0 : index
+  %is0 = arith.cmpi eq, %r, %zero : index
+  %y = scf.if %is0 -> (tensor<4xf32>) {
+    %a = dist.recv from 1 : tensor<4xf32>
+    scf.yield %a : tensor<4xf32>
+  } else {
+    %b = dist.recv from 0 : tensor<4xf32>
+    scf.yield %b : tensor<4xf32>
+  }
+  func.return %y : tensor<4xf32>
+}
+"""
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_deadline_bounds_every_collective(tmp_path) -> None:
+    # Both ranks receive and neither sends: each recv fails at the deadline.
+    program = tmp_path / "deadlock.mlir"
+    program.write_text(DEADLOCK)
+    proc = distir_run(str(program), "--nproc", "2", "--deadline", "1.5")
+    assert_clean_failure(proc)
+    for rank, line in ((0, 6), (1, 9)):
+        assert (
+            f"  rank {rank}: DeadlineExceeded: 'dist.recv' at {program}:{line}:5: did not "
+            "complete within its 1.5 s deadline"
+        ) in proc.stderr

@@ -398,6 +398,7 @@ def every_op_program():
         root = b.broadcast(total, r)
         summed = b.all_reduce_add_ciphertext(ct, q, max_modulus_bits=40)
         b.assert_reduced(summed, q)
+        b.assert_uniform(q)
         gathered = b.all_gather(x, counts=counts)
         rows, recv_counts = b.variable_all_to_all(x, counts)
         (waved,) = b.wave(lambda: b.broadcast(x, 1))

@@ -115,6 +115,15 @@ builtin.module {
     func.return
   }
 }""",
+    "assert_uniform": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%q: tensor<3xi64>) {
+    dist.assert_uniform %q : tensor<3xi64>
+    dist.assert_uniform %q group @pairs : tensor<3xi64>
+    func.return
+  }
+}""",
     "all_gather_even": """\
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]

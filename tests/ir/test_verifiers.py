@@ -198,6 +198,14 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.assert_reduced' takes limbs [..., L, N] and moduli [L]",
     ),
+    # dist.assert_uniform
+    "assert_uniform_unknown_group": (
+        _func(
+            "%q: tensor<3xi64>",
+            "dist.assert_uniform %q group @nope : tensor<3xi64>\nfunc.return",
+        ),
+        "'dist.assert_uniform' names group @nope",
+    ),
     # dist.all_reduce_add_ciphertext
     "ciphertext_limbs_not_i64": (
         _func(

@@ -74,6 +74,7 @@ func.func @ciphertext(%ct: tensor<2x3x16xi64>, %q: tensor<3xi64>) -> (tensor<2x3
   %b = dist.all_reduce_add_ciphertext %a, %q basis "P" max_modulus_bits 60 group @pairs : tensor<2x3x16xi64>, tensor<3xi64>
   dist.assert_reduced %b, %q : tensor<2x3x16xi64>, tensor<3xi64>
   dist.assert_reduced %b, %q max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
+  dist.assert_uniform %q group @pairs : tensor<3xi64>
   func.return %a, %b : tensor<2x3x16xi64>, tensor<2x3x16xi64>
 }
 
@@ -82,6 +83,7 @@ func.func @ciphertext(%ct: tensor<2x3x16xi64>, %q: tensor<3xi64>) -> (tensor<2x3
 // CHECK-NEXT:    %b = dist.all_reduce_add_ciphertext %a, %q basis "P" max_modulus_bits 60 group @pairs : tensor<2x3x16xi64>, tensor<3xi64>
 // CHECK-NEXT:    dist.assert_reduced %b, %q : tensor<2x3x16xi64>, tensor<3xi64>
 // CHECK-NEXT:    dist.assert_reduced %b, %q max_modulus_bits 60 : tensor<2x3x16xi64>, tensor<3xi64>
+// CHECK-NEXT:    dist.assert_uniform %q group @pairs : tensor<3xi64>
 
 func.func @gather(%x: tensor<2x4xf32>, %c: tensor<4xi64>) -> (tensor<8x4xf32>, tensor<?x4xf32>) {
   %even = dist.all_gather %x axis 0 group @world4 : tensor<2x4xf32> -> tensor<8x4xf32>

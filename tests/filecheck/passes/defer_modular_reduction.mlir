@@ -2,7 +2,9 @@
 // RUN: distir-opt %s -p 'defer-modular-reduction{max-group-size=3 remarks=true}' 2>&1 >/dev/null | filecheck %s --check-prefix=REMARK
 
 // Deferred when P * (q_max - 1) <= 2^63 - 1 is proved: a native int64 sum,
-// then one remainder by the broadcast moduli. Otherwise kept, with a remark.
+// then one remainder by the broadcast moduli, keeping the op's checks (limbs
+// reduced; moduli equal on every rank unless constant). Otherwise kept, with
+// a remark.
 
 dist.group @pair [[0, 1], [2, 3]]
 
@@ -44,6 +46,7 @@ func.func @declared_bits(%ct: tensor<4x8xi64>, %q: tensor<4xi64>) -> tensor<4x8x
 
 // CHECK-LABEL: func.func @declared_bits
 // CHECK-NEXT:    dist.assert_reduced %ct, %q max_modulus_bits 60 : tensor<4x8xi64>, tensor<4xi64>
+// CHECK-NEXT:    dist.assert_uniform %q : tensor<4xi64>
 // CHECK:         %sum = dist.all_reduce sum %ct {assumed_max_group_size = 3 : i64} : tensor<4x8xi64>
 // CHECK-NEXT:    %y = arith.remui %sum, %q_bcast : tensor<4x8xi64>
 
