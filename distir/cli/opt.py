@@ -39,15 +39,13 @@ from xdsl.passes import ModulePass
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import (
     DiagnosticException,
-    MultipleSpansParseError,
     ParseError,
     ShrinkException,
     VerifyException,
 )
-from xdsl.utils.lexer import Span
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from distir.ir.parsing import LocatedParser, make_context, printable
+from distir.ir.parsing import LocatedParser, format_parse_error, make_context
 from distir.passes import PipelineError, build_pipeline
 
 try:
@@ -381,50 +379,6 @@ class DistirOptMain(xDSLOptMain):
         if self.args.shrink:
             print("Failure, can't shrink")
             sys.exit(1)
-
-
-EXCERPT_WIDTH = 120
-"""Longest piece of a source line an error shows (a hostile input may be
-one line of megabytes)."""
-
-
-def source_excerpt(span: Span) -> list[str]:
-    """The first line of `span` and carets under it: cut to a window of
-    `EXCERPT_WIDTH` characters around the span when longer, with control
-    characters shown as U+FFFD."""
-    content = span.input.content
-    if isinstance(content, bytes):
-        content = content.decode("utf-8", "replace")
-    start = min(span.start, len(content))
-    line_start = content.rfind("\n", 0, start) + 1
-    line_end = content.find("\n", start)
-    line_end = len(content) if line_end < 0 else line_end
-    line = content[line_start:line_end]
-    column, stop = start - line_start, max(start + 1, min(span.end, line_end)) - line_start
-    prefix = suffix = ""
-    if len(line) > EXCERPT_WIDTH:
-        left = max(0, min(column - EXCERPT_WIDTH // 2, len(line) - EXCERPT_WIDTH))
-        right = left + EXCERPT_WIDTH
-        prefix, suffix = ("..." if left else ""), ("..." if right < len(line) else "")
-        line, column, stop = line[left:right], column - left, min(stop, right) - left
-    carets = " " * (len(prefix) + column) + "^" * max(1, stop - column)
-    return [printable(prefix + line + suffix).rstrip("\r"), carets]
-
-
-def format_parse_error(e: ParseError) -> str:
-    """`file:line:col: error: message`, then the source line with carets
-    under the offending text (and, for errors about two places, the other)."""
-    message = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in e.msg)
-    lines = [f"{e.span.get_location()}: error: {message}", *source_excerpt(e.span)]
-    if isinstance(e, MultipleSpansParseError):
-        if e.ref_text is not None:
-            lines.append(e.ref_text.rstrip("\n"))
-        for span, note in e.refs:
-            lines.append(
-                f"{span.get_location()}: note: {note}" if note else f"{span.get_location()}:"
-            )
-            lines += source_excerpt(span)
-    return "\n".join(lines)
 
 
 def _fail(message: str) -> NoReturn:

@@ -18,6 +18,11 @@ It also turns hostile input into located parse errors instead of crashes:
 
 Locations cost O(log n) each: the line starts of the input are computed once
 and searched by bisection, so parsing is linear in the size of the file.
+
+`format_parse_error` renders a parse error for people: `file:line:col:
+error: message`, then a window of the source line with carets under the
+offending text, control characters replaced so that garbage input cannot
+drive the terminal.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from xdsl.dialects.tensor import Tensor
 from xdsl.ir import Operation, Region
 from xdsl.parser import Parser
 from xdsl.parser.generic_parser import ParserState
-from xdsl.utils.exceptions import DiagnosticException, ParseError
+from xdsl.utils.exceptions import DiagnosticException, MultipleSpansParseError, ParseError
 from xdsl.utils.lexer import Input, Span
 from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
@@ -225,6 +230,50 @@ class LocatedParser(Parser):
                 self._filename, IntAttr(line + self.line_offset), IntAttr(column)
             )
         return op
+
+
+EXCERPT_WIDTH = 120
+"""Longest piece of a source line an error shows (a hostile input may be
+one line of megabytes)."""
+
+
+def source_excerpt(span: Span) -> list[str]:
+    """The first line of `span` and carets under it: cut to a window of
+    `EXCERPT_WIDTH` characters around the span when longer, with control
+    characters shown as U+FFFD."""
+    content = span.input.content
+    if isinstance(content, bytes):
+        content = content.decode("utf-8", "replace")
+    start = min(span.start, len(content))
+    line_start = content.rfind("\n", 0, start) + 1
+    line_end = content.find("\n", start)
+    line_end = len(content) if line_end < 0 else line_end
+    line = content[line_start:line_end]
+    column, stop = start - line_start, max(start + 1, min(span.end, line_end)) - line_start
+    prefix = suffix = ""
+    if len(line) > EXCERPT_WIDTH:
+        left = max(0, min(column - EXCERPT_WIDTH // 2, len(line) - EXCERPT_WIDTH))
+        right = left + EXCERPT_WIDTH
+        prefix, suffix = ("..." if left else ""), ("..." if right < len(line) else "")
+        line, column, stop = line[left:right], column - left, min(stop, right) - left
+    carets = " " * (len(prefix) + column) + "^" * max(1, stop - column)
+    return [printable(prefix + line + suffix).rstrip("\r"), carets]
+
+
+def format_parse_error(e: ParseError) -> str:
+    """`file:line:col: error: message`, then the source line with carets
+    under the offending text (and, for errors about two places, the other)."""
+    message = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in e.msg)
+    lines = [f"{e.span.get_location()}: error: {message}", *source_excerpt(e.span)]
+    if isinstance(e, MultipleSpansParseError):
+        if e.ref_text is not None:
+            lines.append(e.ref_text.rstrip("\n"))
+        for span, note in e.refs:
+            lines.append(
+                f"{span.get_location()}: note: {note}" if note else f"{span.get_location()}:"
+            )
+            lines += source_excerpt(span)
+    return "\n".join(lines)
 
 
 def make_context(*, allow_unregistered: bool = False) -> Context:
