@@ -81,7 +81,7 @@ _PLAIN_META = struct.Struct("<4QQd")  # parms_id, coeff_count, scale
 _INSTALL_HINT = "install distir[he] (pip install 'distir[he]': tenseal and zstandard)"
 
 
-def _import_tenseal() -> Any:
+def import_tenseal() -> Any:
     try:
         import tenseal as ts
         import tenseal.sealapi  # noqa: F401  (registers seal::Modulus for context queries)
@@ -236,7 +236,7 @@ def _encode_seal_blob(version: tuple[int, int], payload: bytes) -> bytes:
 
 def parse_ckks_vector(ciphertext: Any) -> SealCiphertextLayout:
     """Serialize a TenSEAL ``CKKSVector`` and locate its SEAL ciphertext data."""
-    ts = _import_tenseal()
+    ts = import_tenseal()
     if not isinstance(ciphertext, ts.CKKSVector):
         raise TypeError(
             f"expected a tenseal.CKKSVector, got {type(ciphertext).__module__}."
@@ -273,7 +273,7 @@ def ckks_moduli(context: Any, parms_id: Any = None) -> Tensor:
 
     ``parms_id`` defaults to the first data level (what fresh ciphertexts
     use: the key-level primes minus the special prime)."""
-    _import_tenseal()
+    import_tenseal()
     seal_context = context.seal_context().data
     if parms_id is None:
         parms_id = seal_context.first_parms_id()
@@ -318,7 +318,7 @@ def limbs_to_ckks(limbs: Tensor, template: Any, *, context: Any = None) -> Any:
     reduced modulo the template's moduli).
 
     ``context`` defaults to ``template.context()``."""
-    ts = _import_tenseal()
+    ts = import_tenseal()
     if not isinstance(limbs, Tensor):
         raise TypeError(f"limbs must be a torch.Tensor, got {type(limbs).__name__}")
     layout = parse_ckks_vector(template)
@@ -374,7 +374,7 @@ def _replace_bytes_field(proto: bytes, number: int, value: bytes | None) -> byte
 
 
 def _context_proto(context: Any, *, secret: bool) -> bytes:
-    ts = _import_tenseal()
+    ts = import_tenseal()
     if not isinstance(context, ts.Context):
         raise TypeError(
             f"expected a tenseal.Context, got {type(context).__module__}.{type(context).__name__}"
@@ -400,7 +400,7 @@ def key_moduli(context: Any) -> Tensor:
     coefficient-modulus prime, the special (last) one included.  Keys live
     at this level; fresh ciphertexts at the first data level, its first
     ``K - 1`` primes."""
-    _import_tenseal()
+    import_tenseal()
     return ckks_moduli(context, context.seal_context().data.key_parms_id())
 
 
@@ -465,7 +465,7 @@ def context_from_key_limbs(
     ``public_key`` it cannot encrypt.  Relinearization and Galois keys are
     never carried over (they belong to the template's secret).  SEAL
     validates both keys when the context loads."""
-    ts = _import_tenseal()
+    ts = import_tenseal()
     proto = _context_proto(template, secret=False)
     moduli = key_moduli(template)
     public = _only(_bytes_fields(proto, _CTX_PUBLIC), "public part")

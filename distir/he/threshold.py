@@ -85,7 +85,7 @@ from distir.errors import DistirError
 from distir.he.ntt import mul_mod, sub_mod, to_ntt
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import (
-    _import_tenseal,
+    import_tenseal,
     ckks_to_limbs,
     context_from_key_limbs,
     limbs_to_ckks,
@@ -165,7 +165,7 @@ class ThresholdParameters:
     def key_moduli(self) -> tuple[int, ...]:
         """Every prime of the coefficient modulus, the special one last
         (SEAL's ``CoeffModulus::Create``): the level keys live at."""
-        ts = _import_tenseal()
+        ts = import_tenseal()
         primes = ts.sealapi.CoeffModulus.Create(
             self.poly_modulus_degree, list(self.coeff_mod_bit_sizes)
         )
@@ -213,7 +213,7 @@ class ThresholdParameters:
 
 @lru_cache(maxsize=8)
 def _template_context(degree: int, bits: tuple[int, ...], scale: float) -> Any:
-    ts = _import_tenseal()
+    ts = import_tenseal()
     context = ts.context(ts.SCHEME_TYPE.CKKS, degree, coeff_mod_bit_sizes=list(bits))
     context.global_scale = scale
     return context

@@ -84,17 +84,36 @@ def _fresh(op: Operation) -> bool:
     )
 
 
-def _writable(op: Operation, block: Block) -> tuple[frozenset[int], tuple[tuple[int, int], ...]]:
+def _writable(
+    op: Operation, block: Block, order: dict[Operation, int]
+) -> tuple[frozenset[int], tuple[tuple[int, int], ...]]:
+    """Which operands `op` may overwrite: it is their last use, every earlier
+    use in the block only read them (its results, if any, are fresh), and
+    they are fresh values of this block or (when donated) its arguments."""
     writable, donatable = set(), []
+    here = order[op]
     for position, value in enumerate(op.operands):
-        if not value.has_one_use():
-            continue  # read elsewhere (or twice here)
+        if list(op.operands).count(value) != 1 or not _only_read_before(value, op, order, here):
+            continue
         if isinstance(value, BlockArgument):
             if value.block is block:
                 donatable.append((position, value.index))
         elif value.owner.parent_block() is block and _fresh(value.owner):
             writable.add(position)
     return frozenset(writable), tuple(donatable)
+
+
+def _only_read_before(
+    value: SSAValue, op: Operation, order: dict[Operation, int], here: int
+) -> bool:
+    for use in value.uses:
+        user = use.operation
+        if user is op:
+            continue
+        position = order.get(user)  # None: in a nested block, or a terminator
+        if position is None or position > here or (user.results and not _fresh(user)):
+            return False
+    return True
 
 
 def _run_steps(steps: list[Step], env: list, donated: frozenset[int]) -> None:
@@ -203,6 +222,9 @@ class BlockCompiler:
                 captured.append(value)
             return slots[value]
 
+        order = {
+            op: i for i, op in enumerate(block.ops) if not isinstance(op, TERMINATORS)
+        }
         for op in block.ops:
             ins = [slot_of(v) for v in op.operands]
             if isinstance(op, TERMINATORS):
@@ -215,7 +237,7 @@ class BlockCompiler:
                 slots[result] = n_local
                 outs.append(n_local)
                 n_local += 1
-            writable, donatable = _writable(op, block) if dist else (_NOTHING, ())
+            writable, donatable = _writable(op, block, order) if dist else (_NOTHING, ())
             steps.append(Step(kernel, tuple(ins), tuple(outs), op, (), dist, writable, donatable))
         if returned is None:
             raise UnsupportedOpError(block.parent_op() or "block", "block has no terminator")
