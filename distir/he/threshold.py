@@ -85,9 +85,9 @@ from distir.errors import DistirError
 from distir.he.ntt import mul_mod, sub_mod, to_ntt
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import (
-    import_tenseal,
     ckks_to_limbs,
     context_from_key_limbs,
+    import_tenseal,
     limbs_to_ckks,
 )
 
