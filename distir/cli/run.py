@@ -484,6 +484,17 @@ def _check_inputs_file(request: RunRequest, function, world_size: int) -> None:
         )
 
 
+def _verifies(module) -> bool:
+    """Whether `module` verifies; `distir.compile` reports why it does not."""
+    from xdsl.utils.exceptions import DiagnosticException
+
+    try:
+        module.verify()
+    except DiagnosticException:
+        return False
+    return True
+
+
 def _run(args: argparse.Namespace) -> int:
     from distir.errors import DistirError
     from distir.runtime.launch import (
@@ -528,10 +539,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.output is not None:
         _check_output_path(args.output)
 
-    import distir
-
     # Everything a rank would find wrong with the program, found once, here.
     module = parse_program(text, filename)
+    if _verifies(module):
+        # Before compiling, which loads torch: a wrong --nproc fails at once.
+        check_world_size(module, nproc, args.entry)
+    import distir
+
     program = distir.compile(module, args.pipeline, entry=args.entry, deadline=args.deadline)
     check_world_size(module, nproc, args.entry)
     check_world_size(program.module, nproc, args.entry)  # what the passes assumed

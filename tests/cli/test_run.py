@@ -479,6 +479,25 @@ def test_a_program_for_four_ranks_on_three_fails_at_once(capsys, no_launch) -> N
     )
 
 
+@pytest.mark.parametrize(
+    ("program", "nproc"),
+    [("examples/variable_all_to_all.mlir", "3"), ("examples/mesh_transfer.mlir", "4")],
+)
+def test_a_wrong_world_size_is_refused_before_torch_loads(program, nproc) -> None:
+    # Loading torch takes longer than the whole check: it must not happen.
+    code = (
+        "import sys\n"
+        "from distir.cli import run\n"
+        f"status = run.main([{program!r}, '--nproc', {nproc!r}])\n"
+        "assert status == 1, status\n"
+        "assert 'torch' not in sys.modules, 'torch was loaded'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("distir-run: error: "), proc.stderr
+
+
 def test_a_mesh_naming_missing_ranks_fails_at_once(capsys, no_launch) -> None:
     status, err = run_here(capsys, "examples/mesh_transfer.mlir", "--nproc", "4")
     assert (status, err) == (
