@@ -188,28 +188,26 @@ class ModularAddCombine:
             if q.dim() == 1 and tuple(q.shape) != tuple(like.shape)
             else ModuliPieces.from_extra(q)
         )
-        tile = TILE_ELEMENTS
 
-        def combine(dst, lhs, rhs, start):
-            for a in range(0, dst.numel(), tile):
-                b = min(dst.numel(), a + tile)
-                d = dst[a:b]
-                torch.add(lhs[a:b], rhs[a:b], out=d)
-                for piece, qs in moduli.pieces(d, start + a):
-                    tmp = SCRATCH.get("mask", piece.numel(), piece.dtype, piece.device)
-                    subtract_and_mask_(piece, qs, tmp.view(piece.shape))
+        def reduce(d: torch.Tensor, start: int) -> None:
+            for piece, qs in moduli.pieces(d, start):
+                tmp = SCRATCH.get("mask", piece.numel(), piece.dtype, piece.device)
+                subtract_and_mask_(piece, qs, tmp.view(piece.shape))
 
-        return combine
+        return lambda dst, lhs, rhs, start: add_then(dst, lhs, rhs, start, reduce)
 
 
-def _subtract_if_at_least(v: torch.Tensor, m: torch.Tensor, tmp: torch.Tensor) -> None:
-    """v = v − m where v ≥ m, for 0 ≤ v < 2m (m < 2^63), in three passes:
-    v − m is negative exactly when v < m, and masking its sign bit off then
-    makes it 2^63 + v − m > v, so the minimum picks v; otherwise v − m ≤ v
-    is picked. (Subtract-and-mask, the region's form, needs four.)"""
-    torch.sub(v, m, out=tmp)
-    tmp.bitwise_and_(INT64_MAX)
-    torch.minimum(v, tmp, out=v)
+def add_then(
+    dst: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, start: int,
+    reduce: Callable[[torch.Tensor, int], None],
+) -> None:
+    """dst = lhs + rhs, then `reduce(tile, its first flat element)`, one
+    cache-sized tile at a time."""
+    for a in range(0, dst.numel(), TILE_ELEMENTS):
+        b = min(dst.numel(), a + TILE_ELEMENTS)
+        d = dst[a:b]
+        torch.add(lhs[a:b], rhs[a:b], out=d)
+        reduce(d, start + a)
 
 
 class LazyModularAdd:
@@ -225,11 +223,8 @@ class LazyModularAdd:
             if reduce_bound <= 1:
                 torch.add(lhs, rhs, out=dst)
                 return
-            for a in range(0, dst.numel(), TILE_ELEMENTS):
-                b = min(dst.numel(), a + TILE_ELEMENTS)
-                d = dst[a:b]
-                torch.add(lhs[a:b], rhs[a:b], out=d)
-                _reduce_bounded(d, moduli, start + a, reduce_bound)
+            add_then(dst, lhs, rhs, start,
+                     lambda d, a: _reduce_bounded(d, moduli, a, reduce_bound))
 
         return combine
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from inspect import signature
 
 from distir.bench.families import program as program_text
 from distir.bench.runner import sync_for
@@ -20,33 +19,22 @@ from distir.bench.runner import sync_for
 
 def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> dict:
     """A 1-rank group: `chain` dependent all-reduces of 4 floats, as raw
-    calls, through the op's implementation alone, through Program.run, and
-    through Program.run with an implementation that reduces in place (what
-    the runtime would run if it could donate dead intermediates): the last
-    one isolates the runtime's own dispatch cost."""
+    in-place calls, raw out-of-place calls, `Program.run` (intermediates
+    are reduced in place: each is dead after the next op), `Program.run`
+    with the input donated, and `Program.run` with an implementation that
+    communicates nothing: the last isolates the runtime's own cost per op."""
     import torch
     import torch.distributed as dist
 
     import distir
-    from distir.backends.groups import ProcessGroupResource
     from distir.backends.registry import Implementation, ImplementationRegistry
-    from distir.interpreters.invocation import make_invocation
     from distir.ir.dialect import AllReduceOp
-
-    class InPlaceSum(Implementation):
-        name = "in-place-sum"
-        operation_types = (AllReduceOp,)
-
-        # *_, **__: whichever in-place argument the runtime passes (in_place= or writable).
-        def execute(self, invocation, inputs, resources, *_, **__):
-            dist.all_reduce(inputs[0], group=resources.group)
-            return (inputs[0],)
 
     class NoCollective(Implementation):
         name = "no-collective"
         operation_types = (AllReduceOp,)
 
-        def execute(self, invocation, inputs, resources, *_, **__):
+        def execute(self, invocation, inputs, resources, writable=frozenset()):
             return (inputs[0],)
 
     device = "cuda" if backend == "nccl" else "cpu"
@@ -57,21 +45,9 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
     start = time.perf_counter()
     program = distir.compile(text)
     compile_s = time.perf_counter() - start
-    in_place = distir.compile(text, registry=ImplementationRegistry([InPlaceSum()]))
     no_collective = distir.compile(text, registry=ImplementationRegistry([NoCollective()]))
     x = torch.rand(4, device=device)
     scratch = x.clone()
-    # The chosen implementations: `Program.plan.choices` (`Program.choices` before the plan
-    # had its own module).
-    choices = program.plan.choices if hasattr(program, "plan") else program.choices
-    op = next(op for op in choices if op.name == "dist.all_reduce")
-    implementation = choices[op]
-    invocation = make_invocation(op)
-    resource = ProcessGroupResource(None)
-    # A read-only call: `in_place=False` where execute still takes it, else no writable inputs.
-    read_only = (
-        {"in_place": False} if "in_place" in signature(implementation.execute).parameters else {}
-    )
 
     def raw():
         for _ in range(chain):
@@ -83,24 +59,18 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
             y = torch.empty_like(y).copy_(y)
             dist.all_reduce(y)
 
-    def implementation_only():
-        y = x
-        for _ in range(chain):
-            (y,) = implementation.execute(invocation, (y,), resource, **read_only)
-
     def program_run():
         program.run(x)
 
-    def program_run_in_place():
-        in_place.run(scratch)
+    def program_run_donated():
+        program.run(scratch, donate=True)
 
     def program_run_without_collectives():
         no_collective.run(scratch)
 
     measured: dict[str, list[float]] = {}
     calls = [("raw", raw), ("raw_out_of_place", raw_out_of_place),
-             ("implementation_only", implementation_only), ("program_run", program_run),
-             ("program_run_in_place", program_run_in_place),
+             ("program_run", program_run), ("program_run_donated", program_run_donated),
              ("program_run_without_collectives", program_run_without_collectives)]  # fmt: skip
     for _ in range(2):
         for _, call in calls:
@@ -120,9 +90,8 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
         "us_per_op": per_op,
         "min_us_per_op": {name: min(v) for name, v in measured.items()},
         "overhead_us_per_op": per_op["program_run"] - per_op["raw"],
-        "overhead_vs_out_of_place_us_per_op": per_op["program_run"] - per_op["raw_out_of_place"],
-        "runtime_dispatch_us_per_op": per_op["program_run_in_place"] - per_op["raw"],
-        "implementation_us_per_op": per_op["implementation_only"] - per_op["raw"],
+        "overhead_donated_us_per_op": per_op["program_run_donated"] - per_op["raw"],
+        "runtime_dispatch_us_per_op": per_op["program_run_without_collectives"],
     }
 
 

@@ -84,13 +84,12 @@ def format_dispatch(d: dict) -> str:
     return (
         f"dispatch (1 rank, chain of {d['chain']} all-reduces of 4 floats, median of "
         f"{d['repeats']}, us/op): raw in place {us['raw']:.1f}; raw out of place (empty + copy "
-        f"+ all_reduce) {us['raw_out_of_place']:.1f}; native implementation alone "
-        f"{us['implementation_only']:.1f}; Program.run {us['program_run']:.1f}; Program.run with "
-        f"an in-place implementation {us['program_run_in_place']:.1f}; Program.run with an "
+        f"+ all_reduce) {us['raw_out_of_place']:.1f}; Program.run {us['program_run']:.1f}; "
+        f"Program.run, input donated {us['program_run_donated']:.1f}; Program.run with an "
         f"implementation that communicates nothing {us['program_run_without_collectives']:.1f}\n"
         f"  -> Program.run adds {d['overhead_us_per_op']:.1f} us/op over raw in place "
-        f"({d['overhead_vs_out_of_place_us_per_op']:.1f} over raw out of place); the runtime's "
-        f"own dispatch adds {d['runtime_dispatch_us_per_op']:.1f} us/op"
+        f"({d['overhead_donated_us_per_op']:.1f} donated); the runtime's own dispatch costs "
+        f"{d['runtime_dispatch_us_per_op']:.1f} us/op"
     )
 
 

@@ -20,7 +20,6 @@ from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.ir.dialect import (
     ASSUMED_GROUP_SIZE,
     AllGatherOp,
-    AllReduceAddCiphertextOp,
     AllReduceOp,
     BroadcastOp,
     GroupMemberOp,
@@ -70,27 +69,17 @@ def decode_properties(op: Operation) -> dict[str, Any]:
         props["root"] = None if op.root is None else op.root.value.data
     elif isinstance(op, AllReduceOp):
         props["kind"] = None if op.kind is None else str(op.kind.data)
-        props["commutative"] = op.commutative is not None
-        props["algorithm"] = None if op.algorithm is None else op.algorithm.data
         assumed = op.attributes.get(ASSUMED_GROUP_SIZE)
         props["assumed_max_group_size"] = (
             assumed.value.data if isinstance(assumed, IntegerAttr) else None
         )
-    elif isinstance(op, AllReduceAddCiphertextOp):
-        props["modulus_basis"] = op.modulus_basis.data
-        props["max_modulus_bits"] = (
-            None if op.max_modulus_bits is None else op.max_modulus_bits.value.data
-        )
     elif isinstance(op, AllGatherOp | VariableAllToAllOp):
         props["axis"] = op.axis.value.data
-        if isinstance(op, AllGatherOp):
-            props["uneven"] = op.counts is not None
     if isinstance(op, SendOp | SendRecvOp):
         props["dest"] = None if op.dest is None else op.dest.value.data
     if isinstance(op, RecvOp | SendRecvOp):
         props["source"] = None if op.source is None else op.source.value.data
         props["result_dtype"] = element_dtype(op.result.type)
-        props["result_shape"] = static_shape(op.result.type)
     if isinstance(op, TransferOp):
         props["plan"] = transfer_plan(op)
     return props

@@ -1,0 +1,150 @@
+"""Every all-reduce algorithm equals the definition for any group size.
+
+The algorithms only talk through an `Exchange`, so here each runs with P
+threads of this process over `InProcessExchange` mailboxes, for P up to 64
+(powers of two and not), message sizes around the chunk boundaries, and
+combines that tell rank order apart: the ring for a commutative sum, the
+order-keeping algorithms for "first nonzero" (associative, not
+commutative), and the lazily reduced ciphertext ring against Python
+integers with moduli near 2^62 (no headroom) and below 2^60 (deferred).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from distir.backends.algorithms import base
+from distir.backends.algorithms.halving_doubling import halving_doubling_all_reduce
+from distir.backends.algorithms.recursive_doubling import recursive_doubling_all_reduce
+from distir.backends.algorithms.ring import ring_all_reduce
+from distir.backends.combines import LazyModularAdd, ModuliPieces
+from distir.backends.exchange import InProcessWorld
+from distir.he.modular import lazy_reduction_schedule
+
+GROUP_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 31, 33, 64]
+
+
+def _run(size: int, body) -> list:
+    """Runs `body(exchange)` on `size` threads; returns their results."""
+    world = InProcessWorld(size, timeout=30)
+    results: list = [None] * size
+    errors: list[BaseException] = []
+
+    def thread(rank: int) -> None:
+        try:
+            results[rank] = body(world.exchange(rank))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=thread, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def _values(size: int, n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(size * 1000 + n)
+    # Sparse, so "first nonzero" depends on the order.
+    return [torch.randint(0, 4, (n,), generator=g) * torch.randint(0, 2, (n,), generator=g)
+            for _ in range(size)]  # fmt: skip
+
+
+def _first_nonzero(dst, lhs, rhs, start):
+    torch.where(lhs != 0, lhs, rhs, out=dst)
+
+
+def _sizes(p: int) -> list[int]:
+    return sorted({0, 1, p - 1, p, 3 * p + 1, 100})
+
+
+@pytest.fixture(autouse=True)
+def small_segments():
+    # Tiny segments make every chunk several messages, as large ones are.
+    saved = base.SEGMENT_BYTES
+    base.SEGMENT_BYTES = 24
+    yield
+    base.SEGMENT_BYTES = saved
+
+
+@pytest.mark.parametrize("size", GROUP_SIZES)
+def test_the_ring_sums_for_any_group_size(size):
+    for n in _sizes(size):
+        xs = _values(size, n)
+        out = _run(size, lambda ex: _ring(xs[ex.rank], ex, in_place=ex.rank % 2 == 1))
+        want = sum(xs) if xs else None
+        for got in out:
+            assert torch.equal(got, want)
+
+
+def _ring(x, ex, in_place):
+    x = x.clone()
+    out = x if in_place else torch.empty_like(x)
+    if ex.size == 1 or not x.numel():
+        return x.clone()
+    ring_all_reduce(x, out, lambda step: lambda d, a, b, s: torch.add(a, b, out=d), ex)
+    return out
+
+
+@pytest.mark.parametrize("size", GROUP_SIZES)
+def test_halving_doubling_keeps_rank_order_for_any_group_size(size):
+    for n in _sizes(size):
+        xs = _values(size, n)
+
+        def body(ex):
+            x = xs[ex.rank].clone()
+            out = x if ex.rank % 3 == 0 else torch.empty_like(x)
+            if ex.size == 1 or not x.numel():
+                return x
+            halving_doubling_all_reduce(x, out, _first_nonzero, ex)
+            return out
+
+        want = xs[0].clone()
+        for x in xs[1:]:
+            want = torch.where(want != 0, want, x)
+        for got in _run(size, body):
+            assert torch.equal(got, want), (size, n)
+
+
+@pytest.mark.parametrize("size", GROUP_SIZES)
+def test_recursive_doubling_keeps_rank_order_for_any_group_size(size):
+    xs = [torch.randint(-2, 3, (2, 2), generator=torch.Generator().manual_seed(size * 7 + r))
+          for r in range(size)]  # fmt: skip
+    want = xs[0]
+    for x in xs[1:]:
+        want = want @ x  # a 2x2 matrix product: associative, order matters
+    results = _run(size, lambda ex: recursive_doubling_all_reduce(xs[ex.rank], torch.matmul, ex))
+    for got in results:
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8, 13, 64])
+@pytest.mark.parametrize("bits", [59, 62])
+def test_the_lazily_reduced_ciphertext_ring_is_exact(size, bits):
+    moduli = [(1 << bits) - 57, (1 << bits) - 87, (1 << (bits - 1)) - 1]
+    q = torch.tensor(moduli)
+    g = torch.Generator().manual_seed(size + bits)
+    cts = [torch.remainder(torch.randint(0, 1 << 62, (2, 3, 7), generator=g), q.view(-1, 1))
+           for _ in range(size)]  # fmt: skip
+
+    def body(ex):
+        ct = cts[ex.rank].clone()
+        out = torch.empty_like(ct).reshape(-1)
+        lazy = LazyModularAdd(ModuliPieces.per_row(q, ct.shape))
+        steps = [lazy.step_combine(b) for b in lazy_reduction_schedule(ex.size, max(moduli))]
+        ring_all_reduce(ct.reshape(-1), out, steps.__getitem__, ex)
+        return out.view(ct.shape)
+
+    flat = [c.reshape(-1, 3, 7).tolist() for c in cts]
+    want = torch.tensor(
+        [[[sum(f[b][limb][k] for f in flat) % moduli[limb] for k in range(7)]
+          for limb in range(3)] for b in range(2)]
+    )  # fmt: skip
+    for got in _run(size, body):
+        assert torch.equal(got, want)
