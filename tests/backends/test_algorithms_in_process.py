@@ -77,7 +77,7 @@ def small_segments():
 def test_the_ring_sums_for_any_group_size(size):
     for n in _sizes(size):
         xs = _values(size, n)
-        out = _run(size, lambda ex: _ring(xs[ex.rank], ex, in_place=ex.rank % 2 == 1))
+        out = _run(size, lambda ex, xs=xs: _ring(xs[ex.rank], ex, in_place=ex.rank % 2 == 1))
         want = sum(xs) if xs else None
         for got in out:
             assert torch.equal(got, want)
@@ -97,7 +97,7 @@ def test_halving_doubling_keeps_rank_order_for_any_group_size(size):
     for n in _sizes(size):
         xs = _values(size, n)
 
-        def body(ex):
+        def body(ex, xs=xs):
             x = xs[ex.rank].clone()
             out = x if ex.rank % 3 == 0 else torch.empty_like(x)
             if ex.size == 1 or not x.numel():
