@@ -238,7 +238,7 @@ def build_pass(name: str, cls: type[ModulePass], spec: ArgSpec) -> ModulePass:
     for given in spec.parameters:
         if given.replace("-", "_") not in fields:
             hint = f"its options are {known}" if options else "it takes no options"
-            close = difflib.get_close_matches(given, [o.name for o in options], n=1)
+            close = difflib.get_close_matches(given, [o.name for o in options], n=1, cutoff=0.7)
             also = f"; did you mean '{close[0]}'?" if close else ""
             raise PipelineError(f"pass '{name}' has no option '{given}' ({hint}){also}")
     hints = get_type_hints(cls)
@@ -282,7 +282,7 @@ def build_pipeline(
     passes = []
     for pass_spec in specs:
         if pass_spec.name not in available:
-            close = difflib.get_close_matches(pass_spec.name, list(available), n=1)
+            close = difflib.get_close_matches(pass_spec.name, list(available), n=1, cutoff=0.7)
             also = f"; did you mean '{close[0]}'?" if close else ""
             raise PipelineError(
                 f"unknown pass '{pass_spec.name}'{also} (distir-opt --help lists the passes)"

@@ -450,6 +450,11 @@ def test_a_huge_line_is_shown_as_a_window_around_the_error(
         ),
         ("lower-ciphertext-add{fast=true}", "pass 'lower-ciphertext-add' has no option 'fast'"),
         (
+            "bucket-all-reduces{min-op=3}",
+            "pass 'bucket-all-reduces' has no option 'min-op' (its options are max-op-bytes, "
+            "bucket-bytes, min-ops); did you mean 'min-ops'?",
+        ),
+        (
             "bucket-allreduces",
             "unknown pass 'bucket-allreduces'; did you mean 'bucket-all-reduces'?",
         ),
