@@ -45,7 +45,7 @@ from xdsl.utils.exceptions import (
 )
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from distir.ir.parsing import LocatedParser, format_parse_error, make_context
+from distir.ir.parsing import LocatedParser, format_parse_error, make_context, printable
 from distir.passes import PipelineError, build_pipeline
 
 try:
@@ -360,7 +360,7 @@ class DistirOptMain(xDSLOptMain):
                     e.span = dataclasses.replace(e.span, line_offset=offset)
                     if not self.args.parsing_diagnostics:
                         raise
-                    print(e)
+                    print(printable(str(e)))  # xDSL's layout, which lit tests check
                 except DiagnosticException as e:
                     if not self.args.verify_diagnostics:
                         raise

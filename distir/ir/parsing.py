@@ -59,8 +59,8 @@ implicit: the ops of a function body are at level 1. Programs of this domain
 nest a few levels; the limit keeps parsing, verifying and printing far from
 Python's recursion limit."""
 
-# Python frames the parser spends per region level (8 measured for `scf.if`
-# in custom syntax, 11 in generic syntax), with room for attributes parsed at
+# Python frames the parser spends per region level (10 measured for `scf.if`
+# in custom syntax, 12 in generic syntax), with room for attributes parsed at
 # the deepest level.
 _FRAMES_PER_LEVEL = 16
 _FRAMES_SLACK = 400

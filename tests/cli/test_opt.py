@@ -525,3 +525,13 @@ def test_help_lists_distir_passes_first_with_descriptions_and_options(
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     # The -p help no longer lists every pass in one blob.
     assert "apply-eqsat-pdl" not in "\n".join(lines[:distir_at])
+
+
+def test_parsing_diagnostics_show_no_control_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "esc.mlir"
+    path.write_text(VALID.replace("%y = ", "%y = \x1b[31m"))
+    main([str(path), "--parsing-diagnostics"])
+    out = capsys.readouterr().out
+    assert "Unexpected character" in out and not CONTROL.search(out)
