@@ -158,6 +158,7 @@ def test_compile_accepts_the_deepest_program() -> None:
         "tensor<" * 3000 + "f32" + ">" * 3000,  # a type
         "(" * 5000,  # unbalanced: the parser gives up where it stopped
     ],
+    ids=["array", "type", "unbalanced-parentheses"],
 )
 def test_attributes_nested_too_deep_are_a_parse_error(deep: str) -> None:
     """Raised RecursionError; now a parse error where the parser stopped."""
