@@ -148,7 +148,13 @@ def format_pass_list(available: Mapping[str, Callable[[], type[ModulePass]]], wi
         first = first.ljust(indent) if first else " " * indent
         if len(first) > indent:  # a long option name: its description goes below
             return [first.rstrip(), *wrap(text, indent)]
-        filled = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * indent)
+        filled = textwrap.wrap(
+            text,
+            width,
+            initial_indent=first,
+            subsequent_indent=" " * indent,
+            break_on_hyphens=False,
+        )
         return [line.replace("\N{NO-BREAK SPACE}", " ") for line in filled] or [first.rstrip()]
 
     lines = ["distir passes (-p 'name{option=value ...},name,...'):"]
