@@ -124,9 +124,9 @@ def locate_verify_error(
 # Help ------------------------------------------------------------------------
 
 PIPELINE_HELP = (
-    "passes to run in order, comma-separated, options in braces: "
-    "-p 'canonicalize,bucket-all-reduces{min-ops=4}'. Give it once (-p A,B, not "
-    "-p A -p B). The passes and their options are listed below."
+    "passes to run in order, comma-separated, each with its options in braces: "
+    "-p NAME{OPTION=VALUE ...},NAME. Give it once (-p A,B, not -p A -p B). The "
+    "passes and their options are listed below."
 )
 
 
