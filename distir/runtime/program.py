@@ -28,7 +28,13 @@ from distir.backends.registry import ImplementationRegistry
 from distir.durations import Duration, seconds
 from distir.errors import CompileError, ProgramInputError
 from distir.interpreters.block_compiler import BlockCompiler
-from distir.ir.parsing import describe_op, make_context, parse_module
+from distir.ir.parsing import (
+    describe_op,
+    format_parse_error,
+    make_context,
+    parse_file,
+    parse_module,
+)
 from distir.passes import apply_pipeline
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
@@ -45,15 +51,13 @@ def load_module(source: ProgramSource) -> ModuleOp:
         if isinstance(source, Path) or (
             isinstance(source, str) and "\n" not in source and source.endswith(".mlir")
         ):
-            path = Path(source)
             try:
-                text = path.read_text()
-            except (OSError, UnicodeDecodeError) as e:
-                raise CompileError(f"cannot read {path}: {e}") from None
-            return parse_module(text, str(path))
+                return parse_file(source)
+            except OSError as e:
+                raise CompileError(f"cannot read {source}: {e.strerror or e}") from None
         return parse_module(source, "<program>")
     except ParseError as e:
-        raise CompileError(f"parse error: {e}") from None
+        raise CompileError(f"parse error: {format_parse_error(e)}") from None
 
 
 def _verify(module: ModuleOp, when: str) -> None:

@@ -205,5 +205,5 @@ def test_distir_run_reports_failures_and_exits_nonzero(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "2 of 2 ranks failed" in proc.stderr
     assert f"'dist.broadcast' at {program}:2:3: root 3 is outside the group (size 2)" in proc.stderr
-    leftover = subprocess.run(["pgrep", "-f", str(program)], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "distir-rank"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "a rank of distir-run survived"
