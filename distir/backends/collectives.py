@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.buffers import pooled_copy, pooled_empty
-from distir.backends.groups import ProcessGroupResource, all_gather_single
+from distir.backends.groups import ProcessGroupResource
 from distir.backends.registry import Implementation, Invocation
 from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
@@ -57,7 +57,7 @@ def gather_stacked(
     """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
     flat = x.contiguous().reshape(-1)
     out = pooled_empty((res.size * flat.numel(),), x)
-    res.complete(all_gather_single(out, flat, group=res.group, async_op=True), invocation)
+    res.all_gather(out, flat, invocation, wait=True)
     return out.view(res.size, *x.shape)
 
 
@@ -94,15 +94,17 @@ class BroadcastImplementation(Implementation):
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
         x = inputs[0]
-        root = resources.precondition(invocation, inputs).decoded["root"]
+        root = invocation.properties["root"]
+        if root is None:  # a dynamic root: checked and agreed on
+            root = resources.precondition(invocation, inputs).decoded["root"]
         if resources.rank != root:
             y = x if 0 in writable and x.is_contiguous() else pooled_empty(x.shape, x)
-            work = dist.broadcast(y, group=resources.group, group_src=root, async_op=True)
+            work = resources.broadcast(y, root, invocation)
             return _awaiting(resources, work, invocation, (y,))
         # The root sends straight from its input (a broadcast only reads it
         # there) and makes its own result while the message is in flight.
         source = x.contiguous()
-        work = dist.broadcast(source, group=resources.group, group_src=root, async_op=True)
+        work = resources.broadcast(source, root, invocation)
         y = source if source is not x or 0 in writable else pooled_copy(x)
         return _awaiting(resources, work, invocation, (y,))
 
@@ -115,15 +117,15 @@ class NativeAllReduceImplementation(Implementation):
         return isinstance(op, AllReduceOp) and op.kind is not None
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
-        return self.start(invocation, inputs, resources, writable)()
+        resources.precondition(invocation, inputs)
+        y = writable_result(inputs[0], 0, writable)
+        resources.all_reduce(y, C10D_REDUCTIONS[invocation.properties["kind"]], invocation, True)
+        return (y,)
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
         resources.precondition(invocation, inputs)
         y = writable_result(inputs[0], 0, writable)
-        work = dist.all_reduce(
-            y, op=C10D_REDUCTIONS[invocation.properties["kind"]], group=resources.group,
-            async_op=True,
-        )
+        work = resources.all_reduce(y, C10D_REDUCTIONS[invocation.properties["kind"]], invocation)
         return _awaiting(resources, work, invocation, (y,))
 
 
@@ -173,10 +175,7 @@ class ExactCiphertextAddImplementation(Implementation):
         q_max = resources.precondition(invocation, inputs).decoded["q_max"]
         if int64_sum_is_exact(resources.size, q_max):
             y = writable_result(ct, 0, writable)
-            resources.complete(
-                dist.all_reduce(y, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
-                invocation,
-            )
+            resources.all_reduce(y, dist.ReduceOp.SUM, invocation, wait=True)
             torch.remainder(y, moduli.to(y.device).view(-1, 1), out=y)
             return (y,)
         stacked = gather_stacked(ct, resources, invocation)
@@ -271,22 +270,11 @@ class VariableAllToAllImplementation(Implementation):
                 raise pre.error
             send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
             recv_t = torch.empty_like(send_t)
-            resources.complete(
-                dist.all_to_all_single(recv_t, send_t, group=resources.group, async_op=True),
-                invocation,
-            )
+            resources.all_to_all(recv_t, send_t, [1] * size, [1] * size, invocation, wait=True)
             recv = recv_t.tolist()
         rows_in = x.movedim(axis, 0).contiguous()
         out = pooled_empty((sum(recv), *rows_in.shape[1:]), x)
-        work = dist.all_to_all_single(
-            out,
-            rows_in,
-            output_split_sizes=recv,
-            input_split_sizes=send,
-            group=resources.group,
-            async_op=True,
-        )
-        resources.complete(work, invocation)
+        resources.all_to_all(out, rows_in, recv, send, invocation, wait=True)
         counts = torch.tensor(recv, dtype=send_counts.dtype, device=send_counts.device)
         return (out.movedim(0, axis), counts)
 

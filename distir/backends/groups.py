@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from distir.backends.domain import ExecutionDomain, domain_for
 from distir.errors import (
@@ -43,8 +44,9 @@ from distir.ir.dialect import GroupOp, MeshOp
 
 DEFAULT_DEADLINE_S = 60.0
 
-# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+#: the precondition of an op that needs no agreement
+NOTHING_TO_CHECK = Precondition()
+
 
 
 class Step:
@@ -79,6 +81,11 @@ class ProcessGroupResource:
             dist.get_global_rank(group, r) if group is not None else r
             for r in range(self.size)
         ]
+        #: the process group object the collectives are submitted to
+        self.pg = group if group is not None else c10d._get_default_group()
+        #: whether collectives that are waited for at once run inline (gloo)
+        self.inline = self.backend == "gloo"
+        self._cached_options: dict[tuple, Any] = {}
         self.domain = domain if domain is not None else domain_for(group)
         #: where exchange rows live: NCCL only moves CUDA tensors
         self.device = (
@@ -130,13 +137,81 @@ class ProcessGroupResource:
             f"{waited:.2f} s{' (a peer may have exited)' if lost_peer else ''}{cause}: {text}",
         )
 
+    # -- collectives, submitted under the deadline -------------------------------
+    #
+    # Straight to the process group (not through torch.distributed's Python
+    # wrappers, about 15 us per call) with the op's deadline as the backend's
+    # own timeout. With `wait`, the call returns once the collective is done
+    # (a backend error raises as a named distir error):
+    # gloo then runs it in the calling thread (no hand-off to its worker
+    # thread; a timeout closes the group's pairs, which the poisoned domain
+    # never uses again), NCCL completes it under the deadline. Without, it
+    # returns the work for `complete` (waves submit before they wait).
+
+    def _options(self, kind: Any, invocation: Any, wait: bool, **fields: Any) -> Any:
+        """The backend's options for one call, reused across calls (options
+        hold no tensors): `kind` (an options class), the deadline as its
+        timeout, `asyncOp` off when the call runs inline."""
+        deadline = self.deadline_for(invocation)
+        inline = wait and self.inline
+        key = (kind, deadline, inline, *fields.items())
+        opts = self._cached_options.get(key)
+        if opts is None:
+            opts = kind()
+            opts.timeout = timedelta(seconds=deadline)
+            opts.asyncOp = not inline
+            for name, value in fields.items():
+                setattr(opts, name, value)
+            self._cached_options[key] = opts
+        return opts
+
+    def _run(self, submit: Any, opts: Any, invocation: Any, wait: bool) -> Any:
+        """`submit(opts)`, then (with `wait`) its completion; a backend error
+        on the way raises as a named distir error."""
+        start = time.monotonic()
+        try:
+            work = submit(opts)
+            if not wait:
+                return work
+            work.wait(timeout=opts.timeout)
+        except RuntimeError as e:
+            raise self.failure(e, invocation, time.monotonic() - start) from None
+        return None
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any, invocation: Any, wait: bool = False) -> Any:
+        opts = self._options(dist.AllreduceOptions, invocation, wait, reduceOp=op)
+        return self._run(lambda o: self.pg.allreduce([tensor], o), opts, invocation, wait)
+
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, invocation: Any, wait: bool = False
+    ) -> Any:
+        """`root` is a rank of this group."""
+        opts = self._options(dist.BroadcastOptions, invocation, wait, rootRank=root, rootTensor=0)
+        return self._run(lambda o: self.pg.broadcast([tensor], o), opts, invocation, wait)
+
+    def all_gather(
+        self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False
+    ) -> Any:
+        opts = self._options(c10d.AllgatherOptions, invocation, wait)
+        return self._run(lambda o: self.pg.all_gather_single(out, tensor, o), opts, invocation,
+                         wait)
+
+    def all_to_all(
+        self, out: torch.Tensor, tensor: torch.Tensor, out_splits: Sequence[int],
+        in_splits: Sequence[int], invocation: Any, wait: bool = False,
+    ) -> Any:
+        opts = self._options(c10d.AllToAllOptions, invocation, wait)
+        outs, ins = list(out_splits), list(in_splits)
+        return self._run(lambda o: self.pg.all_to_all_single(out, tensor, outs, ins, o), opts,
+                         invocation, wait)
+
     # -- exchanges of small rows ---------------------------------------------------
 
     def exchange_rows(self, row: Sequence[int], invocation: Any) -> list[list[int]]:
         """Every rank's `row` of int64 (all ranks pass rows of one length)."""
         mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
         rows = torch.empty(self.size * mine.numel(), dtype=torch.int64, device=self.device)
-        self.complete(all_gather_single(rows, mine, group=self.group, async_op=True), invocation)
+        self.all_gather(rows, mine, invocation, wait=True)
         return rows.view(self.size, -1).tolist()
 
     def gather_objects(self, obj: Any, invocation: Any) -> list[Any]:
@@ -147,10 +222,7 @@ class ProcessGroupResource:
         padded = torch.zeros(widest, dtype=torch.uint8)
         padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         out = torch.empty(self.size * widest, dtype=torch.uint8, device=self.device)
-        self.complete(
-            all_gather_single(out, padded.to(self.device), group=self.group, async_op=True),
-            invocation,
-        )
+        self.all_gather(out, padded.to(self.device), invocation, wait=True)
         rows = out.view(self.size, widest).cpu()
         return [pickle.loads(bytes(rows[r, :n].tolist())) for r, (n,) in enumerate(sizes)]
 
@@ -161,13 +233,15 @@ class ProcessGroupResource:
     ) -> Precondition:
         """The op's precondition on this rank, not yet agreed: the one
         checked at the start of the run when the op's was hoisted there,
-        else its rule evaluated on `inputs`."""
-        hoisted = invocation.options.get("hoisted")
+        else its rule (`options["rule"]`, found at compile time) evaluated
+        on `inputs`."""
+        options = invocation.options
+        hoisted = options.get("hoisted")
         if hoisted is not None and self.hoisted:
             return self.hoisted[hoisted]
-        rule = precondition_rule(type(invocation.op))
+        rule = options.get("rule") or precondition_rule(type(invocation.op))
         if rule is None:
-            return Precondition()
+            return NOTHING_TO_CHECK
         return evaluate(rule, invocation, inputs, self.size, self.rank)
 
     def precondition(
@@ -175,18 +249,22 @@ class ProcessGroupResource:
     ) -> Precondition:
         """The op's precondition on this rank, agreed with the group.
 
+        Ops that need no agreement (decided at compile time from the IR, the
+        same on every rank: `options["agree"]`) have nothing to check here.
         Hoisted preconditions were checked and agreed at the start of the
-        run. Otherwise, when the op needs agreement (`options["agree"]`,
-        decided at compile time, the same on every rank) and the run has it
-        on, ranks exchange an "accepted" flag and a digest before any payload;
-        a disagreement raises on every rank, the rank that rejected its
-        inputs raising its own error. Without agreement a local error is
-        raised here, on this rank only.
+        run. Otherwise, when the run has agreement on, ranks exchange an
+        "accepted" flag and a digest before any payload; a disagreement
+        raises on every rank, the rank that rejected its inputs raising its
+        own error. Without agreement a local error is raised here, on this
+        rank only.
         """
-        if invocation.options.get("hoisted") is not None and self.hoisted:
-            return self.hoisted[invocation.options["hoisted"]]
+        options = invocation.options
+        if not options.get("agree"):
+            return NOTHING_TO_CHECK
         pre = self.local_precondition(invocation, inputs)
-        if self.agreement and invocation.options.get("agree", False):
+        if options.get("hoisted") is not None and self.hoisted:
+            return pre
+        if self.agreement:
             rows = self.exchange_rows([int(pre.ok), pre.digest()], invocation)
             if any(ok != 1 or digest != rows[0][1] for ok, digest in rows):
                 self.explain(invocation, pre, rows)

@@ -11,7 +11,7 @@ them. Nothing of this happens again for the same (program, group).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,9 +24,25 @@ from distir.backends.groups import (
     create_declared_groups,
 )
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
-from distir.interpreters.checks import check_group_assumption, check_result_shape
+from distir.interpreters.checks import check_group_assumption, check_result_shape, check_root
+from distir.interpreters.invocation import Invocation
 from distir.ir.analysis import default_algorithm
+from distir.ir.dialect import BroadcastOp
 from distir.runtime.planning import Plan
+
+
+def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:
+    """Checks an op's results have the static dims their IR types declare:
+    one comparison per result when every dim is static."""
+    shapes = invocation.result_shapes
+    static = [None if None in shape else torch.Size(shape) for shape in shapes]
+
+    def check(results: Sequence[torch.Tensor]) -> None:
+        for i, size in enumerate(static):
+            if size is None or results[i].shape != size:
+                check_result_shape(invocation, i, results[i])
+
+    return check
 
 
 class Binding:
@@ -60,27 +76,30 @@ class Binding:
             implementation = plan.choices[op]
             if isinstance(resource, ProcessGroupResource):
                 check_group_assumption(invocation, resource.size)
+                root = invocation.properties.get("root")
+                if isinstance(op, BroadcastOp) and root is not None:
+                    check_root(invocation, root, resource.size)  # the same on every rank
                 if op in plan.auto_algorithm:
                     implementation = plan.select(op, default_algorithm(op, resource.size))
             return implementation, invocation, resource
 
         def bind(op: Operation):
             implementation, invocation, resource = target(op)
-            n_results = len(op.results)
+            check = result_check(invocation)
 
             def kernel(xs: Sequence[torch.Tensor], writable: frozenset[int]):
                 try:
                     results = implementation.execute(invocation, xs, resource, writable)
                 except RuntimeError as e:  # raised by the backend when submitting
                     raise resource.failure(e, invocation) from None
-                for i in range(n_results):
-                    check_result_shape(invocation, i, results[i])
+                check(results)
                 return results
 
             return kernel
 
         def bind_start(op: Operation):
             implementation, invocation, resource = target(op)
+            check = result_check(invocation)
 
             def start(xs: Sequence[torch.Tensor], writable: frozenset[int]):
                 try:
@@ -93,8 +112,7 @@ class Binding:
                         results = wait()
                     except RuntimeError as e:
                         raise resource.failure(e, invocation) from None
-                    for i in range(len(results)):
-                        check_result_shape(invocation, i, results[i])
+                    check(results)
                     return results
 
                 return finish

@@ -25,6 +25,7 @@ from xdsl.ir import BlockArgument, Operation
 from distir.backends.registry import Implementation, ImplementationRegistry
 from distir.errors import CompileError, ProgramInputError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
+from distir.interpreters.checks import precondition_rule
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
 from distir.interpreters.invocation import Invocation, make_invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
@@ -120,6 +121,8 @@ class Plan:
         self.invocations: dict[Operation, Invocation] = {}
         for op in self.ops:
             options: dict[str, Any] = {"agree": needs_agreement(op)}
+            if options["agree"]:
+                options["rule"] = precondition_rule(type(op))
             deadline = op.attributes.get("deadline_ms")
             if isinstance(deadline, IntegerAttr):
                 options["deadline_s"] = deadline.value.data / 1000.0

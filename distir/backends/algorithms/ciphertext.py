@@ -68,10 +68,7 @@ class CiphertextAllReduceImplementation(Implementation):
         if schedule == "native-deferred":
             if not in_place:
                 out.copy_(flat)
-            resources.complete(
-                dist.all_reduce(out, op=dist.ReduceOp.SUM, group=resources.group, async_op=True),
-                invocation,
-            )
+            resources.all_reduce(out, dist.ReduceOp.SUM, invocation, wait=True)
             view = out.view(ct.shape)
             torch.remainder(view, moduli.to(ct.device).view(-1, 1), out=view)
             return (view,)
