@@ -24,7 +24,15 @@ from pathlib import Path
 
 from distir.bench.dispatch import run_dispatch
 from distir.bench.families import FAMILIES, NATIVE_DTYPES, OPS, Family
-from distir.bench.report import Report, format_dispatch, format_table, format_wrong, save
+from distir.bench.report import (
+    Report,
+    fit_cost_model,
+    format_cost_model,
+    format_dispatch,
+    format_table,
+    format_wrong,
+    save,
+)
 from distir.bench.runner import BenchConfig, run_benchmark
 from distir.bench.sizes import format_size, parse_size, size_sweep
 from distir.errors import DistirError
@@ -191,6 +199,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, Family] = 
     if report.dispatch is not None:
         print()
         print(format_dispatch(report.dispatch))
+    fit = fit_cost_model(report.rows)
+    if fit is not None:
+        print(format_cost_model(fit))
     print(f"\nresults in {out}/: {', '.join(p.name for p in written)} ({meta['wall_s']} s; load "
           f"average before {meta['load_before']}, after {meta['load_after']})")  # fmt: skip
     wrong = report.wrong_rows()

@@ -389,6 +389,7 @@ register(Family(
         Variant("ring", SELECT),
         Variant("ring, donated", SELECT, donate=True),
         Variant("halving-doubling", SELECT + "{commutative=halving-doubling}"),
+        Variant("recursive-doubling", SELECT + "{commutative=recursive-doubling}"),
     ),
 ))  # fmt: skip
 

@@ -29,7 +29,12 @@ class Report:
     dispatch: dict | None = None
 
     def to_json(self) -> dict:
-        return {"meta": self.meta, "rows": self.rows, "dispatch": self.dispatch}
+        return {
+            "meta": self.meta,
+            "rows": self.rows,
+            "dispatch": self.dispatch,
+            "cost_model": fit_cost_model(self.rows),
+        }
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
@@ -90,6 +95,47 @@ def format_dispatch(d: dict) -> str:
         f"  -> Program.run adds {d['overhead_us_per_op']:.1f} us/op over raw in place "
         f"({d['overhead_donated_us_per_op']:.1f} donated); the runtime's own dispatch costs "
         f"{d['runtime_dispatch_us_per_op']:.1f} us/op"
+    )
+
+
+#: combine-family variants -> the algorithm the cost model knows them by
+_ALGORITHM_OF = {
+    "ring": "ring",
+    "halving-doubling": "halving-doubling",
+    "recursive-doubling": "recursive-doubling",
+    "gather-fold": "gather-fold",
+}
+
+
+def fit_cost_model(rows: Sequence[dict]) -> dict | None:
+    """Least-squares constants of `ir.analysis.CostModel` (seconds per round,
+    per byte sent, per byte combined) from the combine family's rows, the
+    algorithms run on the same data side by side; None without such rows."""
+    import numpy as np
+
+    from distir.ir.analysis import CostModel
+
+    unit = (CostModel(1.0, 0.0, 0.0), CostModel(0.0, 1.0, 0.0), CostModel(0.0, 0.0, 1.0))
+    lhs, rhs = [], []
+    for r in rows:
+        algorithm = _ALGORITHM_OF.get(r["variant"])
+        if r["family"] != "combine" or algorithm is None or r["P"] < 2:
+            continue
+        lhs.append([m.seconds(algorithm, r["P"], r["bytes"]) for m in unit])
+        rhs.append(r["median_ms"] / 1e3)
+    if len(rhs) < 3:
+        return None
+    coeffs, *_ = np.linalg.lstsq(np.array(lhs), np.array(rhs), rcond=None)
+    alpha, beta, gamma = (max(0.0, float(c)) for c in coeffs)
+    return {"alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
+            "rows": len(rhs)}  # fmt: skip
+
+
+def format_cost_model(fit: dict) -> str:
+    return (
+        f"cost model fit ({fit['rows']} combine rows): alpha {fit['alpha_s'] * 1e6:.0f} us per "
+        f"round, beta {fit['beta_s_per_byte'] * 1e9:.2f} ns per byte sent, gamma "
+        f"{fit['gamma_s_per_byte'] * 1e9:.2f} ns per byte combined (ir.analysis.CostModel)"
     )
 
 
@@ -155,6 +201,9 @@ def save(report: Report, out: Path, *, plots: bool = True) -> list[Path]:
     text = format_table(report.rows)
     if report.dispatch is not None:
         text += "\n\n" + format_dispatch(report.dispatch)
+    fit = fit_cost_model(report.rows)
+    if fit is not None:
+        text += "\n\n" + format_cost_model(fit)
     if report.wrong_rows():
         text += "\n\n" + format_wrong(report.wrong_rows())
     written[1].write_text(text + "\n")
