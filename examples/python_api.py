@@ -7,16 +7,15 @@
 from __future__ import annotations
 
 import torch
-from xdsl.dialects import arith
 
 import distir
-from distir.ir.builder import all_gather, all_reduce, build_program, tensor_type
+from distir.ir.builder import all_gather, all_reduce, arith, build_program, tensor_type
 
 
 def body(x):
     total = all_reduce(x, "sum")  # native sum
     # A generic all-reduce: the combine region is built by this callback.
-    largest = all_reduce(x, combine=lambda a, b: arith.MaxSIOp(a, b).result, commutative=True)
+    largest = all_reduce(x, combine=lambda a, b: arith("maxsi", a, b), commutative=True)
     return total, largest, all_gather(x)
 
 
@@ -33,6 +32,8 @@ def worker(ctx) -> tuple[torch.Tensor, ...]:
     return distir.compile(module, pipeline="recognize-native-reductions").run(*inputs(ctx.rank))
 
 
+# Ranks are fresh processes that import this file: what runs on launch goes
+# under the guard, and `worker` is a module-level function they can find.
 if __name__ == "__main__":
     print(program)
     expected = distir.simulate(program, [inputs(r) for r in range(4)])

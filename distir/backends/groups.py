@@ -118,10 +118,13 @@ class ProcessGroupResource:
     def failure(self, error: RuntimeError, invocation: Any, waited: float = 0.0) -> DistirError:
         """A backend error as a named distir error (and the cause a peer
         published, if any)."""
-        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = _backend_message(error)
         # The failure path may read the store: did a peer fail and say why?
         published = self.domain.published_failure()
-        cause = f"; {published} failed first" if published else ""
+        cause = ""
+        if published:
+            who, _, why = published.partition(": ")
+            cause = f"; {who} failed first: {why}"
         if "timed out" in text.lower() or "timeout" in text.lower():
             deadline = self.deadline_for(invocation)
             return DeadlineExceeded(
@@ -292,6 +295,18 @@ class ProcessGroupResource:
 
     def __repr__(self) -> str:
         return f"<group {self.name}: rank {self.rank} of {self.size}>"
+
+
+def _backend_message(error: BaseException) -> str:
+    """The first line of a backend error, without gloo's source path prefix
+    (`[/.../pair.cc:553] `) and the advice it appends."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0]
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+    return line.split(". This is typically")[0].strip()
 
 
 class NonMemberResource:

@@ -394,6 +394,22 @@ def _stop(procs: Sequence[Any], signum: int | None) -> set[int]:
     return running
 
 
+@contextmanager
+def _rank_environment() -> Iterator[None]:
+    """The environment ranks start in: c10d's C++ warnings off unless the
+    user set TORCH_CPP_LOG_LEVEL (a rank whose peer failed first may lose
+    the store at teardown, which c10d reports with native stack traces;
+    distir names every failure itself)."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
 def launch(
     fn: Callable[..., Any],
     nproc: int,
@@ -473,7 +489,7 @@ def launch(
             # Starting multiprocessing's resource tracker unblocks SIGINT and
             # SIGTERM in this thread: start it before they are blocked.
             resource_tracker.ensure_running()
-            with _signals_blocked():
+            with _signals_blocked(), _rank_environment():
                 for p in procs:
                     p.start()
         except (pickle.PicklingError, TypeError, AttributeError) as e:

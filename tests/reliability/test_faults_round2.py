@@ -165,7 +165,7 @@ def test_a_local_op_failure_stops_its_peers_and_a_retry_never_enters_a_collectiv
     assert good["first"]["error"] == "DeadlineExceeded", good
     assert good["first"]["seconds"] < DEADLINE_S + 2
     # It names the cause the failed rank published.
-    assert "rank 1: OpError: 'tensor.extract'" in good["first"]["message"], good
+    assert "rank 1 failed first: OpError: 'tensor.extract'" in good["first"]["message"], good
     _assert_poisoned_after(good)
 
 
