@@ -3,9 +3,8 @@
 #   bash benchmarks/run_cpu.sh [output-directory]     (default bench-results/cpu-<timestamp>)
 # 1. distir-bench --quick -c (P=2 and 4, 4K/1M/16M)
 # 2. the fuller run at 16 and 64 MiB for P=2 and 4
-# (on the 2-core CI machine the previous version, without the raw clone+op
-# and donated rows and -c, took 76 s and 256 s; there are now 36 rows per
-# size and P instead of 26)
+# (benchmarks/README.md reports one `distir-bench --nproc 2 4 -c` run over
+# every size, 504 s on the 2-core CI machine)
 # Each writes results.json, table.txt and busbw-<family>.png into its own
 # folder; a wrong result (-c) stops the script with a non-zero status.
 set -euo pipefail
