@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.registry import Implementation
+from distir.interpreters.mesh import outside_shape
 from distir.ir.dialect import TransferOp
 from distir.ir.layouts import local_box
 
@@ -38,7 +39,7 @@ class TransferImplementation(Implementation):
             out_box = local_box(dst_mesh, dst_layout, shape, me)
             y = torch.zeros(out_box.sizes, dtype=x.dtype, device=x.device)
         else:
-            y = torch.empty([0] * len(shape), dtype=x.dtype, device=x.device)
+            y = torch.zeros(outside_shape(invocation), dtype=x.dtype, device=x.device)
         ops, arrivals = [], []
         for t in transfers:
             if t.src_rank == me and t.dst_rank == me:

@@ -18,6 +18,13 @@ from distir.ir.dialect import TransferOp
 from distir.ir.layouts import apply_transfer_map_reference, local_box
 
 
+def outside_shape(invocation: Invocation) -> list[int]:
+    """The result of a rank outside the destination mesh: empty, size 0 along
+    the result type's dynamic dims (its static dims as declared; zeros of
+    the declared shape when no dim is dynamic)."""
+    return [0 if d is None else d for d in invocation.result_shapes[0]]
+
+
 def check_source_shard(invocation: Invocation, x: torch.Tensor, rank: int) -> None:
     """A source rank's shard must have the shape its layout gives it."""
     src_mesh, src_layout, _, _, shape, _ = invocation.properties["plan"]
@@ -46,7 +53,7 @@ def transfer_reference(call: SimulatedCall, inputs: Sequence[torch.Tensor]):
     src_mesh, src_layout, dst_mesh, dst_layout, shape, transfers = inv.properties["plan"]
     me = call.simulated.rank
     members = tuple(sorted(set(src_mesh.ranks) | set(dst_mesh.ranks)))
-    empty = torch.empty([0] * len(shape), dtype=x.dtype)
+    empty = torch.zeros(outside_shape(inv), dtype=x.dtype)
     call.agree(inputs)  # every rank of the op's group, as the runtime's exchange
     if me not in members:
         return (empty,)

@@ -108,7 +108,8 @@ class TransferOp(IRDLOperation):
     values are partial sums over mesh axis a. Every rank of either mesh
     runs the op: a source rank passes its local shard as `x` (others pass an
     empty tensor), and a destination rank gets its local shard of the
-    destination layout (others get an empty tensor). Partial sources are
+    destination layout (others get an empty tensor: size 0 along the
+    result type's dynamic dims). Partial sources are
     summed on arrival, in source-rank order; replicated sources are read
     once, spread over the replicas.
     """

@@ -10,7 +10,8 @@ are to the ops that use them: the operand roles each op declares
 - `GATHER_COUNTS` (uneven `dist.all_gather`): `counts[r] = r + 1` on every
   rank, and the op's payload argument gets `rank + 1` rows on its axis;
 - `SHARD` (the source of a `dist.transfer`): the rank's local shard of the
-  source layout (an empty tensor on ranks outside the source mesh);
+  source layout (on ranks outside the source mesh an empty tensor, size 0
+  along the dynamic dims);
 - `SEND_COUNTS` (`dist.variable_all_to_all`): `(rank + peer) % 3`, and the
   op's payload argument gets as many rows as that sums to;
 - `UNIFORM` (extra operands of a generic `dist.all_reduce`): the same values
@@ -113,10 +114,11 @@ def synthesize_inputs(
                     set_rows(payload, _axis(op), sum(sends))
             elif role == OperandRole.SHARD and arg is not None:
                 src_mesh, src_layout, _, _, shape = op.transfer_spec()  # type: ignore[attr-defined]
+                # Outside the source mesh: empty, size 0 along the dynamic dims.
                 sizes = (
                     local_box(src_mesh, src_layout, shape, rank).sizes
                     if rank in src_mesh.ranks
-                    else (0,) * len(shape)
+                    else tuple(0 if d is None else d for d in shapes[arg])
                 )
                 shapes[arg] = list(sizes)
 

@@ -90,6 +90,34 @@ func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {
   %y = dist.sendrecv %x to %peer from %peer : tensor<8xi64> -> tensor<8xi64>
   func.return %y : tensor<8xi64>
 }"""),
+    "send and recv": ("", """
+func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {
+  %r = dist.rank : index
+  %zero = arith.constant 0 : index
+  %is_first = arith.cmpi eq, %r, %zero : index
+  %y = scf.if %is_first -> (tensor<8xi64>) {
+    dist.send %x to 1 : tensor<8xi64>
+    scf.yield %x : tensor<8xi64>
+  } else {
+    %got = dist.recv from 0 : tensor<8xi64>
+    scf.yield %got : tensor<8xi64>
+  }
+  func.return %y : tensor<8xi64>
+}"""),
+    "transfer": ("", """
+dist.mesh @rows [2] ranks [0, 1]
+dist.mesh @one [1] ranks [1]
+func.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  %y = dist.transfer %x from @rows [0, *] to @one [*, *] global [6, 4] : tensor<?x4xf32> -> tensor<?x4xf32>
+  func.return %y : tensor<?x4xf32>
+}"""),
+    "assert_uniform and group queries": ("", """
+func.func @main(%q: tensor<3xi64>) -> (tensor<3xi64>, index, index) {
+  dist.assert_uniform %q : tensor<3xi64>
+  %r = dist.rank : index
+  %n = dist.group_size : index
+  func.return %q, %r, %n : tensor<3xi64>, index, index
+}"""),
     "wave": ("", """
 func.func @main(%x: tensor<16xf32>, %z: tensor<16xf32>) -> (tensor<16xf32>, tensor<16xf32>) {
   %a, %b = dist.wave {
