@@ -125,8 +125,10 @@ class ProcessGroupResource:
         if published:
             who, _, why = published.partition(": ")
             cause = f"; {who} failed first: {why}"
-        if "timed out" in text.lower() or "timeout" in text.lower():
-            deadline = self.deadline_for(invocation)
+        deadline = self.deadline_for(invocation)
+        # A peer that gave up at its own deadline closes the connection just
+        # before ours expires: the op did not complete within its deadline.
+        if "timed out" in text.lower() or "timeout" in text.lower() or waited >= 0.95 * deadline:
             return DeadlineExceeded(
                 invocation.description,
                 f"did not complete within its {deadline:g} s deadline on group "
