@@ -37,7 +37,6 @@ from distir.interpreters.checks import (
     Precondition,
     evaluate,
     mismatch,
-    precondition_rule,
 )
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import GroupOp, MeshOp
@@ -249,7 +248,7 @@ class ProcessGroupResource:
         hoisted = options.get("hoisted")
         if hoisted is not None and self.hoisted:
             return self.hoisted[hoisted]
-        rule = options.get("rule") or precondition_rule(type(invocation.op))
+        rule = options.get("rule")  # found at compile time for every op that agrees
         if rule is None:
             return NOTHING_TO_CHECK
         return evaluate(rule, invocation, inputs, self.size, self.rank)

@@ -219,7 +219,7 @@ class Precondition:
         }
 
 
-def disagreement(description: str, group: str, reports: Sequence[dict | None]) -> str:
+def disagreement(group: str, reports: Sequence[dict | None]) -> str:
     """Why the preconditions of one op differ between ranks, in words."""
     rejected = [r for r, rep in enumerate(reports) if rep is not None and rep["error"]]
     if rejected:
@@ -244,7 +244,7 @@ def disagreement(description: str, group: str, reports: Sequence[dict | None]) -
 
 
 def mismatch(description: str, group: str, reports: Sequence[dict | None]) -> Exception:
-    return CollectiveMismatchError(description, disagreement(description, group, reports))
+    return CollectiveMismatchError(description, disagreement(group, reports))
 
 
 # The preconditions of each collective, by op type ---------------------------------

@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from distir.backends.groups import ProcessGroupResource, Step
 from distir.errors import DistirError, ProgramInputError, ProgramMismatch
 from distir.interpreters.checks import (
@@ -71,18 +69,17 @@ class RunAgreement:
         rows = base.exchange_rows(mine, self.step)
         if all(row == rows[0] for row in rows) and accepted:
             return hoisted
-        self._disagree(rows, input_error, hoisted, inputs, base)
-        raise AssertionError("unreachable")  # _disagree always raises
+        raise self._disagreement(rows, input_error, hoisted, base)
 
-    def _disagree(
+    def _disagreement(
         self,
         rows: list[list[int]],
         input_error: ProgramInputError | None,
         hoisted: list[Precondition],
-        inputs: Sequence[Any],
         base: ProcessGroupResource,
-    ) -> None:
-        """Every rank saw the same rows: all explain, all raise."""
+    ) -> Exception:
+        """Every rank saw the same rows: all explain, and all raise what
+        this returns (this rank's own error when its inputs were rejected)."""
         plan = self.plan
         mine = {
             "input_error": None if input_error is None else str(input_error),
@@ -113,8 +110,8 @@ class RunAgreement:
             details = f"@{plan.entry}: " + "; ".join(lines)
             if input_error is not None:
                 input_error.add_note(details)
-                raise input_error
-            raise ProgramMismatch(details)
+                return input_error
+            return ProgramMismatch(details)
         # Same program, inputs accepted: a hoisted precondition differs.
         for index, op in enumerate(plan.hoisted):
             own = hoisted[index]
@@ -127,12 +124,6 @@ class RunAgreement:
             if not differs and own.ok:
                 continue
             if own.error is not None:
-                raise own.error
-            raise mismatch(plan.invocations[op].description, base.name, per_op)
-        raise ProgramMismatch(f"@{plan.entry}: ranks disagree at the start of the run")
-
-
-def no_agreement(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[Precondition]:
-    """A run without agreement checks this rank's inputs only."""
-    plan.check_inputs(inputs)
-    return []
+                return own.error
+            return mismatch(plan.invocations[op].description, base.name, per_op)
+        return ProgramMismatch(f"@{plan.entry}: ranks disagree at the start of the run")

@@ -18,7 +18,6 @@ import torch
 from xdsl.ir import Operation
 
 from distir.backends.groups import (
-    NonMemberResource,
     ProcessGroupResource,
     check_declarations,
     create_declared_groups,
@@ -124,5 +123,3 @@ class Binding:
         self.configure(self.base.deadline_s, self.base.agreement)
         self.compiled = compiled
 
-
-__all__ = ["Binding", "NonMemberResource"]
