@@ -73,8 +73,6 @@ def _variant_call(variant: Variant, program: Any, inputs: tuple[Any, ...]) -> Ca
     # restored from the family's inputs before every call.
     own = tuple(x.clone() if i in donated else x for i, x in enumerate(inputs))
     kwargs: dict[str, Any] = {}
-    if not variant.agreement:
-        kwargs["agreement"] = False
     if variant.donate:
         kwargs["donate"] = variant.donate
 
@@ -98,7 +96,8 @@ def make_calls(family: Family, setup: Setup, world_size: int) -> list[Call]:
         calls.append(Call(CLONE_OP, setup.clone_op, inputs=setup.inputs))
     for variant in family.variants:
         program = distir.compile(setup.program, variant.pipeline_for(world_size),
-                                 implementations=variant.implementations)  # fmt: skip
+                                 implementations=variant.implementations,
+                                 agreement=variant.agreement)  # fmt: skip
         calls.append(_variant_call(variant, program, setup.inputs))
     return calls
 

@@ -3,7 +3,7 @@
 Before the first collective of a run, every rank of the program's base
 group contributes one fixed-size row of four int64 words:
 
-    [MAGIC, accepted, program fingerprint, digest of the hoisted preconditions]
+    [MAGIC, accepted, plan fingerprint, digest of the hoisted preconditions]
 
 `accepted` is 1 when the rank's inputs match the entry signature and every
 hoisted precondition (the checks of entry-block ops whose operands are all
@@ -13,8 +13,19 @@ every rank. When every row matches, the run goes on, and the hoisted ops
 skip their own exchange. Otherwise every rank saw it: they exchange reports
 (the failure path) and all raise, naming the rank and the op.
 
-The row has the same size for every program, so an agreement can never be
-matched with another program's exchange of another size.
+The plan fingerprint (`Plan.bound_fingerprint`) covers everything that
+decides what a rank executes: the lowered IR, the implementation and
+algorithm of every op, the agreement mode and the wire format. The row has
+the same size for every program, so an agreement can never be matched with
+another program's exchange of another size.
+
+What is agreed when: a program compiled with `agreement=True` agrees at
+every run. One compiled with `agreement=False` (trusted) agrees only the
+first time its plan runs on a group in this process (`Binding`), so two
+ranks whose modes differ meet in that first exchange and both raise
+`ProgramMismatch`; the mode cannot change afterwards. After that first run a
+trusted program costs no exchange, and the caller promises that every rank
+runs the same sequence of programs on the group.
 """
 
 from __future__ import annotations
@@ -44,9 +55,12 @@ class RunAgreement:
         self.step = Step(f"@{plan.entry} (program agreement)")
         self.rules = [precondition_rule(type(op)) for op in plan.hoisted]
 
-    def agree(self, inputs: Sequence[Any], base: ProcessGroupResource) -> list[Precondition]:
+    def agree(
+        self, inputs: Sequence[Any], base: ProcessGroupResource, fingerprint: int
+    ) -> list[Precondition]:
         """Checks this rank's inputs and hoisted preconditions, agrees with
-        every rank, and returns the preconditions (or raises on every rank)."""
+        every rank that they run the plan `fingerprint` names, and returns
+        the preconditions (or raises on every rank)."""
         plan = self.plan
         input_error: ProgramInputError | None = None
         hoisted: list[Precondition] = []
@@ -65,11 +79,11 @@ class RunAgreement:
                 )
         accepted = input_error is None and all(p.ok for p in hoisted)
         digest = digest_of(*(p.digest().to_bytes(8, "little") for p in hoisted))
-        mine = [MAGIC, int(accepted), plan.fingerprint, digest]
+        mine = [MAGIC, int(accepted), fingerprint, digest]
         rows = base.exchange_rows(mine, self.step)
         if all(row == rows[0] for row in rows) and accepted:
             return hoisted
-        raise self._disagreement(rows, input_error, hoisted, base)
+        raise self._disagreement(rows, input_error, hoisted, base, fingerprint)
 
     def _disagreement(
         self,
@@ -77,6 +91,7 @@ class RunAgreement:
         input_error: ProgramInputError | None,
         hoisted: list[Precondition],
         base: ProcessGroupResource,
+        fingerprint: int,
     ) -> Exception:
         """Every rank saw the same rows: all explain, and all raise what
         this returns (this rank's own error when its inputs were rejected)."""
@@ -84,6 +99,7 @@ class RunAgreement:
         mine = {
             "input_error": None if input_error is None else str(input_error),
             "preconditions": [p.report() for p in hoisted],
+            "plan": plan.describe(base.size),
         }
         try:
             reports: list[Any] = base.gather_objects(mine, self.step)
@@ -94,14 +110,19 @@ class RunAgreement:
             programs.setdefault(row[2] if row[0] == MAGIC else -1, []).append(r)
         lines = []
         if len(programs) > 1:
+
+            def described(ranks: list[int]) -> str:
+                report = reports[ranks[0]]
+                return f" ({report['plan']})" if isinstance(report, dict) else ""
+
             listed = "; ".join(
-                f"ranks {ranks} run program {fp:016x}" if fp >= 0 else
+                f"ranks {ranks} run plan {fp:016x}{described(ranks)}" if fp >= 0 else
                 f"ranks {ranks} run something else"
                 for fp, ranks in programs.items()
             )
             lines.append(
-                f"ranks run different programs ({listed}; this rank, {base.rank}, "
-                f"runs {plan.fingerprint:016x})"
+                f"ranks run different programs or plans: {listed}; this rank, "
+                f"{base.rank}, runs {fingerprint:016x}"
             )
         for r, report in enumerate(reports):
             if report is not None and report["input_error"]:

@@ -7,10 +7,19 @@ group (a rank beyond it is a named error on every rank, before any
 `new_group`), creates or reuses the declared process groups under the run's
 deadline, and compiles the entry function with a kernel per dist op over
 them. Nothing of this happens again for the same (program, group).
+
+The binding also knows whether this rank's runs must agree: at every run
+for a program compiled with `agreement=True`; for a trusted program only
+until its plan (`Plan.bound_fingerprint`) has been agreed once on the
+group's execution domain in this process, by this or an equal program
+(so recompiling a trusted program does not make one rank agree while its
+peers do not).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +34,6 @@ from distir.backends.groups import (
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
 from distir.interpreters.checks import check_group_assumption, check_result_shape, check_root
 from distir.interpreters.invocation import Invocation
-from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import BroadcastOp
 from distir.runtime.planning import Plan
 
@@ -44,12 +52,20 @@ def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], N
     return check
 
 
+#: execution domain -> the plan fingerprints agreed on it in this process
+_AGREED_PLANS: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+_AGREED_LOCK = threading.Lock()
+
+
 class Binding:
     """One program on one base group of this rank."""
 
     def __init__(self, plan: Plan, group: Any):
         self.plan = plan
         self.base = ProcessGroupResource(group)
+        self.base.agreement = plan.agreement
+        #: what this rank agrees to execute on this group
+        self.fingerprint = plan.bound_fingerprint(self.base.size)
         self.resources: list[ProcessGroupResource] = [self.base]
         self.compiled: CompiledBlock | None = None
 
@@ -57,10 +73,26 @@ class Binding:
     def ready(self) -> bool:
         return self.compiled is not None
 
-    def configure(self, deadline_s: float, agreement: bool) -> None:
+    @property
+    def must_agree(self) -> bool:
+        """Whether this run starts with the agreement exchange."""
+        if self.plan.agreement:
+            return True
+        with _AGREED_LOCK:
+            return self.fingerprint not in _AGREED_PLANS.get(self.base.domain, ())
+
+    def agreed(self) -> None:
+        """Records that every rank agreed on this plan on this group (what
+        lets a trusted plan skip later agreements)."""
+        if self.plan.agreement:
+            return
+        with _AGREED_LOCK:
+            _AGREED_PLANS.setdefault(self.base.domain, set()).add(self.fingerprint)
+
+    def configure(self, deadline_s: float) -> None:
         for resource in self.resources:
             resource.deadline_s = deadline_s
-            resource.agreement = agreement
+            resource.agreement = self.plan.agreement
 
     def prepare(self, deadline_s: float) -> None:
         """Creates the declared groups and compiles the entry function."""
@@ -78,8 +110,8 @@ class Binding:
                 root = invocation.properties.get("root")
                 if isinstance(op, BroadcastOp) and root is not None:
                     check_root(invocation, root, resource.size)  # the same on every rank
-                if op in plan.auto_algorithm:
-                    implementation = plan.select(op, default_algorithm(op, resource.size))
+                # What the fingerprint covered for this size.
+                implementation = plan.implementation_for(op, resource.size)
             return implementation, invocation, resource
 
         def bind(op: Operation):
@@ -120,6 +152,6 @@ class Binding:
 
         compiled = BlockCompiler(plan.module, bind, bind_start).compile_function(plan.entry)
         self.resources = live
-        self.configure(self.base.deadline_s, self.base.agreement)
+        self.configure(self.base.deadline_s)
         self.compiled = compiled
 

@@ -1,9 +1,12 @@
 """Planning: everything about a program's runs that is decided once.
 
 `Plan(module, ...)` reads the verified, lowered module and decides, for the
-whole life of the program: its entry function and signature, its
-fingerprint (what ranks compare to know they run the same program), the
-implementation of every dist op (a missing one fails compile), each op's
+whole life of the program: its entry function and signature, whether its
+runs agree (the agreement mode), the implementation of every dist op (a
+missing one fails compile; a generic all-reduce without a recorded
+algorithm gets its group size's default, `implementation_for`), its
+fingerprint on a group of a given size (`bound_fingerprint`: what ranks
+compare to know they execute the same plan), each op's
 `Invocation` with its run options (a `deadline_ms` attribute, whether the
 op exchanges a precondition before its payload), and which ops' preconditions
 are *hoisted* into the one agreement exchange at the start of every run:
@@ -55,10 +58,9 @@ def is_executable_dist_op(op: Operation) -> bool:
     )
 
 
-def program_fingerprint(module: ModuleOp, entry: str) -> int:
-    """A 63-bit digest of the lowered program and its entry point."""
-    digest = hashlib.sha256(f"{entry}\n{module}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+#: bumped whenever a change to distir changes what goes on the wire for the
+#: same plan (a new row format, a new algorithm schedule)
+WIRE_FORMAT = 1
 
 
 def _hoistable(op: Operation, entry_block: Any) -> bool:
@@ -85,13 +87,17 @@ class Plan:
         entry: str,
         registry: ImplementationRegistry,
         implementations: Mapping[str, str],
+        agreement: bool = True,
     ):
         self.module = module
         self.entry = entry
         self.registry = registry
         self.requested = dict(implementations)
+        #: whether every run agrees (else only the first run on each group);
+        #: fixed for the program's life and part of its fingerprint
+        self.agreement = agreement
         self.function = self._entry_function()
-        self.fingerprint = program_fingerprint(module, entry)
+        self._text = f"{entry}\n{module}"
         self.groups: list[GroupOp] = group_declarations(module)
         self.meshes: list[MeshOp] = [op for op in module.ops if isinstance(op, MeshOp)]
         self.input_types = list(self.function.function_type.inputs.data)
@@ -135,6 +141,55 @@ class Plan:
                 else []
             )
             self.invocations[op] = make_invocation(op, regions, options)
+
+    def implementation_for(self, op: Operation, size: int | None) -> Implementation:
+        """The implementation `op` runs with on a group of `size` ranks: the
+        one chosen at compile time, or for a generic all-reduce that records
+        no algorithm, the default algorithm for that size. The binding and
+        the fingerprint both read it from here."""
+        if op in self.auto_algorithm:
+            return self.select(op, default_algorithm(op, size))
+        return self.choices[op]
+
+    def _group_sizes(self, op: Operation, base_size: int) -> list[int]:
+        """Every size the group `op` runs on has on some rank (a declared
+        group's subgroups may differ in size)."""
+        if isinstance(op, GroupMemberOp) and op.group is not None:
+            decl = op.group_declaration()
+            if decl is not None:
+                return sorted({len(part) for part in decl.rank_lists})
+        return [base_size]
+
+    def bound_fingerprint(self, base_size: int) -> int:
+        """A 63-bit digest of everything that decides what a rank executes
+        when the program runs on a base group of `base_size` ranks: the
+        lowered IR and entry point, the implementation every op runs with on
+        every (sub)group size it meets (so also the algorithm a generic
+        all-reduce gets at bind time), the agreement mode and the wire
+        format. Every rank of the group computes the same digest for the
+        same plan, whatever its own subgroups. Deadlines are not in it:
+        they change no byte on the wire."""
+        parts = [f"wire {WIRE_FORMAT}", f"agreement {self.agreement}", f"size {base_size}"]
+        for index, op in enumerate(self.ops):
+            names = [
+                f"{size}:{self.implementation_for(op, size).name}"
+                for size in self._group_sizes(op, base_size)
+            ]
+            parts.append(f"op {index} {op.name} {' '.join(names)}")
+        text = "\n".join([*parts, self._text])
+        digest = hashlib.sha256(text.encode()).digest()
+        return int.from_bytes(digest[:8], "big") >> 1
+
+    def describe(self, base_size: int) -> str:
+        """The plan's settings in words, for a mismatch report: the mode and
+        the implementation of every op on this rank."""
+        mode = "agreement at every run" if self.agreement else "trusted (agreement=False)"
+        ops = ", ".join(
+            f"{describe_op(op)} {self.implementation_for(op, size).name}"
+            for op in self.ops
+            for size in self._group_sizes(op, base_size)[:1]
+        )
+        return f"{mode}; {ops}" if ops else mode
 
     def select(self, op: Operation, algorithm: str) -> Implementation:
         """The implementation of a generic all-reduce's default algorithm,

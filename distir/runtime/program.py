@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from distir.backends.registry import ImplementationRegistry
 from distir.durations import Duration, seconds
-from distir.errors import CompileError, ProgramInputError
+from distir.errors import CompileError
 from distir.interpreters.block_compiler import BlockCompiler
 from distir.ir.parsing import (
     describe_op,
@@ -38,6 +38,7 @@ from distir.ir.parsing import (
 from distir.passes import apply_pipeline
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
+from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
 from distir.runtime.planning import Plan
 
 ProgramSource = ModuleOp | str | Path
@@ -79,37 +80,6 @@ def _find_failing_op(module: ModuleOp) -> Operation | None:
     return None
 
 
-def _donated(donate: bool | Sequence[int], count: int) -> frozenset[int]:
-    """The donated input indices (`donate=True`: all of them)."""
-    if donate is True:
-        return frozenset(range(count))
-    if donate is False:
-        return frozenset()
-    indices = frozenset(donate)
-    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < count]
-    if bad:
-        raise ProgramInputError(f"donate names inputs {sorted(bad)} of {count}")
-    return indices
-
-
-def _unaliased(
-    results: tuple[torch.Tensor, ...], inputs: Sequence[Any], donated: frozenset[int]
-) -> tuple[torch.Tensor, ...]:
-    """No result shares memory with an input the caller did not donate (a
-    program may return an argument itself, or a view of one)."""
-    kept = {
-        x.untyped_storage().data_ptr()
-        for i, x in enumerate(inputs)
-        if i not in donated and isinstance(x, torch.Tensor) and x.numel()
-    }
-    if not kept:
-        return results
-    return tuple(
-        r.clone() if r.numel() and r.untyped_storage().data_ptr() in kept else r
-        for r in results
-    )
-
-
 class Program:
     """A compiled dist program: verified, lowered and planned."""
 
@@ -130,9 +100,9 @@ class Program:
         self.module = module
         self.entry = entry
         self.deadline_s = seconds(deadline, "deadline")
-        self.agreement = agreement
-        self.plan = Plan(module, entry, registry, implementations or {})
+        self.plan = Plan(module, entry, registry, implementations or {}, agreement)
         self._run_agreement = RunAgreement(self.plan)
+        self._maybe_shared = results_maybe_shared(self.plan.function)
         self._bindings: dict[Any, Binding] = {}
 
     # -- inspection -----------------------------------------------------------
@@ -146,8 +116,14 @@ class Program:
         return self.plan.function
 
     @property
-    def fingerprint(self) -> int:
-        return self.plan.fingerprint
+    def agreement(self) -> bool:
+        """Whether every run agrees (fixed at compile time)."""
+        return self.plan.agreement
+
+    def bound_fingerprint(self, group_size: int) -> int:
+        """What ranks agree on when this program runs on `group_size` ranks
+        (see `Plan.bound_fingerprint`)."""
+        return self.plan.bound_fingerprint(group_size)
 
     @property
     def input_types(self) -> list:
@@ -174,19 +150,21 @@ class Program:
         *inputs: torch.Tensor,
         group: Any = None,
         deadline: Duration | None = None,
-        agreement: bool | None = None,
         donate: bool | Sequence[int] = False,
     ) -> Any:
         """Runs the entry function on this rank of `group` (default: world).
 
         Every collective must complete within `deadline` (seconds or a
-        timedelta; default: the program's). With `agreement` (default: the
-        program's) ranks first agree, in one exchange, that they all run
-        this program on accepted inputs (see `distir.runtime.agreement`).
+        timedelta; default: the program's). Ranks first agree, in one
+        exchange, that they all run this plan on accepted inputs: at every
+        run, or for a program compiled with `agreement=False` at the first
+        run on the group only (see `distir.runtime.agreement`).
         `donate` (True, or the indices of donated inputs) lets distir
         overwrite those inputs and return results that alias them, as JAX's
         `donate_argnums`; other inputs are never modified and no result
-        aliases them. Returns the single result, or a tuple.
+        aliases them or the program's constants. A donated input that
+        overlaps another input, or is not contiguous, is not overwritten
+        (`distir.runtime.ownership`). Returns the single result, or a tuple.
 
             y = program.run(x, donate=True)   # x's memory may now hold y
         """
@@ -196,21 +174,23 @@ class Program:
         base = binding.base
         base.domain.check(f"@{self.entry}")
         try:
-            donated = _donated(donate, len(inputs))
+            writable = writable_inputs(inputs, donate)
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
-            agree = self.agreement if agreement is None else agreement
-            binding.configure(deadline_s, agree)
-            if agree or not binding.ready:
-                # The first run on a group always agrees: groups are created
-                # only once every rank is known to run this very program.
-                base.hoisted = self._run_agreement.agree(inputs, base)
+            binding.configure(deadline_s)
+            if binding.must_agree:
+                # A trusted plan's first run on a group agrees too: groups are
+                # created only once every rank is known to run this very plan.
+                base.hoisted = self._run_agreement.agree(inputs, base, binding.fingerprint)
+                binding.agreed()
             else:
                 base.hoisted = []
                 self.plan.check_inputs(inputs)
             if not binding.ready:
                 binding.prepare(deadline_s)
             assert binding.compiled is not None
-            results = _unaliased(binding.compiled(*inputs, donated=donated), inputs, donated)
+            results = owned_results(
+                binding.compiled(*inputs, donated=writable), inputs, writable, self._maybe_shared
+            )
         except BaseException as e:
             # Peers may be waiting in a collective this rank will not enter:
             # poison the domain so that nothing here enters one again.
@@ -260,7 +240,8 @@ def compile(
     (seconds or a timedelta) bounds every collective of every run, and the
     creation of the program's process groups (overridable per run and per
     op with a `deadline_ms` attribute); `agreement` makes ranks check, at
-    each run, that they run the same program on accepted inputs;
+    each run, that they run the same plan on accepted inputs (with
+    `agreement=False`, at the first run on each group only);
     `verify_spmd` rejects collectives under rank-dependent control flow.
     """
     deadline_s = seconds(deadline, "deadline")

@@ -378,9 +378,9 @@ def test_run_on_a_subgroup(world) -> None:
 
 @pytest.mark.parametrize(("inputs", "message"), BAD_INPUTS)
 def test_run_without_agreement_rejects_bad_inputs(world, inputs, message) -> None:
-    program = distir.compile(SUM_AND_BROADCAST)
+    program = distir.compile(SUM_AND_BROADCAST, agreement=False)
     with pytest.raises(ProgramInputError) as info:
-        program.run(*inputs, agreement=False)
+        program.run(*inputs)
     assert message in str(info.value)
 
 

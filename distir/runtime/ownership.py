@@ -1,0 +1,136 @@
+"""Ownership: which memory a run may write, and what its results may share.
+
+The rule (DESIGN.md, "Ownership"), kept here and nowhere else:
+
+- A run writes an input only when the caller donated it (`run(...,
+  donate=...)`, as JAX's `donate_argnums`) *and* writing it cannot change
+  what anything else reads: the input is contiguous (no stride-0 or
+  overlapping layout) and its bytes overlap no other input's. A donated
+  input that fails this is simply not written: donation is a permission,
+  and the run gives the reference result either way (JAX refuses such
+  donations; distir, whose callers pass views freely, declines them).
+- A result shares storage with no input the run may not write, and with
+  none of the program's own state (constants every run shares, casts and
+  selects of them): such a result is returned as a copy.
+
+Overlap means storage overlap: the same untyped storage and intersecting
+byte ranges, so views, slices, expanded tensors and a tensor passed twice
+are all caught, while disjoint slices of one buffer are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from xdsl.dialects import func
+from xdsl.ir import BlockArgument, SSAValue
+
+from distir.errors import ProgramInputError
+from distir.interpreters.kernels import FRESH_RESULTS
+from distir.ir.dialect import WaveOp
+
+Span = tuple[int, int, int]  # (storage address, first byte, one past the last byte)
+
+
+def storage_span(x: Any) -> Span | None:
+    """The bytes of its storage a tensor can read or write (None: none)."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        return None
+    # torch strides are never negative: the last element is at sum((n-1)*s).
+    last = sum((n - 1) * s for n, s in zip(x.shape, x.stride(), strict=True))
+    start = x.storage_offset() * x.element_size()
+    return (x.untyped_storage().data_ptr(), start, start + (last + 1) * x.element_size())
+
+
+def overlap(a: Span | None, b: Span | None) -> bool:
+    return (
+        a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+    )
+
+
+def _dense(x: Any) -> bool:
+    """Whether writing `x` element by element touches each byte once."""
+    return isinstance(x, torch.Tensor) and x.is_contiguous()
+
+
+def donated_indices(donate: bool | Sequence[int], count: int) -> frozenset[int]:
+    """The donated input indices (`donate=True`: all of them)."""
+    if donate is True:
+        return frozenset(range(count))
+    if donate is False:
+        return frozenset()
+    indices = frozenset(donate)
+    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < count]
+    if bad:
+        raise ProgramInputError(f"donate names inputs {sorted(bad)} of {count}")
+    return indices
+
+
+def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> frozenset[int]:
+    """The inputs this run may overwrite: donated, dense, and overlapping no
+    other input (donated or not)."""
+    donated = donated_indices(donate, len(inputs))
+    if not donated:
+        return donated
+    spans = [storage_span(x) for x in inputs]
+    return frozenset(
+        i
+        for i in donated
+        if _dense(inputs[i])
+        and not any(overlap(spans[i], spans[j]) for j in range(len(inputs)) if j != i)
+    )
+
+
+def owned_results(
+    results: tuple[torch.Tensor, ...],
+    inputs: Sequence[Any],
+    writable: frozenset[int],
+    maybe_shared: frozenset[int],
+) -> tuple[torch.Tensor, ...]:
+    """`results`, copying any that shares storage with an input the run may
+    not write, or (positions in `maybe_shared`, see `results_maybe_shared`)
+    that may be program state and is not a writable input's memory."""
+    kept = [storage_span(x) for i, x in enumerate(inputs) if i not in writable]
+    kept = [s for s in kept if s is not None]
+    if not kept and not maybe_shared:
+        return results
+    given = [storage_span(inputs[i]) for i in writable]
+    owned = []
+    for position, r in enumerate(results):
+        span = storage_span(r)
+        if span is not None and (
+            any(overlap(span, s) for s in kept)
+            or (position in maybe_shared and not any(overlap(span, s) for s in given))
+        ):
+            r = r.clone()
+        owned.append(r)
+    return tuple(owned)
+
+
+def results_maybe_shared(function: func.FuncOp) -> frozenset[int]:
+    """Result positions of `function` that may share memory with the
+    program's own state: returned values that are neither entry arguments
+    (checked against the inputs at run time) nor made fresh by their op.
+    Collectives return pooled buffers or a writable operand; constants are
+    shared by every run; casts, selects, broadcasts, control flow and calls
+    may return any of these."""
+    ret = function.body.block.last_op
+    if not isinstance(ret, func.ReturnOp):
+        return frozenset()
+    return frozenset(
+        position
+        for position, value in enumerate(ret.operands)
+        if not isinstance(value, BlockArgument) and not _fresh(value)
+    )
+
+
+def _fresh(value: SSAValue) -> bool:
+    owner = value.owner
+    if isinstance(owner, WaveOp):  # its result is what its body yields
+        inner = owner.body.block.last_op.operands[value.index]  # type: ignore[union-attr]
+        if isinstance(inner, BlockArgument):
+            return False
+        return inner.owner.parent_op() is owner or _fresh(inner)
+    return type(owner) in FRESH_RESULTS or owner.name.startswith("dist.")

@@ -1,0 +1,232 @@
+"""Everything that decides what a rank executes is agreed (issue 18, item 1).
+
+Ranks compile the same program text with settings drawn per rank: the
+implementation of a generic all-reduce (every legal one, and none: the
+group size's default), the agreement mode, the deadline, and whether the
+rank compiles an equal program again before its second run. Whenever the
+plans differ (another algorithm after binding, another agreement mode)
+every rank must raise `ProgramMismatch` at the first run, never return a
+value or crash; whenever they are equal (deadlines differ, the default
+algorithm named explicitly, a trusted program recompiled on one rank) both
+runs must equal the reference simulator.
+
+Spawning ranks costs seconds, so hypothesis draws the cases in this process
+(derandomized: the same cases every time) and one launch runs them all,
+each on a fresh process group (a mismatch poisons the group it ran on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+import distir
+from distir.errors import DistirError
+from distir.ir.analysis import default_algorithm
+from distir.ir.dialect import AllReduceOp
+from distir.runtime.launch import launch
+
+P = 2
+
+PROGRAMS = {
+    # a generic all-reduce: which algorithm runs it is a bind-time choice
+    "generic sum": """
+func.func @main(%x: tensor<6xi64>) -> tensor<6xi64> {
+  %y = dist.all_reduce %x commutative : tensor<6xi64> combine(%a, %b) {
+    %s = arith.addi %a, %b : tensor<6xi64>
+    dist.yield %s : tensor<6xi64>
+  }
+  func.return %y : tensor<6xi64>
+}""",
+    # a variable all-to-all, whose wire format depends on the agreement mode
+    "variable all-to-all": """
+func.func @main(%x: tensor<?x2xi64>, %s: tensor<2xi64>) -> (tensor<?x2xi64>, tensor<2xi64>) {
+  %y, %r = dist.variable_all_to_all %x, %s axis 0 : tensor<?x2xi64>, tensor<2xi64> -> tensor<?x2xi64>
+  func.return %y, %r : tensor<?x2xi64>, tensor<2xi64>
+}""",
+}
+
+#: the implementations a generic commutative all-reduce may request (None:
+#: the default for the group size, chosen at bind time)
+GENERIC = (None, "gather-fold", "ring", "halving-doubling", "recursive-doubling")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one rank passes to `distir.compile`."""
+
+    implementation: str | None = None
+    agreement: bool = True
+    deadline: float = 8.0
+    #: compile an equal program again before the second run
+    recompile: bool = False
+
+    def compile(self, source: str) -> distir.Program:
+        implementations = (
+            {"dist.all_reduce": self.implementation} if self.implementation else None
+        )
+        return distir.compile(
+            source, implementations=implementations, agreement=self.agreement,
+            deadline=self.deadline,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlanCase:
+    program: str
+    settings: tuple[Setting, ...]
+
+    def inputs(self, rank: int) -> list[torch.Tensor]:
+        if self.program == "variable all-to-all":
+            sends = [[1, 2], [3, 0]][rank]
+            rows = sum(sends)
+            return [torch.arange(rows * 2).reshape(rows, 2) + 100 * rank, torch.tensor(sends)]
+        return [torch.arange(6) * (rank + 1) + rank]
+
+    def executed(self, setting: Setting) -> tuple[str, bool]:
+        """What a rank with `setting` executes: the algorithm bound for P
+        ranks and its agreement mode (the test's own account, not distir's
+        fingerprint)."""
+        if self.program != "generic sum":
+            return ("", setting.agreement)
+        name = setting.implementation
+        if name is None:
+            op = next(
+                o for o in distir.compile(PROGRAMS[self.program]).module.walk()
+                if isinstance(o, AllReduceOp)
+            )  # fmt: skip
+            name = default_algorithm(op, P)
+        return (name, setting.agreement)
+
+    def plans_differ(self) -> bool:
+        return len({self.executed(s) for s in self.settings}) > 1
+
+
+def plan_worker(ctx, cases: list[PlanCase]) -> list[tuple[str, object]]:
+    outcomes = []
+    groups = []  # kept alive: a freed group's address must not be reused
+    for case in cases:
+        group = dist.new_group(list(range(ctx.world_size)))
+        groups.append(group)
+        setting = case.settings[ctx.rank]
+        source = PROGRAMS[case.program]
+        inputs = case.inputs(ctx.rank)
+        runs = []
+        try:
+            program = setting.compile(source)
+            for run in range(2):
+                if run == 1 and setting.recompile:
+                    program = setting.compile(source)
+                result = program.run(*inputs, group=group)
+                result = result if isinstance(result, tuple) else (result,)
+                runs.append(tuple(r.clone() for r in result))
+            outcomes.append(("ok", runs))
+        except DistirError as e:
+            outcomes.append((type(e).__name__, str(e)))
+    return outcomes
+
+
+SETTING = st.builds(
+    Setting,
+    implementation=st.sampled_from(GENERIC),
+    agreement=st.booleans(),
+    deadline=st.sampled_from([8.0, 9.5]),
+    recompile=st.booleans(),
+)
+
+
+@st.composite
+def plan_cases(draw) -> PlanCase:
+    program = draw(st.sampled_from(sorted(PROGRAMS)))
+    first = draw(SETTING)
+    if program != "generic sum":
+        first = Setting(None, first.agreement, first.deadline, first.recompile)
+    rest = []
+    for _ in range(P - 1):
+        # Half the time the same plan with other deadlines and recompiles.
+        other = draw(SETTING)
+        if draw(st.booleans()):
+            other = Setting(first.implementation, first.agreement, other.deadline,
+                            other.recompile)  # fmt: skip
+        elif program != "generic sum":
+            other = Setting(None, other.agreement, other.deadline, other.recompile)
+        rest.append(other)
+    return PlanCase(program, (first, *rest))
+
+
+#: the examples of issue 18, item 1
+EXAMPLES = [
+    PlanCase("generic sum", (Setting("ring"), Setting("halving-doubling"))),
+    PlanCase("generic sum", (Setting("ring"), Setting("recursive-doubling"))),
+    PlanCase("generic sum", (Setting("ring", False), Setting("halving-doubling", False))),
+    PlanCase("variable all-to-all", (Setting(agreement=False), Setting(agreement=True))),
+    PlanCase("variable all-to-all", (Setting(agreement=True), Setting(agreement=False))),
+    # equal plans: the default algorithm named explicitly, a recompiled trusted program
+    PlanCase("generic sum", (Setting(None), Setting("recursive-doubling"))),
+    PlanCase("generic sum", (Setting("ring", False), Setting("ring", False, 9.5, True))),
+]
+
+
+def drawn_cases(count: int) -> list[PlanCase]:
+    drawn: list[PlanCase] = []
+
+    @settings(max_examples=count, derandomize=True, database=None,
+              phases=[Phase.generate], deadline=None)  # fmt: skip
+    @given(plan_cases())
+    def collect(case: PlanCase) -> None:
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+CASES = EXAMPLES + drawn_cases(24)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return launch(plan_worker, P, CASES, pass_context=True, timeout=150)
+
+
+def test_the_drawn_cases_cover_both_outcomes():
+    differ = [c.plans_differ() for c in CASES]
+    assert sum(differ) >= 8 and len(differ) - sum(differ) >= 8
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(170)
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_ranks_with_different_plans_all_raise_program_mismatch(outcomes, index):
+    case = CASES[index]
+    if case.plans_differ():
+        for rank in range(P):
+            kind, text = outcomes[rank][index]
+            assert kind == "ProgramMismatch", (rank, case, kind, text)
+            assert "different programs or plans" in text, text
+        return
+    expected = distir.compile(PROGRAMS[case.program]).simulate(
+        [case.inputs(r) for r in range(P)]
+    )
+    for rank in range(P):
+        kind, runs = outcomes[rank][index]
+        assert kind == "ok", (rank, case, runs)
+        want = expected[rank] if isinstance(expected[rank], tuple) else (expected[rank],)
+        for got in runs:
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == w.dtype and torch.equal(g, w), (rank, case, g, w)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(170)
+def test_a_mismatch_report_says_what_each_rank_runs(outcomes):
+    kind, text = outcomes[0][0]  # ring against halving-doubling
+    assert kind == "ProgramMismatch"
+    assert "ring" in text and "halving-doubling" in text, text
+    kind, text = outcomes[1][3]  # trusted against verified
+    assert "trusted (agreement=False)" in text and "agreement at every run" in text, text
