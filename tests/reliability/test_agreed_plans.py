@@ -11,8 +11,9 @@ algorithm named explicitly, a trusted program recompiled on one rank) both
 runs must equal the reference simulator.
 
 Spawning ranks costs seconds, so hypothesis draws the cases in this process
-(derandomized: the same cases every time) and one launch runs them all,
-each on a fresh process group (a mismatch poisons the group it ran on).
+(derandomized: the same cases every time) and one launch per group size (2
+and 3 ranks) runs them all, each on a fresh process group (a mismatch
+poisons the group it ran on).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import AllReduceOp
 from distir.runtime.launch import launch
 
-P = 2
-
 PROGRAMS = {
     # a generic all-reduce: which algorithm runs it is a bind-time choice
     "generic sum": """
@@ -45,11 +44,15 @@ func.func @main(%x: tensor<6xi64>) -> tensor<6xi64> {
 }""",
     # a variable all-to-all, whose wire format depends on the agreement mode
     "variable all-to-all": """
-func.func @main(%x: tensor<?x2xi64>, %s: tensor<2xi64>) -> (tensor<?x2xi64>, tensor<2xi64>) {
-  %y, %r = dist.variable_all_to_all %x, %s axis 0 : tensor<?x2xi64>, tensor<2xi64> -> tensor<?x2xi64>
-  func.return %y, %r : tensor<?x2xi64>, tensor<2xi64>
+func.func @main(%x: tensor<?x2xi64>, %s: tensor<{P}xi64>) -> (tensor<?x2xi64>, tensor<{P}xi64>) {
+  %y, %r = dist.variable_all_to_all %x, %s axis 0 : tensor<?x2xi64>, tensor<{P}xi64> -> tensor<?x2xi64>
+  func.return %y, %r : tensor<?x2xi64>, tensor<{P}xi64>
 }""",
 }
+
+
+def source(program: str, size: int) -> str:
+    return PROGRAMS[program].replace("{P}", str(size))
 
 #: the implementations a generic commutative all-reduce may request (None:
 #: the default for the group size, chosen at bind time)
@@ -81,9 +84,13 @@ class PlanCase:
     program: str
     settings: tuple[Setting, ...]
 
+    @property
+    def size(self) -> int:
+        return len(self.settings)
+
     def inputs(self, rank: int) -> list[torch.Tensor]:
         if self.program == "variable all-to-all":
-            sends = [[1, 2], [3, 0]][rank]
+            sends = [(rank + peer) % 3 for peer in range(self.size)]
             rows = sum(sends)
             return [torch.arange(rows * 2).reshape(rows, 2) + 100 * rank, torch.tensor(sends)]
         return [torch.arange(6) * (rank + 1) + rank]
@@ -97,10 +104,10 @@ class PlanCase:
         name = setting.implementation
         if name is None:
             op = next(
-                o for o in distir.compile(PROGRAMS[self.program]).module.walk()
+                o for o in distir.compile(source(self.program, self.size)).module.walk()
                 if isinstance(o, AllReduceOp)
             )  # fmt: skip
-            name = default_algorithm(op, P)
+            name = default_algorithm(op, self.size)
         return (name, setting.agreement)
 
     def plans_differ(self) -> bool:
@@ -114,14 +121,14 @@ def plan_worker(ctx, cases: list[PlanCase]) -> list[tuple[str, object]]:
         group = dist.new_group(list(range(ctx.world_size)))
         groups.append(group)
         setting = case.settings[ctx.rank]
-        source = PROGRAMS[case.program]
+        text = source(case.program, ctx.world_size)
         inputs = case.inputs(ctx.rank)
         runs = []
         try:
-            program = setting.compile(source)
+            program = setting.compile(text)
             for run in range(2):
                 if run == 1 and setting.recompile:
-                    program = setting.compile(source)
+                    program = setting.compile(text)
                 result = program.run(*inputs, group=group)
                 result = result if isinstance(result, tuple) else (result,)
                 runs.append(tuple(r.clone() for r in result))
@@ -141,13 +148,13 @@ SETTING = st.builds(
 
 
 @st.composite
-def plan_cases(draw) -> PlanCase:
+def plan_cases(draw, size: int) -> PlanCase:
     program = draw(st.sampled_from(sorted(PROGRAMS)))
     first = draw(SETTING)
     if program != "generic sum":
         first = Setting(None, first.agreement, first.deadline, first.recompile)
     rest = []
-    for _ in range(P - 1):
+    for _ in range(size - 1):
         # Half the time the same plan with other deadlines and recompiles.
         other = draw(SETTING)
         if draw(st.booleans()):
@@ -172,12 +179,12 @@ EXAMPLES = [
 ]
 
 
-def drawn_cases(count: int) -> list[PlanCase]:
+def drawn_cases(count: int, size: int) -> list[PlanCase]:
     drawn: list[PlanCase] = []
 
     @settings(max_examples=count, derandomize=True, database=None,
               phases=[Phase.generate], deadline=None)  # fmt: skip
-    @given(plan_cases())
+    @given(plan_cases(size))
     def collect(case: PlanCase) -> None:
         drawn.append(case)
 
@@ -185,48 +192,54 @@ def drawn_cases(count: int) -> list[PlanCase]:
     return drawn
 
 
-CASES = EXAMPLES + drawn_cases(24)
+#: per group size, the cases one launch runs
+CASES = {2: EXAMPLES + drawn_cases(24, 2), 3: drawn_cases(12, 3)}
+_launched: dict[int, list] = {}
 
 
-@pytest.fixture(scope="module")
-def outcomes():
-    return launch(plan_worker, P, CASES, pass_context=True, timeout=150)
+def outcomes(size: int) -> list:
+    if size not in _launched:
+        _launched[size] = launch(plan_worker, size, CASES[size], pass_context=True, timeout=150)
+    return _launched[size]
 
 
 def test_the_drawn_cases_cover_both_outcomes():
-    differ = [c.plans_differ() for c in CASES]
-    assert sum(differ) >= 8 and len(differ) - sum(differ) >= 8
+    differ = [c.plans_differ() for cases in CASES.values() for c in cases]
+    assert sum(differ) >= 10 and len(differ) - sum(differ) >= 10
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(170)
-@pytest.mark.parametrize("index", range(len(CASES)))
-def test_ranks_with_different_plans_all_raise_program_mismatch(outcomes, index):
-    case = CASES[index]
+@pytest.mark.parametrize(
+    ("size", "index"), [(size, i) for size, cases in CASES.items() for i in range(len(cases))]
+)
+def test_ranks_with_different_plans_all_raise_program_mismatch(size, index):
+    case = CASES[size][index]
+    got = outcomes(size)  # per rank, per case
     if case.plans_differ():
-        for rank in range(P):
-            kind, text = outcomes[rank][index]
+        for rank in range(size):
+            kind, text = got[rank][index]
             assert kind == "ProgramMismatch", (rank, case, kind, text)
             assert "different programs or plans" in text, text
         return
-    expected = distir.compile(PROGRAMS[case.program]).simulate(
-        [case.inputs(r) for r in range(P)]
+    expected = distir.compile(source(case.program, size)).simulate(
+        [case.inputs(r) for r in range(size)]
     )
-    for rank in range(P):
-        kind, runs = outcomes[rank][index]
+    for rank in range(size):
+        kind, runs = got[rank][index]
         assert kind == "ok", (rank, case, runs)
         want = expected[rank] if isinstance(expected[rank], tuple) else (expected[rank],)
-        for got in runs:
-            assert len(got) == len(want)
-            for g, w in zip(got, want, strict=True):
+        for results in runs:
+            assert len(results) == len(want)
+            for g, w in zip(results, want, strict=True):
                 assert g.dtype == w.dtype and torch.equal(g, w), (rank, case, g, w)
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(170)
-def test_a_mismatch_report_says_what_each_rank_runs(outcomes):
-    kind, text = outcomes[0][0]  # ring against halving-doubling
+def test_a_mismatch_report_says_what_each_rank_runs():
+    kind, text = outcomes(2)[0][0]  # ring against halving-doubling
     assert kind == "ProgramMismatch"
     assert "ring" in text and "halving-doubling" in text, text
-    kind, text = outcomes[1][3]  # trusted against verified
+    kind, text = outcomes(2)[1][3]  # trusted against verified
     assert "trusted (agreement=False)" in text and "agreement at every run" in text, text
