@@ -42,6 +42,17 @@ func.func @main(%x: tensor<6xi64>) -> tensor<6xi64> {
   }
   func.return %y : tensor<6xi64>
 }""",
+    # on uneven subgroups ({0, 1} and the rest): each subgroup size gets its
+    # own default algorithm, and every rank must still agree on one plan
+    "generic sum on subgroups": """
+dist.group @parts [[0, 1], {REST}]
+func.func @main(%x: tensor<6xi64>) -> tensor<6xi64> {
+  %y = dist.all_reduce %x group @parts commutative : tensor<6xi64> combine(%a, %b) {
+    %s = arith.addi %a, %b : tensor<6xi64>
+    dist.yield %s : tensor<6xi64>
+  }
+  func.return %y : tensor<6xi64>
+}""",
     # a variable all-to-all, whose wire format depends on the agreement mode
     "variable all-to-all": """
 func.func @main(%x: tensor<?x2xi64>, %s: tensor<{P}xi64>) -> (tensor<?x2xi64>, tensor<{P}xi64>) {
@@ -52,7 +63,10 @@ func.func @main(%x: tensor<?x2xi64>, %s: tensor<{P}xi64>) -> (tensor<?x2xi64>, t
 
 
 def source(program: str, size: int) -> str:
-    return PROGRAMS[program].replace("{P}", str(size))
+    rest = list(range(2, size)) or [size - 1]
+    text = PROGRAMS[program].replace("{P}", str(size)).replace("{REST}", str(rest))
+    # two subgroups of a 2-rank world: {0} and {1}
+    return text.replace("[[0, 1], [1]]", "[[0], [1]]")
 
 #: the implementations a generic commutative all-reduce may request (None:
 #: the default for the group size, chosen at bind time)
@@ -95,20 +109,22 @@ class PlanCase:
             return [torch.arange(rows * 2).reshape(rows, 2) + 100 * rank, torch.tensor(sends)]
         return [torch.arange(6) * (rank + 1) + rank]
 
-    def executed(self, setting: Setting) -> tuple[str, bool]:
-        """What a rank with `setting` executes: the algorithm bound for P
-        ranks and its agreement mode (the test's own account, not distir's
-        fingerprint)."""
-        if self.program != "generic sum":
-            return ("", setting.agreement)
-        name = setting.implementation
-        if name is None:
-            op = next(
-                o for o in distir.compile(source(self.program, self.size)).module.walk()
-                if isinstance(o, AllReduceOp)
-            )  # fmt: skip
-            name = default_algorithm(op, self.size)
-        return (name, setting.agreement)
+    def executed(self, setting: Setting) -> tuple[tuple[str, ...], bool]:
+        """The plan of a rank with `setting`: the algorithm of the all-reduce
+        on every group size it meets (a subgroup program's plan includes the
+        other subgroups') and the agreement mode (the test's own account,
+        not distir's fingerprint)."""
+        if not self.program.startswith("generic"):
+            return ((), setting.agreement)
+        sizes = [self.size]
+        if self.program == "generic sum on subgroups":
+            sizes = sorted({2, self.size - 2} - {0}) if self.size > 2 else [1]
+        op = next(
+            o for o in distir.compile(source(self.program, self.size)).module.walk()
+            if isinstance(o, AllReduceOp)
+        )  # fmt: skip
+        names = tuple(setting.implementation or default_algorithm(op, n) for n in sizes)
+        return (names, setting.agreement)
 
     def plans_differ(self) -> bool:
         return len({self.executed(s) for s in self.settings}) > 1
@@ -151,7 +167,7 @@ SETTING = st.builds(
 def plan_cases(draw, size: int) -> PlanCase:
     program = draw(st.sampled_from(sorted(PROGRAMS)))
     first = draw(SETTING)
-    if program != "generic sum":
+    if not program.startswith("generic"):
         first = Setting(None, first.agreement, first.deadline, first.recompile)
     rest = []
     for _ in range(size - 1):
@@ -160,7 +176,7 @@ def plan_cases(draw, size: int) -> PlanCase:
         if draw(st.booleans()):
             other = Setting(first.implementation, first.agreement, other.deadline,
                             other.recompile)  # fmt: skip
-        elif program != "generic sum":
+        elif not program.startswith("generic"):
             other = Setting(None, other.agreement, other.deadline, other.recompile)
         rest.append(other)
     return PlanCase(program, (first, *rest))
@@ -193,7 +209,14 @@ def drawn_cases(count: int, size: int) -> list[PlanCase]:
 
 
 #: per group size, the cases one launch runs
-CASES = {2: EXAMPLES + drawn_cases(24, 2), 3: drawn_cases(12, 3)}
+#: uneven subgroups on 3 ranks: sizes 2 and 1 get different default
+#: algorithms, and the ranks' plans are still one plan
+EXAMPLES_3 = [
+    PlanCase("generic sum on subgroups", (Setting(),) * 3),
+    PlanCase("generic sum on subgroups", (Setting(agreement=False),) * 3),
+    PlanCase("generic sum on subgroups", (Setting(), Setting(), Setting("ring"))),
+]
+CASES = {2: EXAMPLES + drawn_cases(24, 2), 3: EXAMPLES_3 + drawn_cases(12, 3)}
 _launched: dict[int, list] = {}
 
 
