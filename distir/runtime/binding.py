@@ -66,6 +66,7 @@ class Binding:
         self.base.agreement = plan.agreement
         #: what this rank agrees to execute on this group
         self.fingerprint = plan.bound_fingerprint(self.base.size)
+        self._known_agreed = False
         self.resources: list[ProcessGroupResource] = [self.base]
         self.compiled: CompiledBlock | None = None
 
@@ -78,8 +79,10 @@ class Binding:
         """Whether this run starts with the agreement exchange."""
         if self.plan.agreement:
             return True
-        with _AGREED_LOCK:
-            return self.fingerprint not in _AGREED_PLANS.get(self.base.domain, ())
+        if not self._known_agreed:  # an agreed plan stays agreed: look once
+            with _AGREED_LOCK:
+                self._known_agreed = self.fingerprint in _AGREED_PLANS.get(self.base.domain, ())
+        return not self._known_agreed
 
     def agreed(self) -> None:
         """Records that every rank agreed on this plan on this group (what
