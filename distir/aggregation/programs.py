@@ -42,7 +42,9 @@ def agree_max(words: Tensor, *, group: Any, deadline_s: float) -> Tensor:
     return _compiled(text, deadline_s).run(words, group=group)
 
 
-def gather_rows(rows: Tensor, *, group: Any, deadline_s: float, uniform: Tensor | None = None) -> Tensor:
+def gather_rows(
+    rows: Tensor, *, group: Any, deadline_s: float, uniform: Tensor | None = None
+) -> Tensor:
     """Every rank's ``rows`` (int64 ``[k]``) concatenated in rank order; with
     ``uniform``, a ``dist.assert_uniform`` first checks that every rank
     passed the same tensor there."""

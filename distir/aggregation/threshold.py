@@ -153,12 +153,16 @@ def generate_keys(
         channels.seal(j, shares[j].contiguous().numpy().tobytes(), _SHAMIR) for j in range(size)
     )
     del shares
-    sealed = programs.gather_rows(
-        programs.words(blob),
-        group=group,
-        deadline_s=deadline_s,
-        uniform=torch.tensor(_digest_words(key.digest()), dtype=torch.int64),
-    ).numpy().tobytes()
+    sealed = (
+        programs.gather_rows(
+            programs.words(blob),
+            group=group,
+            deadline_s=deadline_s,
+            uniform=torch.tensor(_digest_words(key.digest()), dtype=torch.int64),
+        )
+        .numpy()
+        .tobytes()
+    )
     part = len(blob) // size
     received = []
     for i in range(size):
@@ -237,8 +241,10 @@ def aggregate(
         group=group,
         deadline_s=deadline_s,
         what="parameters or numbers of ciphertexts",
-        messages={_BAD_GROUP: f"{size} ranks cannot aggregate under a key of "
-                  f"{parameters.parties} parties (the smudging bound covers at most that many)"},
+        messages={
+            _BAD_GROUP: f"{size} ranks cannot aggregate under a key of "
+            f"{parameters.parties} parties (the smudging bound covers at most that many)"
+        },
     )
     q = torch.tensor(moduli, dtype=torch.int64)
     gathered, total = programs.gather_and_sum(
@@ -306,8 +312,10 @@ def _spend_agreed(
         group=group,
         deadline_s=deadline_s,
         what="budgets",
-        messages={_BUDGET: f"a rank's share has fewer than {new} decryptions left of "
-                  f"{share.parameters.max_decryptions} (max_decryptions); nothing was published"},
+        messages={
+            _BUDGET: f"a rank's share has fewer than {new} decryptions left of "
+            f"{share.parameters.max_decryptions} (max_decryptions); nothing was published"
+        },
     )
     share._spend(tags)
 
@@ -357,9 +365,7 @@ def switch_key(
     cannot decrypt."""
     deadline_s = seconds(deadline, "deadline")
     active = _prepare(total, share, group, deadline_s)
-    pairs = [
-        th.key_switch_share(share, c, total.moduli, active, receiver_key) for c in total.limbs
-    ]
+    pairs = [th.key_switch_share(share, c, total.moduli, active, receiver_key) for c in total.limbs]
     _spend_agreed(share, [tag for _, tag in pairs], group, deadline_s)
     key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
     q = torch.tensor(total.moduli, dtype=torch.int64)

@@ -211,7 +211,9 @@ class ThresholdParameters:
     @property
     def key_switch_bits(self) -> int:
         """The width of a key-switch share's smudging, for ``B_ks = B + 42*N*P``."""
-        return self._bits(self.ciphertext_noise_bound + 42 * self.poly_modulus_degree * self.parties)
+        return self._bits(
+            self.ciphertext_noise_bound + 42 * self.poly_modulus_degree * self.parties
+        )
 
     @property
     def statistical_distance(self) -> float:
@@ -404,9 +406,7 @@ def common_random_polynomial(parameters: ThresholdParameters, seed: bytes) -> Te
     from the SHAKE-256 stream labelled ``crp/<l>``)."""
     if not isinstance(seed, bytes | bytearray) or not seed:
         raise TypeError("the common random polynomial needs the group's public seed (bytes)")
-    return _uniform_poly(
-        "crp", bytes(seed), parameters.key_moduli, parameters.poly_modulus_degree
-    )
+    return _uniform_poly("crp", bytes(seed), parameters.key_moduli, parameters.poly_modulus_degree)
 
 
 def generate_secret_share(parameters: ThresholdParameters) -> _AdditiveSecret:
@@ -695,8 +695,9 @@ def key_switch_share(
     parameters = share.parameters
     _check_level(parameters, limbs, moduli)
     key_q = parameters.key_moduli
-    _check_limbs(receiver_key, (2, len(key_q), parameters.poly_modulus_degree), key_q,
-                 "receiver public key")
+    _check_limbs(
+        receiver_key, (2, len(key_q), parameters.poly_modulus_degree), key_q, "receiver public key"
+    )
     receiver = receiver_key[:, : len(moduli)]
     extra = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
     seed, tag = share._noise_seed("switch", _context_bytes(limbs, active, extra))

@@ -74,7 +74,9 @@ class LocalGroup:
         b = modular_sum(self.key_shares, self.params.key_moduli)
         self.key = th.collective_public_key_from_sum(self.params, b, self.crp)
         self.context = self.key.context()
-        dealt = [th._shamir_shares(s, seed("shamir", parties, r)) for r, s in enumerate(self.secrets)]
+        dealt = [
+            th._shamir_shares(s, seed("shamir", parties, r)) for r, s in enumerate(self.secrets)
+        ]
         self.shares = [
             th.new_threshold_share(self.params, j, self.key, [dealt[i][j] for i in range(parties)])
             for j in range(parties)
@@ -200,8 +202,14 @@ def test_key_shares_shamir_shares_and_decryption_shares_equal_the_reference():
         d, _tag = th.decryption_share(group.shares[j], limbs, moduli, [0, 1])
         smudging_seed, _ = group.shares[j]._noise_seed("decrypt", th._context_bytes(limbs, [0, 1]))
         want = reference.decryption_share(
-            c1, [row for row in sk[j][: len(data_q)]], [0, 1], j, smudging_seed,
-            params.smudging_bits, data_q, n,
+            c1,
+            [row for row in sk[j][: len(data_q)]],
+            [0, 1],
+            j,
+            smudging_seed,
+            params.smudging_bits,
+            data_q,
+            n,
         )
         assert d.tolist() == want
 
@@ -250,8 +258,10 @@ def test_every_3_of_5_shares_decrypt_and_no_2_do(group5):
         # The pair's best guess at s: Lagrange interpolation through its 2 points.
         weights = th.lagrange_coefficients(list(pair), moduli)
         guess = modular_sum(
-            [th._scalar_mul(group5.shares[j]._limbs[: len(moduli)], weights[j], moduli)
-             for j in pair],
+            [
+                th._scalar_mul(group5.shares[j]._limbs[: len(moduli)], weights[j], moduli)
+                for j in pair
+            ],
             moduli,
         )
         m = modular_sum([limbs[0], mul_mod(limbs[1], guess, moduli)], moduli)
@@ -346,8 +356,9 @@ def test_the_budget_counts_new_decryptions_and_refuses_one_more():
     share._spend(tags[:1])
     share._spend(tags[:1])  # a retry spends nothing
     assert share.decryptions_left == 1
-    extra = th.decryption_share(share, group.limbs(group.aggregate)[0],
-                                group.limbs(group.aggregate)[1], [0, 1])[1]
+    extra = th.decryption_share(
+        share, group.limbs(group.aggregate)[0], group.limbs(group.aggregate)[1], [0, 1]
+    )[1]
     with pytest.raises(th.DecryptionBudgetExhausted, match="1 of 2 decryptions left, 2 requested"):
         share._spend([tags[1], extra])
     share._spend([tags[1]])
@@ -370,8 +381,10 @@ def test_a_saved_share_is_private_and_loads_to_the_same_share(group3, tmp_path):
     loaded = th.ThresholdShare.load(path)
     assert repr(loaded) == repr(share)
     limbs, moduli = group3.limbs(group3.aggregate)
-    assert torch.equal(th.decryption_share(loaded, limbs, moduli, [0, 1, 2])[0],
-                       th.decryption_share(share, limbs, moduli, [0, 1, 2])[0])
+    assert torch.equal(
+        th.decryption_share(loaded, limbs, moduli, [0, 1, 2])[0],
+        th.decryption_share(share, limbs, moduli, [0, 1, 2])[0],
+    )
     os.chmod(path, 0o640)
     with pytest.raises(PermissionError, match="must be private"):
         th.ThresholdShare.load(path)
@@ -384,11 +397,15 @@ def test_a_key_switch_reaches_the_receiver_and_the_ranks_shares_decode_to_noise(
     total = group5.aggregate
     limbs, moduli = group5.limbs(total)
     active = [0, 2, 4]
-    parts = [th.key_switch_share(group5.shares[j], limbs, moduli, active, receiver_key)[0]
-             for j in active]
+    parts = [
+        th.key_switch_share(group5.shares[j], limbs, moduli, active, receiver_key)[0]
+        for j in active
+    ]
     h0 = th.add_shares(limbs[0], [p[0] for p in parts], moduli)
     h1 = th.add_shares(torch.zeros_like(limbs[0]), [p[1] for p in parts], moduli)
-    switched = ts.ckks_vector_from(receiver, th.limbs_to_ckks(torch.stack([h0, h1]), total).serialize())
+    switched = ts.ckks_vector_from(
+        receiver, th.limbs_to_ckks(torch.stack([h0, h1]), total).serialize()
+    )
     values = np.array(switched.decrypt())
     err = np.abs(values[:SIZE] - group5.plain).max()
     assert err <= 7 * group5.params.key_switch_error_std

@@ -142,8 +142,10 @@ def shamir_share(s, coefficients, party: int, moduli: list[int]):
     """f(x) = s + c_1 x + ... at x = party + 1, per limb and coefficient."""
     x = party + 1
     return [
-        [(s[j][k] + sum(c[j][k] * x ** (i + 1) for i, c in enumerate(coefficients))) % q
-         for k in range(len(s[0]))]
+        [
+            (s[j][k] + sum(c[j][k] * x ** (i + 1) for i, c in enumerate(coefficients))) % q
+            for k in range(len(s[0]))
+        ]
         for j, q in enumerate(moduli)
     ]
 
