@@ -97,6 +97,7 @@ __all__ = [
     "generate_secret_share",
     "key_switch_share",
     "lagrange_coefficients",
+    "new_threshold_share",
     "public_key_share",
     "receiver_context",
     "shamir_point",
@@ -552,9 +553,6 @@ class ThresholdShare:
                 f"{self.parameters.max_decryptions} decryptions left, {len(new)} requested"
             )
         self._spent |= new
-
-    def _would_exceed(self, count: int) -> bool:
-        return count > self.decryptions_left
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the share to ``path`` (created or truncated, mode 0600)."""

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ts = pytest.importorskip("tenseal")
 
@@ -23,7 +25,15 @@ import threshold_reference as reference  # noqa: E402
 from distir.aggregation import channels as ch  # noqa: E402
 from distir.aggregation import threshold as ta  # noqa: E402
 from distir.he import threshold as th  # noqa: E402
-from distir.he.ntt import centered, from_ntt, mul_mod, negacyclic_ntt, to_ntt  # noqa: E402
+from distir.he.ntt import (  # noqa: E402
+    WORD_ARITHMETIC,
+    centered,
+    from_ntt,
+    mul_mod,
+    mul_mod_words,
+    negacyclic_ntt,
+    to_ntt,
+)
 from distir.he.rns import TorchRNSBackend  # noqa: E402
 from distir.he.seal import (  # noqa: E402
     ckks_to_limbs,
@@ -168,6 +178,30 @@ def test_the_ntt_matches_the_reference_evaluation_and_inverts():
     forward = transform.forward(p)
     assert forward.tolist() == reference.ntt(p, q)
     assert transform.inverse(forward).tolist() == [c % q for c in p]
+
+
+PRIMES = (*th.ThresholdParameters(parties=2).key_moduli, 2**61 - 1)  # the largest allowed
+
+
+@pytest.mark.skipif(not WORD_ARITHMETIC, reason="needs a 64-bit-mantissa long double")
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(PRIMES),
+    st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**62)), min_size=1, max_size=64),
+)
+def test_word_products_are_exact_modular_products(q, pairs):
+    extremes = [(q - 1, q - 1), (q - 1, 1), (0, q - 1), (q // 2, q - 2)]
+    xs, ws = zip(*[(a % q, b % q) for a, b in pairs] + extremes)
+    got = mul_mod_words(np.array(xs, dtype=np.int64), np.array(ws, dtype=np.int64), q)
+    assert got.tolist() == [a * b % q for a, b in zip(xs, ws)]
+
+
+def test_the_word_ntt_equals_the_integer_ntt():
+    rng = np.random.default_rng(7)
+    for q in PRIMES[:-1]:
+        transform = negacyclic_ntt(q, 8192)
+        big = [int(v) * 2**25 - 5 for v in rng.integers(-(2**60), 2**60, size=8192)]
+        assert transform.forward_words(big).tolist() == transform.forward(big).tolist()
 
 
 # ------------------------------------------------------- bit-for-bit reference
