@@ -20,9 +20,10 @@ fails or is late; nothing partial is returned.
 
 Rounds: key generation 3 (parameters and the public seed of ``a``; key
 shares summed with the X25519 keys gathered; the key's digest agreed with
-the encrypted Shamir shares gathered), aggregation 1 (commitments gathered,
-then the ciphertexts summed), decryption and key switch 3 (active parties;
-budget; the agreed aggregate's shares summed).
+the encrypted Shamir shares gathered), aggregation 2 (parameters and
+ciphertext counts; commitments gathered, then the ciphertexts summed),
+decryption and key switch 3 (the aggregate, parameters and active parties;
+budgets; the agreed aggregate's shares summed).
 """
 
 from __future__ import annotations
@@ -182,10 +183,17 @@ class Aggregate:
     ``count`` fresh encryptions per slot were summed (the group's size);
     ``commitments`` are the SHA-256 of every rank's ciphertexts, gathered
     before the sum; ``digest`` binds them to the sum; ``_tag`` is this
-    rank's MAC over it, checked before any decryption."""
+    rank's MAC over it, checked before any decryption.  ``limbs`` are the
+    summed ciphertexts (int64 ``[n, 2, L, N]``); ``templates`` this rank's
+    own ciphertexts, whose metadata (level, scale, size) the sums share."""
+
+    def ciphertexts(self) -> list[Any]:
+        """The summed ciphertexts as ``CKKSVector``s (public: they encrypt
+        the aggregate under the collective key)."""
+        return [limbs_to_ckks(self.limbs[k], c) for k, c in enumerate(self.templates)]
 
     parameters: ThresholdParameters
-    ciphertexts: tuple[Any, ...] = field(repr=False)
+    templates: tuple[Any, ...] = field(repr=False)
     limbs: Tensor = field(repr=False)
     moduli: tuple[int, ...]
     count: int
@@ -255,16 +263,22 @@ def aggregate(
     if commitments[_rank] != commitment:
         raise ThresholdMismatch(f"rank {_rank}'s commitment came back altered")
     digest = _aggregate_digest(commitments, total, size)
-    out = tuple(limbs_to_ckks(total[k], c) for k, c in enumerate(ciphertexts))
     return Aggregate(
-        parameters, out, total, moduli, size, commitments, digest, _mac(share, digest, size)
+        parameters,
+        tuple(ciphertexts),
+        total,
+        moduli,
+        size,
+        commitments,
+        digest,
+        _mac(share, digest, size),
     )
 
 
 # -------------------------------------------------------- decryption and key switch
 def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: float) -> list[int]:
-    """Round 1: validity of ``total`` here, the group's size against the
-    threshold, and the active parties (gathered in group-rank order)."""
+    """Round 1: ``total`` valid on every rank and the same, the group's size
+    against the threshold, and the set of active parties."""
     if not isinstance(total, Aggregate):
         raise TypeError(f"only an Aggregate from aggregate() decrypts, got {type(total).__name__}")
     parameters = share.parameters
@@ -278,10 +292,9 @@ def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: fl
     code = (_OK if valid else _BAD_AGGREGATE) | (
         _OK if parameters.threshold <= size <= parameters.parties else _BAD_GROUP
     )
-    parties = programs.gather_rows(
-        torch.tensor([share.party], dtype=torch.int64), group=group, deadline_s=deadline_s
-    ).tolist()
-    _check_agreed(
+    # The active parties ride in the same all-reduce, as a one-hot row.
+    present = [1 if p == share.party else 0 for p in range(parameters.parties)]
+    present = _check_agreed(
         code,
         [*_digest_words(parameters.digest()), *_digest_words(total.digest)],
         group=group,
@@ -293,9 +306,13 @@ def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: fl
             _BAD_GROUP: f"a group of {size} ranks cannot decrypt: it needs between "
             f"{parameters.threshold} and {parameters.parties} parties",
         },
+        extra=present,
     )
-    if len(set(parties)) != len(parties):
-        raise ThresholdMismatch(f"two ranks of the group hold the same party's share: {parties}")
+    parties = [p for p, here in enumerate(present) if here]
+    if len(parties) != size:
+        raise ThresholdMismatch(
+            f"the {size} ranks of the group hold only {len(parties)} distinct shares {parties}"
+        )
     return parties
 
 
@@ -330,19 +347,20 @@ def decrypt(
     program after a ``dist.assert_uniform`` of the aggregate's digest."""
     deadline_s = seconds(deadline, "deadline")
     active = _prepare(total, share, group, deadline_s)
-    pairs = [th.decryption_share(share, c, total.moduli, active) for c in total.limbs]
-    _spend_agreed(share, [tag for _, tag in pairs], group, deadline_s)
+    shares, tags = th.decryption_shares(share, total.limbs, total.moduli, active)
+    _spend_agreed(share, tags, group, deadline_s)
     q = torch.tensor(total.moduli, dtype=torch.int64)
     summed = programs.sum_agreed(
-        torch.stack([d for d, _ in pairs]),
+        shares,
         q,
         torch.tensor(_digest_words(total.digest), dtype=torch.int64),
         group=group,
         deadline_s=deadline_s,
     )
+    zero_key = th.decoder(total.templates[0])
     return [
-        th.decode(th.add_shares(total.limbs[k, 0], [summed[k]], total.moduli), c)
-        for k, c in enumerate(total.ciphertexts)
+        th.decode(th.add_shares(total.limbs[k, 0], [summed[k]], total.moduli), c, zero_key)
+        for k, c in enumerate(total.templates)
     ]
 
 
@@ -365,19 +383,19 @@ def switch_key(
     cannot decrypt."""
     deadline_s = seconds(deadline, "deadline")
     active = _prepare(total, share, group, deadline_s)
-    pairs = [th.key_switch_share(share, c, total.moduli, active, receiver_key) for c in total.limbs]
-    _spend_agreed(share, [tag for _, tag in pairs], group, deadline_s)
+    shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
+    _spend_agreed(share, tags, group, deadline_s)
     key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
     q = torch.tensor(total.moduli, dtype=torch.int64)
     summed = programs.sum_agreed(
-        torch.stack([h for h, _ in pairs]),
+        shares,
         q,
         torch.tensor(_digest_words(total.digest) + _digest_words(key_digest), dtype=torch.int64),
         group=group,
         deadline_s=deadline_s,
     )
     out = []
-    for k, c in enumerate(total.ciphertexts):
+    for k, c in enumerate(total.templates):
         c0 = th.add_shares(total.limbs[k, 0], [summed[k, 0]], total.moduli)
         out.append(limbs_to_ckks(torch.stack([c0, summed[k, 1]]), c).serialize())
     return out

@@ -93,9 +93,12 @@ __all__ = [
     "collective_public_key_from_sum",
     "common_random_polynomial",
     "decode",
+    "decoder",
     "decryption_share",
+    "decryption_shares",
     "generate_secret_share",
     "key_switch_share",
+    "key_switch_shares",
     "lagrange_coefficients",
     "new_threshold_share",
     "public_key_share",
@@ -645,9 +648,10 @@ def _active_weight(share: ThresholdShare, active: Sequence[int], moduli: Sequenc
 def _check_level(parameters: ThresholdParameters, limbs: Tensor, moduli: Sequence[int]) -> None:
     if tuple(moduli) != parameters.key_moduli[: len(moduli)]:
         raise ValueError("the ciphertext's moduli are not those of this share's parameters")
-    if limbs.dim() != 3 or limbs.shape[0] != 2:
+    if limbs.dim() != 4 or limbs.shape[1] != 2:
         raise ValueError(
-            f"collective decryption needs a 2-polynomial ciphertext, got shape {list(limbs.shape)}"
+            "collective decryption needs 2-polynomial ciphertexts [n, 2, L, N], got shape "
+            f"{list(limbs.shape)}"
         )
 
 
@@ -658,24 +662,78 @@ def _context_bytes(limbs: Tensor, active: Sequence[int], extra: bytes = b"") -> 
     return h.digest()
 
 
-def decryption_share(
+def decryption_shares(
     share: ThresholdShare, limbs: Tensor, moduli: Sequence[int], active: Sequence[int]
-) -> tuple[Tensor, bytes]:
-    """``(d_j, tag)``: party ``share.party``'s decryption share of the
-    ciphertext ``limbs = (c0, c1)`` (int64 ``[2, L, N]`` at ``moduli``) for
-    the set of ``active`` parties, ``d_j = c1 * lambda_j * sk_j + e'_j``,
-    and the budget record it spends (``share._spend([tag])``; the caller
-    spends it once every rank agreed to go ahead).  ``e'_j`` is derived from
-    the share's noise key, the ciphertext and the active set: the same
+) -> tuple[Tensor, list[bytes]]:
+    """``(d, tags)``: party ``share.party``'s decryption shares of the
+    ciphertexts ``limbs = [(c0, c1), ...]`` (int64 ``[n, 2, L, N]`` at
+    ``moduli``) for the set of ``active`` parties,
+    ``d_j = c1 * lambda_j * sk_j + e'_j`` (int64 ``[n, L, N]``), and the
+    budget records they spend (``share._spend(tags)``; the caller spends them
+    once every rank agreed to go ahead).  ``e'_j`` is derived from the
+    share's noise key, the ciphertext and the active set: the same
     decryption repeated yields the same share."""
     parameters = share.parameters
     _check_level(parameters, limbs, moduli)
-    seed, tag = share._noise_seed("decrypt", _context_bytes(limbs, active))
-    noise = _uniform_signed(
-        "smudging", seed, parameters.smudging_bits, parameters.poly_modulus_degree
+    weight = _active_weight(share, active, moduli)
+    q = _moduli_tensor(moduli)
+    out, tags = [], []
+    for c in limbs:
+        seed, tag = share._noise_seed("decrypt", _context_bytes(c, active))
+        noise = _uniform_signed(
+            "smudging", seed, parameters.smudging_bits, parameters.poly_modulus_degree
+        )
+        c1s = mul_mod(c[1], weight, moduli)
+        out.append(TorchRNSBackend().add_mod(c1s, to_ntt(noise, moduli), q))
+        tags.append(tag)
+    return torch.stack(out), tags
+
+
+def decryption_share(
+    share: ThresholdShare, limbs: Tensor, moduli: Sequence[int], active: Sequence[int]
+) -> tuple[Tensor, bytes]:
+    """:func:`decryption_shares` of one ciphertext ``limbs`` (``[2, L, N]``)."""
+    d, tags = decryption_shares(share, limbs.unsqueeze(0), moduli, active)
+    return d[0], tags[0]
+
+
+def key_switch_shares(
+    share: ThresholdShare,
+    limbs: Tensor,
+    moduli: Sequence[int],
+    active: Sequence[int],
+    receiver_key: Tensor,
+) -> tuple[Tensor, list[bytes]]:
+    """``(h, tags)``: the public-key-switch shares ``(h0_j, h1_j)`` (int64
+    ``[n, 2, L, N]``) of the ciphertexts ``limbs`` (``[n, 2, L, N]``) towards
+    the receiver's public key ``receiver_key`` (int64 ``[2, K, N]``, NTT
+    form, key level), and the budget records they spend.  ``u_j``, ``e0_j``
+    and ``e1_j`` are derived like a decryption share's noise (the receiver
+    key is part of the context)."""
+    parameters = share.parameters
+    _check_level(parameters, limbs, moduli)
+    key_q = parameters.key_moduli
+    _check_limbs(
+        receiver_key, (2, len(key_q), parameters.poly_modulus_degree), key_q, "receiver public key"
     )
-    c1s = mul_mod(limbs[1], _active_weight(share, active, moduli), moduli)
-    return TorchRNSBackend().add_mod(c1s, to_ntt(noise, moduli), _moduli_tensor(moduli)), tag
+    receiver = receiver_key[:, : len(moduli)].contiguous()
+    extra = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
+    weight = _active_weight(share, active, moduli)
+    n = parameters.poly_modulus_degree
+    backend, q = TorchRNSBackend(), _moduli_tensor(moduli)
+    out, tags = [], []
+    for c in limbs:
+        seed, tag = share._noise_seed("switch", _context_bytes(c, active, extra))
+        u = to_ntt(_ternary("switch-u", seed, n), moduli)
+        e0 = to_ntt(_uniform_signed("switch-e0", seed, parameters.key_switch_bits, n), moduli)
+        e1 = to_ntt(_centered_binomial("switch-e1", seed, n), moduli)
+        h0 = mul_mod(c[1], weight, moduli)
+        backend.add_mod_(h0, mul_mod(u, receiver[0], moduli), q)
+        backend.add_mod_(h0, e0, q)
+        h1 = backend.add_mod(mul_mod(u, receiver[1], moduli), e1, q)
+        out.append(torch.stack([h0, h1]))
+        tags.append(tag)
+    return torch.stack(out), tags
 
 
 def key_switch_share(
@@ -685,39 +743,25 @@ def key_switch_share(
     active: Sequence[int],
     receiver_key: Tensor,
 ) -> tuple[Tensor, bytes]:
-    """``((h0_j, h1_j), tag)``: the public-key-switch share (int64
-    ``[2, L, N]``) of ``limbs`` towards the receiver's public key
-    ``receiver_key`` (int64 ``[2, K, N]``, NTT form, key level), and the
-    budget record it spends.  ``u_j``, ``e0_j`` and ``e1_j`` are derived like
-    a decryption share's noise (the receiver key is part of the context)."""
-    parameters = share.parameters
-    _check_level(parameters, limbs, moduli)
-    key_q = parameters.key_moduli
-    _check_limbs(
-        receiver_key, (2, len(key_q), parameters.poly_modulus_degree), key_q, "receiver public key"
-    )
-    receiver = receiver_key[:, : len(moduli)]
-    extra = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
-    seed, tag = share._noise_seed("switch", _context_bytes(limbs, active, extra))
-    n = parameters.poly_modulus_degree
-    u = to_ntt(_ternary("switch-u", seed, n), moduli)
-    e0 = to_ntt(_uniform_signed("switch-e0", seed, parameters.key_switch_bits, n), moduli)
-    e1 = to_ntt(_centered_binomial("switch-e1", seed, n), moduli)
-    backend, q = TorchRNSBackend(), _moduli_tensor(moduli)
-    h0 = mul_mod(limbs[1], _active_weight(share, active, moduli), moduli)
-    backend.add_mod_(h0, mul_mod(u, receiver[0].contiguous(), moduli), q)
-    backend.add_mod_(h0, e0, q)
-    h1 = backend.add_mod(mul_mod(u, receiver[1].contiguous(), moduli), e1, q)
-    return torch.stack([h0, h1]), tag
+    """:func:`key_switch_shares` of one ciphertext ``limbs`` (``[2, L, N]``)."""
+    h, tags = key_switch_shares(share, limbs.unsqueeze(0), moduli, active, receiver_key)
+    return h[0], tags[0]
 
 
-def decode(plaintext: Tensor, template: Any) -> list[float]:
-    """Decode plaintext limbs ``m`` (``[L, N]``, NTT form, ``template``'s
-    level, scale and slot count) to values: SEAL decrypts ``(m, 0)`` -- to
-    ``m`` under any key -- with a zero secret key."""
+def decoder(template: Any) -> Any:
+    """The context :func:`decode` decrypts with: ``template``'s parameters
+    and the zero secret key (build it once for many ciphertexts)."""
     context = template.context()
     keys = context.seal_context().data.key_context_data().parms()
     zero_key = torch.zeros(len(keys.coeff_modulus()), keys.poly_modulus_degree(), dtype=torch.int64)
-    decoder = context_from_key_limbs(context, secret_key=zero_key)
+    return context_from_key_limbs(context, secret_key=zero_key)
+
+
+def decode(plaintext: Tensor, template: Any, zero_key_context: Any = None) -> list[float]:
+    """Decode plaintext limbs ``m`` (``[L, N]``, NTT form, ``template``'s
+    level, scale and slot count) to values: SEAL decrypts ``(m, 0)`` -- to
+    ``m`` under any key -- with a zero secret key (``zero_key_context``,
+    :func:`decoder`'s, built here when None)."""
+    context = zero_key_context if zero_key_context is not None else decoder(template)
     zero = torch.zeros_like(plaintext)
-    return limbs_to_ckks(torch.stack([plaintext, zero]), template, context=decoder).decrypt()
+    return limbs_to_ckks(torch.stack([plaintext, zero]), template, context=context).decrypt()
