@@ -472,3 +472,26 @@ def test_channels_seal_for_one_receiver_only_and_refuse_tampering():
     other.connect([keys[0], other.public_key, keys[2]])
     with pytest.raises(ch.ChannelError):
         other.open(0, blob, b"shamir")
+
+
+# --------------------------------------------------------- Shamir, generated
+@settings(max_examples=8, deadline=None)
+@given(st.data())
+def test_any_t_shamir_shares_rebuild_the_sum_of_secrets_and_t_minus_1_do_not(data):
+    parties = data.draw(st.integers(2, 6), label="parties")
+    threshold = data.draw(st.integers(1, parties), label="threshold")
+    params = th.ThresholdParameters(parties=parties, threshold=threshold)
+    moduli = params.key_moduli
+    secrets_ = [th.generate_secret_share(params) for _ in range(parties)]
+    dealt = [th.shamir_shares(s) for s in secrets_]
+    held = [modular_sum([dealt[i][j] for i in range(parties)], moduli) for j in range(parties)]
+    want = modular_sum([s.limbs for s in secrets_], moduli)
+
+    def rebuild(active):
+        weights = th.lagrange_coefficients(active, moduli)
+        return modular_sum([th._scalar_mul(held[j], weights[j], moduli) for j in active], moduli)
+
+    active = sorted(data.draw(st.permutations(range(parties)), label="order")[:threshold])
+    assert torch.equal(rebuild(active), want)
+    if threshold > 1:
+        assert not torch.equal(rebuild(active[:-1]), want)
