@@ -1,8 +1,9 @@
 """The package's layers import one way, as its folders say:
 
     ir <- passes;  ir <- interpreters <- backends <- runtime <- cli
-    (he: modular.py is torch-free, for passes; rns, seal and ntt sit beside
-    backends; threshold, a protocol made of distir programs, above runtime)
+    (he: modular.py is torch-free, for passes; rns, seal, ntt and threshold's
+    arithmetic sit beside backends; aggregation, the threshold protocol made
+    of distir programs, above runtime)
 
 `ir/` and `passes/` never import torch (distir-opt and other IR-only tools
 stay light); no module imports a higher layer, or a private name of another
@@ -26,7 +27,7 @@ LAYERS = {
     "interpreters": 3,
     "he": 4, "backends": 4,
     "runtime": 5, "": 5,  # the package facade (distir.compile, ...) is the runtime's
-    "he.threshold": 6, "bench": 6, "cli": 7,
+    "aggregation": 6, "bench": 6, "cli": 7,
 }  # fmt: skip
 TORCH_FREE = ("ir", "passes", "he.modular", "errors", "durations")
 

@@ -1,1 +1,1 @@
-"""Homomorphic-encryption support: RNS modular arithmetic (`modular`, torch-free, and `rns`), SEAL interop (`seal`) and threshold keys (`threshold`)."""
+"""Homomorphic-encryption support: RNS modular arithmetic (`modular`, torch-free, and `rns`), SEAL interop (`seal`), SEAL's NTT (`ntt`) and threshold CKKS arithmetic (`threshold`; the protocol that runs it is `distir.aggregation`)."""

@@ -1,146 +1,160 @@
-"""Threshold secure aggregation: a collective CKKS key that no rank holds.
+"""Threshold CKKS arithmetic: key shares, Shamir shares, decryption and
+key-switch shares, all per RNS limb in SEAL's NTT form.
 
-N-out-of-N multiparty CKKS for semi-honest parties, after Mouchet,
-Troncoso-Pastoriza, Bossuat and Hubaux, "Multiparty homomorphic encryption
-from ring-learning-with-errors" (PETS 2021), as Lattigo's ``multiparty``
-package implements it.  Every rank ``i`` of a group of ``P`` holds a secret
-share ``s_i``; the collective secret ``s = s_1 + ... + s_P`` exists nowhere.
+The local half of multiparty CKKS for semi-honest parties (Mouchet,
+Troncoso-Pastoriza, Bossuat and Hubaux, PETS 2021; t-out-of-N after Mouchet,
+Bertrand and Hubaux, ePrint 2022/780, as Lattigo's ``multiparty``
+``Thresholdizer``/``Combiner`` implement it).  Nothing here talks to another
+rank: the protocol -- which values are summed, gathered or agreed, and over
+which channel -- is :mod:`distir.aggregation`, above the runtime.
 
-1. **Key generation.**  Every rank derives the same uniformly random
-   polynomial ``a`` from a public seed (:func:`common_random_polynomial`),
-   draws its secret ``s_i`` (:func:`generate_secret_share`: ternary, as
-   SEAL's ``KeyGenerator`` draws it) and noise ``e_i`` (SEAL's centred
-   binomial, sigma 3.2), and publishes ``h_i = e_i - a*s_i``
-   (:func:`public_key_share`).  :func:`collective_public_key` sums the shares
-   with a distir program (``dist.all_reduce_add_ciphertext``: the sum of
-   polynomials in NTT form is a per-limb modular sum) into the key
-   ``(b, a) = (sum_i h_i, a)``: an ordinary RLWE public key for ``s``, with
-   error ``sum_i e_i``, loaded by SEAL as a ``PublicKey`` -- so that
-   ``ts.ckks_vector(encryption_context(key), values)`` encrypts under it
-   unchanged.
-2. **Aggregation.**  Every rank encrypts its update under the collective key;
-   :func:`aggregate` sums the ciphertexts with the same all-reduce.
-3. **Decryption.**  For the aggregate ``(c0, c1)`` every rank publishes
-   ``d_i = c1*s_i + e'_i`` (:func:`decryption_share`) with a *smudging* noise
-   ``e'_i``; :func:`combine_decryption_shares` sums the shares (a distir
-   program again) and adds ``c0``: ``m = c0 + c1*s + sum_i e'_i``, the
-   plaintext plus noise.  ``(m, 0)`` decrypts to ``m`` under any key, so
-   :func:`decode` lets SEAL decode it with the zero key.  Any proper subset
-   of the shares leaves a term ``c1*s_j`` of a missing rank: uniformly
-   random, it decodes to noise.
+* **Key generation** (N-out-of-N).  Party ``i`` draws a ternary secret
+  ``s_i`` and SEAL's centred binomial noise ``e_i`` and publishes
+  ``h_i = e_i - a*s_i`` for a public uniform ``a``; ``(sum_i h_i, a)`` is an
+  ordinary RLWE public key for ``s = sum_i s_i``, which exists nowhere.
+* **Thresholdization** (t-out-of-N).  Party ``i`` draws a polynomial
+  ``f_i(X) = s_i + c_1 X + ... + c_(t-1) X^(t-1)`` whose coefficients are
+  ring elements uniform modulo every key prime, and hands party ``j`` the
+  Shamir share ``f_i(x_j)`` at the public point ``x_j = j + 1``
+  (:func:`shamir_shares`).  Party ``j`` keeps ``sk_j = sum_i f_i(x_j)``.
+  Any set ``T`` of ``t`` parties holds ``s = sum_(j in T) lambda_j * sk_j``
+  with the Lagrange coefficients ``lambda_j = prod_(k in T, k != j)
+  x_k / (x_k - x_j)`` modulo each prime (:func:`lagrange_coefficients`);
+  fewer than ``t`` shares are jointly uniform, independent of ``s``.
+* **Decryption.**  For ``(c0, c1)`` each active party publishes
+  ``d_j = c1 * lambda_j * sk_j + e'_j`` (:func:`decryption_share`) and
+  ``m = c0 + sum_j d_j`` decodes to the plaintext plus smudging noise.
+* **Public-key switching** (Lattigo's ``PublicKeySwitchProtocol``).  For a
+  receiver's public key ``(p0, p1)``, each active party publishes
+  ``(h0_j, h1_j) = (lambda_j*sk_j*c1 + u_j*p0 + e0_j, u_j*p1 + e1_j)`` with
+  a fresh ternary ``u_j``, smudging ``e0_j`` and centred binomial ``e1_j``
+  (:func:`key_switch_share`); ``(c0 + sum h0_j, sum h1_j)`` is a ciphertext
+  of the same plaintext under the receiver's key.
 
-Everything is pointwise per limb in NTT form (SEAL's storage form, see
-:mod:`distir.he.ntt`): sums are distir collectives, products exact integer
-arithmetic.
+Randomness
+----------
+Secrets, Shamir coefficients and key noise come from :mod:`secrets` only:
+no public function takes a seed (a reused seed turns two decryption shares
+into ``(c1 - c1')*s_j``, which reveals ``s_j``).  Smudging noise is derived,
+not drawn: a keyed BLAKE2b of the share's private ``noise_key``, the
+ciphertext's digest and the active set seeds a SHAKE-256 stream, so a retry
+of the same decryption publishes the same share (nothing new) and any other
+decryption gets independent noise.  Tests reach the private ``_seed`` hooks.
 
-Smudging noise: width, security, precision
-------------------------------------------
-Without smudging, ``m - Delta*z`` would be the aggregate ciphertext's own
-noise ``e_ct``, which depends on the secret key (the Li-Micciancio attack on
-CKKS decryption; in a threshold setting every share ``d_i`` carries it).  For
-``P`` fresh public-key encryptions summed at ``N`` coefficients,
-``|e_ct|_inf <= B = P*(3 + N*P)/2``: SEAL encrypts at the key level and
-divides by the special prime, which leaves a rounding term ``r0 + r1*s`` with
-``|r| <= 1/2`` and ``|s|_1 <= N*P`` (plus a part below 1).  Each rank adds
-``e'_i`` with coefficients uniform in ``[-2^b, 2^b)``, where ``b =
-ceil(log2(N*B)) + lambda - 1``; then for any coalition of ``P - 1`` ranks
-the honest rank's ``e'_h`` alone makes ``e_ct + e'_h`` statistically close
-to ``e'_h``: statistical distance at most ``N*B / 2^(b+1) <= 2^-lambda`` per
-decryption (``lambda`` = ``statistical_security``, 40 by default; distances
-add up over decryptions).  At the defaults (``N = 8192``) ``b`` is 67, 69 and
-71 bits for ``P`` = 2, 4 and 8.
-
-The price is precision: the decoded slots carry ``sum_i e'_i / Delta``, a
-real-part standard deviation of ``2^b * sqrt(P*N/6) / Delta`` per slot
-(:attr:`ThresholdParameters.smudging_error_std`).  That is why the defaults
-use a large scale, ``Delta = 2^100``, inside a 160-bit data modulus
-(``[60, 50, 50]`` plus a 50-bit special prime; 210 bits at ``N = 8192``,
-within SEAL's 128-bit-security bound of 218): an aggregation needs no
-multiplicative depth, so the whole modulus serves as headroom.  At ``P = 4``
-the smudging costs about ``3.4e-8`` per slot (``1.9e-7`` at ``P = 8``), and
-a rank's contribution is hidden with statistical distance ``2^-40``.
-
-Not covered: malicious parties (no proofs that shares are well formed),
-dropouts (N-out-of-N: a rank that leaves aborts the protocol), t-of-N
-thresholds, relinearization or rotation keys (so no multiplications or
-rotations under the collective key), and any audit of who decrypted what.
+Smudging noise: width, security, budget, precision
+--------------------------------------------------
+For ``P`` fresh public-key encryptions summed at ``N`` coefficients the
+aggregate's noise ``e_ct`` satisfies ``|e_ct|_inf <= B = P*(3 + N*P)/2 + P``
+(SEAL's rounding ``r0 + r1*s`` after dividing by the special prime with
+``|r| <= 1/2`` and ``|s|_1 <= N*P``).  Without smudging, a decryption
+reveals ``e_ct``, which depends on the secret key (Li-Micciancio).  Each
+share adds ``e'_j`` uniform in ``[-2^b, 2^b)`` with ``b = ceil(log2(N*B)) +
+lambda + ceil(log2(D)) - 1`` for ``D = max_decryptions``: one decryption is
+within statistical distance ``N*B / 2^(b+1) <= 2^-lambda / D`` of one that
+reveals nothing beyond the plaintext, so all ``D`` of a share's budget are
+within ``2^-lambda`` together.  A key switch must hide in addition the
+receiver-dependent ``sum_j (u_j*e_pk + s_out*e1_j)``, ``|.| <= 2*21*N*P``
+(``B_ks = B + 42*N*P``; its width is :attr:`key_switch_bits`).  The noise
+costs precision: a decoded slot carries a real-part standard deviation of
+``2^b * sqrt(P*N/6) / Delta`` (:attr:`ThresholdParameters.smudging_error_std`),
+paid for with the default ``Delta = 2^120`` in a 160-bit data modulus: an
+aggregation needs no multiplicative depth.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import secrets
+import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from distir.durations import Duration, seconds
 from distir.errors import DistirError
 from distir.he.ntt import mul_mod, sub_mod, to_ntt
 from distir.he.rns import TorchRNSBackend
-from distir.he.seal import (
-    ckks_to_limbs,
-    context_from_key_limbs,
-    import_tenseal,
-    limbs_to_ckks,
-)
+from distir.he.seal import context_from_key_limbs, import_tenseal, limbs_to_ckks
 
 __all__ = [
     "CollectivePublicKey",
-    "SecretShare",
+    "DecryptionBudgetExhausted",
     "ThresholdMismatch",
     "ThresholdParameters",
-    "add_decryption_shares",
-    "aggregate",
-    "collective_decrypt",
-    "collective_public_key",
-    "combine_decryption_shares",
+    "ThresholdShare",
+    "add_shares",
+    "collective_public_key_from_sum",
     "common_random_polynomial",
     "decode",
+    "decoder",
     "decryption_share",
-    "encryption_context",
+    "decryption_shares",
     "generate_secret_share",
-    "own_key_context",
+    "key_switch_share",
+    "key_switch_shares",
+    "lagrange_coefficients",
+    "new_threshold_share",
     "public_key_share",
+    "receiver_context",
+    "shamir_point",
+    "shamir_shares",
 ]
 
 #: Domain-separation labels of the SHAKE-256 streams every draw comes from.
 _LABEL = b"distir/threshold/v1/"
 SEED_BYTES = 32
+_SHARE_FORMAT = "distir-threshold-share/v1"
 
 
 class ThresholdMismatch(DistirError):
-    """Ranks of a threshold protocol step disagree on a value that must be
-    the same everywhere (the common random polynomial, the ciphertext being
-    decrypted); raised on every rank, and nothing is returned."""
+    """Ranks of a threshold protocol step disagree on something that must be
+    the same everywhere (the parameters, the group size, the public key, the
+    aggregate being decrypted) or a step was called with a group it cannot
+    serve; raised on every rank, and nothing is returned."""
+
+
+class DecryptionBudgetExhausted(DistirError):
+    """A share has published ``max_decryptions`` decryption (or key-switch)
+    shares: one more would exceed the smudging bound's budget."""
 
 
 # ------------------------------------------------------------------ parameters
 @dataclass(frozen=True)
 class ThresholdParameters:
-    """CKKS parameters of a threshold group of ``parties`` ranks.
+    """CKKS parameters of a threshold group of ``parties`` ranks, any
+    ``threshold`` of which decrypt (default: all of them).
 
     ``coeff_mod_bit_sizes`` are SEAL's (the last prime is the special one);
-    ``statistical_security`` is the ``lambda`` of the smudging bound (see the
-    module docstring).  Raises ``ValueError`` when the smudging noise would
-    drown the message at this scale."""
+    ``statistical_security`` is the ``lambda`` and ``max_decryptions`` the
+    ``D`` of the smudging bound (see the module docstring).  Raises
+    ``ValueError`` when the smudging noise would drown the message at this
+    scale."""
 
     parties: int
+    threshold: int | None = None
     poly_modulus_degree: int = 8192
     coeff_mod_bit_sizes: tuple[int, ...] = (60, 50, 50, 50)
-    scale: float = 2.0**100
+    scale: float = 2.0**120
     statistical_security: int = 40
+    max_decryptions: int = 2**16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "coeff_mod_bit_sizes", tuple(self.coeff_mod_bit_sizes))
+        if self.threshold is None:
+            object.__setattr__(self, "threshold", self.parties)
         if self.parties < 1:
             raise ValueError(f"a threshold group needs at least one party, got {self.parties}")
+        if not 1 <= self.threshold <= self.parties:
+            raise ValueError(
+                f"threshold must be between 1 and parties ({self.parties}), got {self.threshold}"
+            )
         n = self.poly_modulus_degree
         if n < 1024 or n & (n - 1):
             raise ValueError(f"poly_modulus_degree must be a power of two >= 1024, got {n}")
@@ -148,11 +162,15 @@ class ThresholdParameters:
             raise ValueError("coeff_mod_bit_sizes needs a data prime and a special prime")
         if self.statistical_security < 1:
             raise ValueError(f"statistical_security must be >= 1, got {self.statistical_security}")
-        if self.smudging_error_std > 2.0**-10:
+        if self.max_decryptions < 1:
+            raise ValueError(f"max_decryptions must be >= 1, got {self.max_decryptions}")
+        worst = max(self.smudging_error_std, self.key_switch_error_std)
+        if worst > 2.0**-10:
             raise ValueError(
-                f"smudging noise of {self.smudging_bits} bits for {self.parties} parties gives a "
-                f"per-slot error of {self.smudging_error_std:.3g} at scale 2^"
-                f"{math.log2(self.scale):.0f}: raise the scale or lower statistical_security"
+                f"smudging noise of {self.key_switch_bits} bits for {self.parties} parties and "
+                f"{self.max_decryptions} decryptions gives a per-slot error of {worst:.3g} at "
+                f"scale 2^{math.log2(self.scale):.0f}: raise the scale, lower "
+                "statistical_security or max_decryptions"
             )
         data_bits = sum(self.coeff_mod_bit_sizes[:-1])
         if math.log2(self.scale) + 20 > data_bits:
@@ -183,49 +201,86 @@ class ThresholdParameters:
         p, n = self.parties, self.poly_modulus_degree
         return p * (3 + n * p) // 2 + p
 
+    def _bits(self, bound: int) -> int:
+        worst = self.poly_modulus_degree * bound
+        budget = (self.max_decryptions - 1).bit_length()
+        return (worst - 1).bit_length() + self.statistical_security + budget - 1
+
     @property
     def smudging_bits(self) -> int:
-        """``b``: each decryption share's smudging coefficients are uniform in
-        ``[-2^b, 2^b)``, with ``N*B / 2^(b+1) <= 2^-statistical_security``."""
-        worst = self.poly_modulus_degree * self.ciphertext_noise_bound
-        return (worst - 1).bit_length() + self.statistical_security - 1
+        """``b``: a decryption share's smudging coefficients are uniform in
+        ``[-2^b, 2^b)``, with ``D * N*B / 2^(b+1) <= 2^-statistical_security``."""
+        return self._bits(self.ciphertext_noise_bound)
+
+    @property
+    def key_switch_bits(self) -> int:
+        """The width of a key-switch share's smudging, for ``B_ks = B + 42*N*P``."""
+        return self._bits(
+            self.ciphertext_noise_bound + 42 * self.poly_modulus_degree * self.parties
+        )
 
     @property
     def statistical_distance(self) -> float:
         """The bound ``N*B / 2^(b+1)`` on what one decryption reveals about
-        the aggregate's noise (hence about the secret shares)."""
+        the aggregate's noise; ``max_decryptions`` of them stay within
+        ``2^-statistical_security``."""
         worst = self.poly_modulus_degree * self.ciphertext_noise_bound
         return worst / 2.0 ** (self.smudging_bits + 1)
+
+    def _std(self, bits: int) -> float:
+        return 2.0**bits * math.sqrt(self.parties * self.poly_modulus_degree / 6) / self.scale
 
     @property
     def smudging_error_std(self) -> float:
         """Standard deviation of the error the smudging adds to each decoded
-        slot (real part): ``2^b * sqrt(parties * N / 6) / scale``."""
-        spread = math.sqrt(self.parties * self.poly_modulus_degree / 6)
-        return 2.0**self.smudging_bits * spread / self.scale
+        slot (real part), at most ``parties`` shares:
+        ``2^b * sqrt(parties * N / 6) / scale``."""
+        return self._std(self.smudging_bits)
 
-    def template_context(self) -> Any:
-        """A TenSEAL context with these parameters, used only as a format
-        template (encryption parameters, ``parms_id``, scale); its own random
-        keys are never used for data."""
-        return _template_context(self.poly_modulus_degree, self.coeff_mod_bit_sizes, self.scale)
+    @property
+    def key_switch_error_std(self) -> float:
+        """The same for a key switch (width :attr:`key_switch_bits`)."""
+        return self._std(self.key_switch_bits)
+
+    def digest(self) -> bytes:
+        """A SHA-256 of every field: ranks agree on it before any step."""
+        return hashlib.sha256(repr(sorted(asdict(self).items())).encode()).digest()
 
 
 @lru_cache(maxsize=8)
 def _template_context(degree: int, bits: tuple[int, ...], scale: float) -> Any:
+    """A TenSEAL context used only as a format template (encryption
+    parameters, ``parms_id``, scale).  UNSAFE for data: it holds a
+    single-party key pair of its own, which nothing here ever uses."""
     ts = import_tenseal()
     context = ts.context(ts.SCHEME_TYPE.CKKS, degree, coeff_mod_bit_sizes=list(bits))
     context.global_scale = scale
     return context
 
 
+def _template(parameters: ThresholdParameters) -> Any:
+    return _template_context(
+        parameters.poly_modulus_degree, parameters.coeff_mod_bit_sizes, parameters.scale
+    )
+
+
+def receiver_context(parameters: ThresholdParameters) -> Any:
+    """An outside receiver's own private TenSEAL context with these
+    parameters (SEAL's ``KeyGenerator``): the receiver keeps it and hands the
+    ranks ``distir.he.seal.public_key_limbs(context)``."""
+    ts = import_tenseal()
+    context = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        parameters.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(parameters.coeff_mod_bit_sizes),
+    )
+    context.global_scale = parameters.scale
+    return context
+
+
 # -------------------------------------------------------------------- sampling
-def _fresh_seed(seed: bytes | None) -> bytes:
-    if seed is None:
-        return secrets.token_bytes(SEED_BYTES)
-    if not isinstance(seed, bytes | bytearray) or len(seed) == 0:
-        raise TypeError(f"seed must be non-empty bytes, got {seed!r}")
-    return bytes(seed)
+def _fresh(seed: bytes | None) -> bytes:
+    return secrets.token_bytes(SEED_BYTES) if seed is None else bytes(seed)
 
 
 def _stream(label: str, seed: bytes, nbytes: int) -> bytes:
@@ -246,12 +301,16 @@ def _accepted(label: str, seed: bytes, count: int, width: int, accept: Any) -> n
 
 
 def _uniform_mod(label: str, seed: bytes, modulus: int, count: int) -> np.ndarray:
-    """``count`` residues uniform modulo ``modulus``: little-endian 64-bit
-    words below the largest multiple of ``modulus``, reduced (as SEAL's
-    ``sample_poly_uniform``)."""
+    """``count`` residues uniform modulo ``modulus`` (64-bit words below the
+    largest multiple of ``modulus``, reduced; SEAL's ``sample_poly_uniform``)."""
     limit = np.uint64((1 << 64) // modulus * modulus - 1)
     words = _accepted(label, seed, count, 8, lambda w: w <= limit)
     return (words % np.uint64(modulus)).astype(np.int64)
+
+
+def _uniform_poly(label: str, seed: bytes, moduli: Sequence[int], n: int) -> Tensor:
+    rows = [_uniform_mod(f"{label}/{index}", seed, q, n) for index, q in enumerate(moduli)]
+    return torch.from_numpy(np.stack(rows))
 
 
 def _ternary(label: str, seed: bytes, count: int) -> np.ndarray:
@@ -289,85 +348,10 @@ def _moduli_tensor(moduli: Sequence[int]) -> Tensor:
     return torch.tensor(list(moduli), dtype=torch.int64)
 
 
-def _digest(*tensors: Tensor) -> int:
-    """A 62-bit digest of tensors' bytes (for agreement, not for security)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().to("cpu").contiguous().numpy().tobytes())
-    return int.from_bytes(h.digest()[:8], "little") >> 2
-
-
-# ------------------------------------------------------------------ key shares
-@dataclass(frozen=True, eq=False)
-class SecretShare:
-    """One rank's share ``s_i`` of the collective secret key: int64 limbs
-    ``[K, N]`` in NTT form at the key level (``parameters.key_moduli``).
-    It never leaves its rank; its repr does not show it."""
-
-    parameters: ThresholdParameters
-    limbs: Tensor = field(repr=False)
-
-
-@dataclass(frozen=True, eq=False)
-class CollectivePublicKey:
-    """The collective public key ``(b, a) = (sum_i h_i, a)``: int64 limbs
-    ``[2, K, N]`` in NTT form at the key level, an RLWE public key for the
-    secret ``s = sum_i s_i`` that no rank holds."""
-
-    parameters: ThresholdParameters
-    limbs: Tensor = field(repr=False)
-
-    def context(self) -> Any:
-        """A public TenSEAL context (no secret key) that encrypts under this
-        key: ``ts.ckks_vector(key.context(), values)``."""
-        return context_from_key_limbs(self.parameters.template_context(), public_key=self.limbs)
-
-    def serialize(self) -> bytes:
-        """The public TenSEAL context, serialized (``ts.context_from`` loads it)."""
-        return self.context().serialize()
-
-
-def common_random_polynomial(parameters: ThresholdParameters, seed: bytes) -> Tensor:
-    """The common random polynomial ``a``: int64 ``[K, N]``, uniform modulo
-    every key-level prime (special prime included), read in NTT form.
-
-    Every rank calls this with the same public ``seed``; limb ``l`` is drawn
-    from the SHAKE-256 stream labelled ``crp/<l>`` (64-bit words below the
-    largest multiple of ``q_l``, reduced).  A uniform vector is uniform in
-    either form, so no transform is needed."""
-    if seed is None:
-        raise TypeError("the common random polynomial needs the group's public seed (bytes)")
-    seed = _fresh_seed(seed)
-    n = parameters.poly_modulus_degree
-    rows = [
-        _uniform_mod(f"crp/{index}", seed, q, n) for index, q in enumerate(parameters.key_moduli)
-    ]
-    return torch.from_numpy(np.stack(rows))
-
-
-def generate_secret_share(
-    parameters: ThresholdParameters, *, seed: bytes | None = None
-) -> SecretShare:
-    """Draw this rank's secret ``s_i``: ``N`` coefficients uniform in
-    {-1, 0, 1} (SEAL's ``sample_poly_ternary``), from the stream labelled
-    ``secret`` of ``seed`` (fresh randomness when None), in NTT form at the
-    key level.  Never reuse a seed."""
-    coefficients = _ternary("secret", _fresh_seed(seed), parameters.poly_modulus_degree)
-    return SecretShare(parameters, to_ntt(coefficients, parameters.key_moduli))
-
-
-def public_key_share(secret: SecretShare, crp: Tensor, *, seed: bytes | None = None) -> Tensor:
-    """This rank's public key share ``h_i = e_i - a*s_i`` (int64 ``[K, N]``,
-    NTT form, key level), with ``e_i`` SEAL's centred binomial noise drawn
-    from the stream labelled ``key-noise`` of ``seed`` (fresh when None).
-
-    ``(h_i, a)`` alone is an ordinary public key for ``s_i``; the shares are
-    public, their sum is the collective key."""
-    parameters = secret.parameters
-    moduli = parameters.key_moduli
-    _check_limbs(crp, (len(moduli), parameters.poly_modulus_degree), moduli, "crp")
-    noise = _centered_binomial("key-noise", _fresh_seed(seed), parameters.poly_modulus_degree)
-    return sub_mod(to_ntt(noise, moduli), mul_mod(crp, secret.limbs, moduli), moduli)
+def _scalar_mul(limbs: Tensor, scalars: Sequence[int], moduli: Sequence[int]) -> Tensor:
+    """``limbs * scalars[l] mod q_l`` per limb ``l`` (exact)."""
+    column = torch.tensor([s % q for s, q in zip(scalars, moduli, strict=True)], dtype=torch.int64)
+    return mul_mod(limbs, column.view(-1, 1).expand_as(limbs).contiguous(), moduli)
 
 
 def _check_limbs(limbs: Tensor, shape: tuple[int, ...], moduli: Sequence[int], what: str) -> None:
@@ -378,217 +362,406 @@ def _check_limbs(limbs: Tensor, shape: tuple[int, ...], moduli: Sequence[int], w
     TorchRNSBackend().check_reduced(limbs, _moduli_tensor(moduli))
 
 
-# ------------------------------------------------------------ distir programs
-def _sum_program_text(shape: tuple[int, ...], agree: bool) -> str:
-    ty = "tensor<" + "x".join(str(d) for d in shape) + "xi64>"
-    moduli = f"tensor<{shape[-2]}xi64>"
-    if not agree:
-        return f"""func.func @main(%share: {ty}, %moduli: {moduli}) -> {ty} {{
-  %sum = dist.all_reduce_add_ciphertext %share, %moduli max_modulus_bits 60 : {ty}, {moduli}
-  func.return %sum : {ty}
-}}
-"""
-    return f"""func.func @main(%share: {ty}, %moduli: {moduli}, %digest: tensor<2xi64>) -> ({ty}, tensor<2xi64>) {{
-  %agreed = dist.all_reduce max %digest : tensor<2xi64>
-  %sum = dist.all_reduce_add_ciphertext %share, %moduli max_modulus_bits 60 : {ty}, {moduli}
-  func.return %sum, %agreed : {ty}, tensor<2xi64>
-}}
-"""
-
-
-@lru_cache(maxsize=32)
-def _sum_program(shape: tuple[int, ...], agree: bool, pipeline: str, deadline_s: float) -> Any:
-    import distir
-
-    return distir.compile(_sum_program_text(shape, agree), pipeline, deadline=deadline_s)
-
-
-def _modular_sum(
-    share: Tensor,
-    moduli: Sequence[int],
-    *,
-    agree_on: Tensor | None,
-    what: str,
-    group: Any,
-    deadline: Duration,
-    pipeline: str,
-) -> Tensor:
-    """``sum_i share_i mod q`` over the group (every rank gets it); with
-    ``agree_on``, every rank must pass the same tensor there."""
-    deadline_s = seconds(deadline, "deadline")
-    program = _sum_program(tuple(share.shape), agree_on is not None, pipeline, deadline_s)
-    q = _moduli_tensor(moduli)
-    if agree_on is None:
-        return program.run(share, q, group=group)
-    digest = _digest(agree_on)
-    total, agreed = program.run(share, q, torch.tensor([digest, -digest]), group=group)
-    if int(agreed[0]) != digest or int(agreed[1]) != -digest:
-        raise ThresholdMismatch(
-            f"ranks of the group passed different {what}; the result was discarded"
-        )
-    return total
-
-
-def collective_public_key(
-    share: Tensor,
-    crp: Tensor,
-    parameters: ThresholdParameters,
-    *,
-    group: Any = None,
-    deadline: Duration = 60.0,
-    pipeline: str = "",
-) -> CollectivePublicKey:
-    """Sum every rank's public key share into the collective key (collective:
-    every rank of ``group`` calls it, and every rank gets the same key).
-
-    Runs one distir program: a check that all ranks used the same ``crp``
-    (else :class:`ThresholdMismatch` on every rank) and a
-    ``dist.all_reduce_add_ciphertext`` of the shares.  Every collective
-    completes within ``deadline`` or raises distir's named error
-    (``DeadlineExceeded``, ``CollectiveFailed``, ``Poisoned``); no partial
-    key is ever returned."""
-    moduli = parameters.key_moduli
-    shape = (len(moduli), parameters.poly_modulus_degree)
-    _check_limbs(share, shape, moduli, "share")
-    _check_limbs(crp, shape, moduli, "crp")
-    b = _modular_sum(
-        share,
-        moduli,
-        agree_on=crp,
-        what="common random polynomials (public seeds)",
-        group=group,
-        deadline=deadline,
-        pipeline=pipeline,
-    )
-    return CollectivePublicKey(parameters, torch.stack([b, crp]))
-
-
-def encryption_context(public_key: CollectivePublicKey) -> Any:
-    """The public TenSEAL context a rank encrypts its update with (it holds
-    the collective public key and no secret key)."""
-    return public_key.context()
-
-
-def aggregate(
-    ciphertext: Any, *, group: Any = None, deadline: Duration = 60.0, pipeline: str = ""
-) -> Any:
-    """The homomorphic sum of every rank's ``CKKSVector`` (collective), as a
-    ``CKKSVector`` of the same context: one ``dist.all_reduce_add_ciphertext``
-    over the limbs, bit for bit SEAL's own addition."""
-    limbs, moduli = ckks_to_limbs(ciphertext)
-    total = _sum_program(tuple(limbs.shape), False, pipeline, seconds(deadline, "deadline")).run(
-        limbs, moduli, group=group
-    )
-    return limbs_to_ckks(total, ciphertext)
-
-
-# ------------------------------------------------------------------ decryption
-def _ciphertext_limbs(ciphertext: Any) -> tuple[Tensor, list[int]]:
-    limbs, moduli = ckks_to_limbs(ciphertext)
-    if limbs.shape[0] != 2:
-        raise ValueError(
-            f"collective decryption needs a 2-polynomial ciphertext, got {limbs.shape[0]}"
-        )
-    return limbs, [int(q) for q in moduli.tolist()]
-
-
-def decryption_share(secret: SecretShare, ciphertext: Any, *, seed: bytes | None = None) -> Tensor:
-    """This rank's decryption share of ``ciphertext = (c0, c1)``:
-    ``d_i = c1*s_i + e'_i`` (int64 ``[L, N]``, NTT form, the ciphertext's
-    level), where ``e'_i`` has coefficients uniform in ``[-2^b, 2^b)``,
-    ``b = parameters.smudging_bits``, from the stream labelled ``smudging``
-    of ``seed`` (fresh when None; a seed must never serve two decryptions).
-
-    The bound behind ``b`` holds for the sum of up to ``parties`` fresh
-    encryptions (what :func:`aggregate` returns)."""
-    limbs, moduli = _ciphertext_limbs(ciphertext)
-    parameters = secret.parameters
-    if tuple(moduli) != parameters.key_moduli[: len(moduli)]:
-        raise ValueError("the ciphertext's moduli are not those of this secret share's parameters")
-    noise = _uniform_signed(
-        "smudging", _fresh_seed(seed), parameters.smudging_bits, parameters.poly_modulus_degree
-    )
-    c1s = mul_mod(limbs[1], secret.limbs[: len(moduli)], moduli)
-    return TorchRNSBackend().add_mod(c1s, to_ntt(noise, moduli), _moduli_tensor(moduli))
-
-
-def add_decryption_shares(ciphertext: Any, shares: Sequence[Tensor]) -> Tensor:
-    """``c0 + sum(shares)`` per limb, locally (no collective): with every
-    rank's share this is the plaintext; with a proper subset, noise."""
-    limbs, moduli = _ciphertext_limbs(ciphertext)
+def add_shares(base: Tensor, shares: Sequence[Tensor], moduli: Sequence[int]) -> Tensor:
+    """``base + sum(shares)`` per limb (local, exact)."""
     q = _moduli_tensor(moduli)
     backend = TorchRNSBackend()
-    total = limbs[0].clone()
+    total = base.clone()
     for share in shares:
-        _check_limbs(share, tuple(limbs.shape[1:]), moduli, "decryption share")
+        _check_limbs(share, tuple(base.shape), moduli, "share")
         backend.add_mod_(total, share, q)
     return total
 
 
-def combine_decryption_shares(
-    share: Tensor,
-    ciphertext: Any,
-    *,
-    group: Any = None,
-    deadline: Duration = 60.0,
-    pipeline: str = "",
-) -> Tensor:
-    """The plaintext limbs ``m = c0 + sum_i d_i`` (int64 ``[L, N]``, NTT form)
-    of ``ciphertext`` (collective: every rank passes its own share and the
-    same ciphertext, else :class:`ThresholdMismatch`; every rank gets ``m``).
+# ------------------------------------------------------------------ key shares
+@dataclass(frozen=True, eq=False)
+class _AdditiveSecret:
+    """A party's N-out-of-N secret ``s_i`` (int64 ``[K, N]``, NTT form, key
+    level).  Lives only inside key generation; never returned to a user."""
 
-    The sum is one distir program; a failed or late rank raises distir's
-    named error on every survivor within ``deadline``, and nothing is
-    returned.  :func:`decode` turns ``m`` into values."""
-    limbs, moduli = _ciphertext_limbs(ciphertext)
-    _check_limbs(share, tuple(limbs.shape[1:]), moduli, "decryption share")
-    total = _modular_sum(
-        share,
-        moduli,
-        agree_on=limbs,
-        what="ciphertexts to decrypt",
-        group=group,
-        deadline=deadline,
-        pipeline=pipeline,
+    parameters: ThresholdParameters
+    limbs: Tensor = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class CollectivePublicKey:
+    """The collective public key ``(b, a)``: int64 limbs ``[2, K, N]`` in
+    NTT form at the key level, an RLWE public key for ``s`` that no rank holds."""
+
+    parameters: ThresholdParameters
+    limbs: Tensor = field(repr=False)
+
+    def context(self) -> Any:
+        """A public TenSEAL context (no secret key) that encrypts under this
+        key: ``ts.ckks_vector(key.context(), values)``."""
+        return context_from_key_limbs(_template(self.parameters), public_key=self.limbs)
+
+    def serialize(self) -> bytes:
+        """The public TenSEAL context, serialized (``ts.context_from`` loads it)."""
+        return self.context().serialize()
+
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.limbs.contiguous().numpy().tobytes()).digest()
+
+
+def common_random_polynomial(parameters: ThresholdParameters, seed: bytes) -> Tensor:
+    """The common random polynomial ``a``: int64 ``[K, N]``, uniform modulo
+    every key prime, from a *public* ``seed`` every rank shares (limb ``l``
+    from the SHAKE-256 stream labelled ``crp/<l>``)."""
+    if not isinstance(seed, bytes | bytearray) or not seed:
+        raise TypeError("the common random polynomial needs the group's public seed (bytes)")
+    return _uniform_poly("crp", bytes(seed), parameters.key_moduli, parameters.poly_modulus_degree)
+
+
+def generate_secret_share(parameters: ThresholdParameters) -> _AdditiveSecret:
+    """A fresh ternary secret ``s_i`` (SEAL's ``sample_poly_ternary``) in NTT
+    form at the key level."""
+    return _secret_share(parameters)
+
+
+def _secret_share(parameters: ThresholdParameters, _seed: bytes | None = None) -> _AdditiveSecret:
+    coefficients = _ternary("secret", _fresh(_seed), parameters.poly_modulus_degree)
+    return _AdditiveSecret(parameters, to_ntt(coefficients, parameters.key_moduli))
+
+
+def public_key_share(secret: _AdditiveSecret, crp: Tensor) -> Tensor:
+    """``h_i = e_i - a*s_i`` (int64 ``[K, N]``) with fresh centred binomial ``e_i``."""
+    return _public_key_share(secret, crp)
+
+
+def _public_key_share(secret: _AdditiveSecret, crp: Tensor, _seed: bytes | None = None) -> Tensor:
+    parameters = secret.parameters
+    moduli = parameters.key_moduli
+    _check_limbs(crp, (len(moduli), parameters.poly_modulus_degree), moduli, "crp")
+    noise = _centered_binomial("key-noise", _fresh(_seed), parameters.poly_modulus_degree)
+    return sub_mod(to_ntt(noise, moduli), mul_mod(crp, secret.limbs, moduli), moduli)
+
+
+def collective_public_key_from_sum(
+    parameters: ThresholdParameters, b: Tensor, crp: Tensor
+) -> CollectivePublicKey:
+    """``(sum_i h_i, a)`` as a key, once the sum is known."""
+    shape = (len(parameters.key_moduli), parameters.poly_modulus_degree)
+    _check_limbs(b, shape, parameters.key_moduli, "summed key share")
+    return CollectivePublicKey(parameters, torch.stack([b, crp]))
+
+
+# -------------------------------------------------------------- Shamir shares
+def shamir_point(party: int) -> int:
+    """The public evaluation point of party ``party`` (0-based): ``party + 1``."""
+    return party + 1
+
+
+def shamir_shares(secret: _AdditiveSecret) -> list[Tensor]:
+    """``f_i(x_j)`` for every party ``j`` (int64 ``[K, N]`` each): Shamir
+    shares of ``s_i`` under a fresh polynomial of degree ``threshold - 1``
+    whose coefficients are uniform modulo every key prime."""
+    return _shamir_shares(secret)
+
+
+def _shamir_shares(secret: _AdditiveSecret, _seed: bytes | None = None) -> list[Tensor]:
+    parameters = secret.parameters
+    moduli = parameters.key_moduli
+    seed = _fresh(_seed)
+    coefficients = [
+        _uniform_poly(f"shamir/{k}", seed, moduli, parameters.poly_modulus_degree)
+        for k in range(1, parameters.threshold)
+    ]
+    backend, q = TorchRNSBackend(), _moduli_tensor(moduli)
+    out = []
+    for party in range(parameters.parties):
+        x = shamir_point(party)
+        value = torch.zeros_like(secret.limbs)
+        for c in reversed(coefficients):  # Horner: ((c_(t-1) x + c_(t-2)) x + ...) x + s
+            value = _scalar_mul(backend.add_mod(value, c, q), [x] * len(moduli), moduli)
+        out.append(backend.add_mod(value, secret.limbs, q))
+    return out
+
+
+def lagrange_coefficients(parties: Sequence[int], moduli: Sequence[int]) -> dict[int, list[int]]:
+    """``lambda_j`` modulo every prime, for each party ``j`` of the active set
+    ``parties``: ``sum_j lambda_j * f(x_j) = f(0)`` for any polynomial of
+    degree below ``len(parties)``."""
+    if len(set(parties)) != len(parties):
+        raise ValueError(f"active parties must be distinct, got {list(parties)}")
+    out = {}
+    for j in parties:
+        xj = shamir_point(j)
+        row = []
+        for q in moduli:
+            num, den = 1, 1
+            for k in parties:
+                if k != j:
+                    xk = shamir_point(k)
+                    num = num * xk % q
+                    den = den * (xk - xj) % q
+            row.append(num * pow(den, -1, q) % q)
+        out[j] = row
+    return out
+
+
+# ------------------------------------------------------------ threshold share
+class ThresholdShare:
+    """Party ``party``'s Shamir share ``sk_j`` of the collective secret (int64
+    ``[K, N]``, NTT form, key level), with the private ``noise_key`` its
+    smudging noise is derived from and the record of decryptions spent.
+
+    It never leaves its rank: its repr shows neither, :meth:`save` writes a
+    file only its owner can read (mode 0600), :meth:`load` refuses a file
+    others can read."""
+
+    def __init__(
+        self,
+        parameters: ThresholdParameters,
+        party: int,
+        public_key: CollectivePublicKey,
+        limbs: Tensor,
+        noise_key: bytes,
+        spent: Sequence[bytes] = (),
+    ):
+        self.parameters = parameters
+        self.party = party
+        self.public_key = public_key
+        self._limbs = limbs
+        self._noise_key = bytes(noise_key)
+        self._spent = set(spent)
+
+    def __repr__(self) -> str:
+        p = self.parameters
+        return (
+            f"ThresholdShare(party={self.party}, parties={p.parties}, threshold={p.threshold}, "
+            f"decryptions={len(self._spent)}/{p.max_decryptions})"
+        )
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a ThresholdShare is not pickled (it would leave its rank); use save()")
+
+    @property
+    def decryptions_left(self) -> int:
+        return self.parameters.max_decryptions - len(self._spent)
+
+    def _noise_seed(self, what: str, context: bytes) -> tuple[bytes, bytes]:
+        """(seed, tag): the smudging seed of this decryption and its record."""
+        tag = hashlib.blake2b(what.encode() + b"\0" + context, digest_size=32).digest()
+        seed = hashlib.blake2b(
+            tag, key=self._noise_key, person=b"distir-smudging", digest_size=32
+        ).digest()
+        return seed, tag
+
+    def _spend(self, tags: Sequence[bytes]) -> None:
+        new = set(tags) - self._spent
+        if len(self._spent) + len(new) > self.parameters.max_decryptions:
+            raise DecryptionBudgetExhausted(
+                f"share of party {self.party} has {self.decryptions_left} of "
+                f"{self.parameters.max_decryptions} decryptions left, {len(new)} requested"
+            )
+        self._spent |= new
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the share to ``path`` (created or truncated, mode 0600)."""
+        record = {
+            "format": _SHARE_FORMAT,
+            "parameters": {k: v for k, v in asdict(self.parameters).items()},
+            "party": self.party,
+            "public_key": self.public_key.limbs,
+            "share": self._limbs,
+            "noise_key": torch.frombuffer(bytearray(self._noise_key), dtype=torch.uint8),
+            "spent": sorted(t.hex() for t in self._spent),
+        }
+        record["parameters"]["coeff_mod_bit_sizes"] = list(self.parameters.coeff_mod_bit_sizes)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(record, f)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ThresholdShare:
+        """Read a share :meth:`save` wrote; the file must not be readable by
+        group or others."""
+        mode = Path(path).stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise PermissionError(
+                f"{path}: a threshold share file must be private (mode 0600), got {oct(mode & 0o777)}"
+            )
+        record = torch.load(path, weights_only=True)
+        if not isinstance(record, dict) or record.get("format") != _SHARE_FORMAT:
+            raise ValueError(f"{path} is not a {_SHARE_FORMAT} file")
+        fields = dict(record["parameters"])
+        fields["coeff_mod_bit_sizes"] = tuple(fields["coeff_mod_bit_sizes"])
+        parameters = ThresholdParameters(**fields)
+        moduli = parameters.key_moduli
+        shape = (len(moduli), parameters.poly_modulus_degree)
+        _check_limbs(record["share"], shape, moduli, f"{path}: share")
+        _check_limbs(record["public_key"][0], shape, moduli, f"{path}: public key")
+        key = CollectivePublicKey(parameters, record["public_key"])
+        return cls(
+            parameters,
+            int(record["party"]),
+            key,
+            record["share"],
+            bytes(record["noise_key"].tolist()),
+            [bytes.fromhex(t) for t in record["spent"]],
+        )
+
+
+def _new_threshold_share(
+    parameters: ThresholdParameters,
+    party: int,
+    public_key: CollectivePublicKey,
+    received: Sequence[Tensor],
+) -> ThresholdShare:
+    """``sk_j = sum_i f_i(x_j)`` from the Shamir shares party ``party`` received."""
+    moduli = parameters.key_moduli
+    total = add_shares(torch.zeros_like(received[0]), received, moduli)
+    return ThresholdShare(parameters, party, public_key, total, secrets.token_bytes(SEED_BYTES))
+
+
+def new_threshold_share(
+    parameters: ThresholdParameters,
+    party: int,
+    public_key: CollectivePublicKey,
+    received: Sequence[Tensor],
+) -> ThresholdShare:
+    """The share of party ``party`` from the ``parties`` Shamir shares it
+    received (one from every party, its own included)."""
+    if len(received) != parameters.parties:
+        raise ValueError(f"expected {parameters.parties} Shamir shares, got {len(received)}")
+    return _new_threshold_share(parameters, party, public_key, received)
+
+
+# ------------------------------------------------- decryption and key switch
+def _active_weight(share: ThresholdShare, active: Sequence[int], moduli: Sequence[int]) -> Tensor:
+    """``lambda_j * sk_j`` at the ciphertext's level for the active set."""
+    parameters = share.parameters
+    if share.party not in active:
+        raise ValueError(f"party {share.party} is not in the active set {sorted(active)}")
+    if len(active) < parameters.threshold:
+        raise ValueError(
+            f"{len(active)} active parties cannot decrypt: the threshold is {parameters.threshold}"
+        )
+    if any(not 0 <= p < parameters.parties for p in active):
+        raise ValueError(f"active parties {sorted(active)} outside 0..{parameters.parties - 1}")
+    weights = lagrange_coefficients(sorted(active), moduli)[share.party]
+    return _scalar_mul(share._limbs[: len(moduli)], weights, moduli)
+
+
+def _check_level(parameters: ThresholdParameters, limbs: Tensor, moduli: Sequence[int]) -> None:
+    if tuple(moduli) != parameters.key_moduli[: len(moduli)]:
+        raise ValueError("the ciphertext's moduli are not those of this share's parameters")
+    if limbs.dim() != 4 or limbs.shape[1] != 2:
+        raise ValueError(
+            "collective decryption needs 2-polynomial ciphertexts [n, 2, L, N], got shape "
+            f"{list(limbs.shape)}"
+        )
+
+
+def _context_bytes(limbs: Tensor, active: Sequence[int], extra: bytes = b"") -> bytes:
+    h = hashlib.sha256(limbs.contiguous().numpy().tobytes())
+    h.update(np.array(sorted(active), dtype="<i8").tobytes())
+    h.update(extra)
+    return h.digest()
+
+
+def decryption_shares(
+    share: ThresholdShare, limbs: Tensor, moduli: Sequence[int], active: Sequence[int]
+) -> tuple[Tensor, list[bytes]]:
+    """``(d, tags)``: party ``share.party``'s decryption shares of the
+    ciphertexts ``limbs = [(c0, c1), ...]`` (int64 ``[n, 2, L, N]`` at
+    ``moduli``) for the set of ``active`` parties,
+    ``d_j = c1 * lambda_j * sk_j + e'_j`` (int64 ``[n, L, N]``), and the
+    budget records they spend (``share._spend(tags)``; the caller spends them
+    once every rank agreed to go ahead).  ``e'_j`` is derived from the
+    share's noise key, the ciphertext and the active set: the same
+    decryption repeated yields the same share."""
+    parameters = share.parameters
+    _check_level(parameters, limbs, moduli)
+    weight = _active_weight(share, active, moduli)
+    q = _moduli_tensor(moduli)
+    out, tags = [], []
+    for c in limbs:
+        seed, tag = share._noise_seed("decrypt", _context_bytes(c, active))
+        noise = _uniform_signed(
+            "smudging", seed, parameters.smudging_bits, parameters.poly_modulus_degree
+        )
+        c1s = mul_mod(c[1], weight, moduli)
+        out.append(TorchRNSBackend().add_mod(c1s, to_ntt(noise, moduli), q))
+        tags.append(tag)
+    return torch.stack(out), tags
+
+
+def decryption_share(
+    share: ThresholdShare, limbs: Tensor, moduli: Sequence[int], active: Sequence[int]
+) -> tuple[Tensor, bytes]:
+    """:func:`decryption_shares` of one ciphertext ``limbs`` (``[2, L, N]``)."""
+    d, tags = decryption_shares(share, limbs.unsqueeze(0), moduli, active)
+    return d[0], tags[0]
+
+
+def key_switch_shares(
+    share: ThresholdShare,
+    limbs: Tensor,
+    moduli: Sequence[int],
+    active: Sequence[int],
+    receiver_key: Tensor,
+) -> tuple[Tensor, list[bytes]]:
+    """``(h, tags)``: the public-key-switch shares ``(h0_j, h1_j)`` (int64
+    ``[n, 2, L, N]``) of the ciphertexts ``limbs`` (``[n, 2, L, N]``) towards
+    the receiver's public key ``receiver_key`` (int64 ``[2, K, N]``, NTT
+    form, key level), and the budget records they spend.  ``u_j``, ``e0_j``
+    and ``e1_j`` are derived like a decryption share's noise (the receiver
+    key is part of the context)."""
+    parameters = share.parameters
+    _check_level(parameters, limbs, moduli)
+    key_q = parameters.key_moduli
+    _check_limbs(
+        receiver_key, (2, len(key_q), parameters.poly_modulus_degree), key_q, "receiver public key"
     )
-    return TorchRNSBackend().add_mod(total, limbs[0], _moduli_tensor(moduli))
+    receiver = receiver_key[:, : len(moduli)].contiguous()
+    extra = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
+    weight = _active_weight(share, active, moduli)
+    n = parameters.poly_modulus_degree
+    backend, q = TorchRNSBackend(), _moduli_tensor(moduli)
+    out, tags = [], []
+    for c in limbs:
+        seed, tag = share._noise_seed("switch", _context_bytes(c, active, extra))
+        u = to_ntt(_ternary("switch-u", seed, n), moduli)
+        e0 = to_ntt(_uniform_signed("switch-e0", seed, parameters.key_switch_bits, n), moduli)
+        e1 = to_ntt(_centered_binomial("switch-e1", seed, n), moduli)
+        h0 = mul_mod(c[1], weight, moduli)
+        backend.add_mod_(h0, mul_mod(u, receiver[0], moduli), q)
+        backend.add_mod_(h0, e0, q)
+        h1 = backend.add_mod(mul_mod(u, receiver[1], moduli), e1, q)
+        out.append(torch.stack([h0, h1]))
+        tags.append(tag)
+    return torch.stack(out), tags
 
 
-def decode(plaintext: Tensor, ciphertext: Any) -> list[float]:
-    """Decode plaintext limbs ``m`` (``[L, N]``, NTT form, ``ciphertext``'s
-    level, scale and slot count) to values: SEAL decrypts ``(m, 0)`` -- to
-    ``m`` under any key -- with a zero secret key."""
-    context = ciphertext.context()
+def key_switch_share(
+    share: ThresholdShare,
+    limbs: Tensor,
+    moduli: Sequence[int],
+    active: Sequence[int],
+    receiver_key: Tensor,
+) -> tuple[Tensor, bytes]:
+    """:func:`key_switch_shares` of one ciphertext ``limbs`` (``[2, L, N]``)."""
+    h, tags = key_switch_shares(share, limbs.unsqueeze(0), moduli, active, receiver_key)
+    return h[0], tags[0]
+
+
+def decoder(template: Any) -> Any:
+    """The context :func:`decode` decrypts with: ``template``'s parameters
+    and the zero secret key (build it once for many ciphertexts)."""
+    context = template.context()
     keys = context.seal_context().data.key_context_data().parms()
     zero_key = torch.zeros(len(keys.coeff_modulus()), keys.poly_modulus_degree(), dtype=torch.int64)
-    decoder = context_from_key_limbs(context, secret_key=zero_key)
+    return context_from_key_limbs(context, secret_key=zero_key)
+
+
+def decode(plaintext: Tensor, template: Any, zero_key_context: Any = None) -> list[float]:
+    """Decode plaintext limbs ``m`` (``[L, N]``, NTT form, ``template``'s
+    level, scale and slot count) to values: SEAL decrypts ``(m, 0)`` -- to
+    ``m`` under any key -- with a zero secret key (``zero_key_context``,
+    :func:`decoder`'s, built here when None)."""
+    context = zero_key_context if zero_key_context is not None else decoder(template)
     zero = torch.zeros_like(plaintext)
-    return limbs_to_ckks(torch.stack([plaintext, zero]), ciphertext, context=decoder).decrypt()
-
-
-def collective_decrypt(
-    secret: SecretShare,
-    ciphertext: Any,
-    *,
-    group: Any = None,
-    deadline: Duration = 60.0,
-    seed: bytes | None = None,
-    pipeline: str = "",
-) -> list[float]:
-    """:func:`decryption_share`, :func:`combine_decryption_shares` and
-    :func:`decode` in one call (collective)."""
-    share = decryption_share(secret, ciphertext, seed=seed)
-    plaintext = combine_decryption_shares(
-        share, ciphertext, group=group, deadline=deadline, pipeline=pipeline
-    )
-    return decode(plaintext, ciphertext)
-
-
-def own_key_context(secret: SecretShare, public_key: Tensor | None = None) -> Any:
-    """A private TenSEAL context whose secret key is this rank's share
-    ``s_i`` (and, if given, public key ``[2, K, N]``, e.g. ``(h_i, a)``).
-    It decrypts what was encrypted for ``s_i`` alone -- not anything
-    encrypted under the collective key."""
-    return context_from_key_limbs(
-        secret.parameters.template_context(), public_key=public_key, secret_key=secret.limbs
-    )
+    return limbs_to_ckks(torch.stack([plaintext, zero]), template, context=context).decrypt()

@@ -103,8 +103,12 @@ def ntt_limbs(p: list[int], moduli: list[int]) -> list[list[int]]:
     return [ntt(p, q) for q in moduli]
 
 
+def crp_like(label: str, seed: bytes, moduli: list[int], n: int) -> list[list[int]]:
+    return [uniform_mod(f"{label}/{i}", seed, q, n) for i, q in enumerate(moduli)]
+
+
 def crp(seed: bytes, moduli: list[int], n: int) -> list[list[int]]:
-    return [uniform_mod(f"crp/{i}", seed, q, n) for i, q in enumerate(moduli)]
+    return crp_like("crp", seed, moduli, n)
 
 
 def secret(seed: bytes, moduli: list[int], n: int) -> list[list[int]]:
@@ -124,7 +128,33 @@ def modular_sum(polys, moduli: list[int]) -> list[list[int]]:
     ]
 
 
-def decryption_share(c1, s, smudging_seed: bytes, bits: int, moduli: list[int], n: int):
-    """d = c1*s + e' per limb and coefficient (moduli: the ciphertext's)."""
+def lagrange(points: list[int], j: int, q: int) -> int:
+    """The Lagrange coefficient at 0 of point j (points are x = party + 1)."""
+    num = den = 1
+    for k in points:
+        if k != j:
+            num *= k + 1
+            den *= k - j
+    return num * pow(den, -1, q) % q
+
+
+def shamir_share(s, coefficients, party: int, moduli: list[int]):
+    """f(x) = s + c_1 x + ... at x = party + 1, per limb and coefficient."""
+    x = party + 1
+    return [
+        [
+            (s[j][k] + sum(c[j][k] * x ** (i + 1) for i, c in enumerate(coefficients))) % q
+            for k in range(len(s[0]))
+        ]
+        for j, q in enumerate(moduli)
+    ]
+
+
+def decryption_share(c1, sk, active, party, smudging_seed, bits, moduli, n):
+    """d = c1*lambda*sk + e' per limb and coefficient (moduli: the ciphertext's)."""
     e = ntt_limbs(uniform_signed(smudging_seed, bits, n), moduli)
-    return [[(c1[j][k] * s[j][k] + e[j][k]) % q for k in range(n)] for j, q in enumerate(moduli)]
+    out = []
+    for j, q in enumerate(moduli):
+        weight = lagrange(active, party, q)
+        out.append([(c1[j][k] * weight * sk[j][k] + e[j][k]) % q for k in range(n)])
+    return out

@@ -1,0 +1,401 @@
+"""Threshold secure aggregation: the protocol, as distir programs.
+
+Ranks of a group of ``parties`` generate a collective CKKS key that no rank
+holds, any ``threshold`` of them can decrypt an aggregate or switch it to an
+outside receiver's key, and fewer learn nothing (see
+:mod:`distir.he.threshold` for the arithmetic and the smudging bound).
+
+    keys = generate_keys(ThresholdParameters(parties=5, threshold=3))  # every rank
+    context = keys.public_key.context()        # public: encrypts, cannot decrypt
+    total = aggregate([ts.ckks_vector(context, update)], keys)
+    values = decrypt(total, keys, group=survivors)   # any >= 3 ranks
+    blobs = switch_key(total, keys, receiver_key)    # for an outside receiver
+
+Every step is collective over its ``group`` (default: the world), checks
+first that the ranks agree (parameters, group size, the aggregate, the
+budget) and raises the same named error on every rank when they do not:
+:class:`ThresholdMismatch`, :class:`DecryptionBudgetExhausted`, or distir's
+``DeadlineExceeded``/``CollectiveFailed``/``Poisoned`` for a rank that
+fails or is late; nothing partial is returned.
+
+Rounds: key generation 3 (parameters and the public seed of ``a``; key
+shares summed with the X25519 keys gathered; the key's digest agreed with
+the encrypted Shamir shares gathered), aggregation 2 (parameters and
+ciphertext counts; commitments gathered, then the ciphertexts summed),
+decryption and key switch 3 (the aggregate, parameters and active parties;
+budgets; the agreed aggregate's shares summed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch import Tensor
+
+from distir.aggregation import programs
+from distir.aggregation.channels import TAG_BYTES, Channels
+from distir.durations import Duration, seconds
+from distir.he import threshold as th
+from distir.he.seal import ckks_to_limbs, limbs_to_ckks
+from distir.he.threshold import (
+    DecryptionBudgetExhausted,
+    ThresholdMismatch,
+    ThresholdParameters,
+    ThresholdShare,
+)
+
+__all__ = [
+    "Aggregate",
+    "DecryptionBudgetExhausted",
+    "ThresholdMismatch",
+    "ThresholdParameters",
+    "ThresholdShare",
+    "aggregate",
+    "decrypt",
+    "generate_keys",
+    "switch_key",
+]
+
+_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE = 0, 1, 2, 4
+_SHAMIR = b"shamir-share"
+
+
+def _group_shape(group: Any) -> tuple[int, int]:
+    return torch_dist.get_rank(group), torch_dist.get_world_size(group)
+
+
+def _digest_words(data: bytes) -> list[int]:
+    """Three non-negative 62-bit words of a digest (so that ``-w`` fits)."""
+    return [int.from_bytes(data[8 * k : 8 * k + 8], "little") >> 2 for k in range(3)]
+
+
+def _check_agreed(
+    code: int,
+    values: Sequence[int],
+    *,
+    group: Any,
+    deadline_s: float,
+    what: str,
+    messages: dict[int, str],
+    extra: Sequence[int] = (),
+) -> list[int]:
+    """One all-reduce: every rank's status ``code`` (a bit set), agreement on
+    ``values``, and the maximum of ``extra`` over the group.  Raises the
+    same error on every rank unless every code is 0 and every rank passed
+    the same ``values``."""
+    words = [code, *values, *(-v for v in values), *extra]
+    agreed = programs.agree_max(
+        torch.tensor(words, dtype=torch.int64), group=group, deadline_s=deadline_s
+    ).tolist()
+    codes = agreed[0]
+    k = len(values)
+    same = agreed[1 : 1 + k] == list(values) and agreed[1 + k : 1 + 2 * k] == [-v for v in values]
+    # every rank computes the same verdict from the same agreed row
+    if codes & _BUDGET:
+        raise DecryptionBudgetExhausted(messages[_BUDGET])
+    for bit in (_BAD_GROUP, _BAD_AGGREGATE):
+        if codes & bit:
+            raise ThresholdMismatch(messages[bit])
+    if not same:
+        raise ThresholdMismatch(f"ranks of the group passed different {what}; nothing was done")
+    return agreed[1 + 2 * k :]
+
+
+# ----------------------------------------------------------------- key generation
+def generate_keys(
+    parameters: ThresholdParameters, *, group: Any = None, deadline: Duration = 60.0
+) -> ThresholdShare:
+    """Collective key generation and thresholdization (every rank of
+    ``group``, which must have exactly ``parameters.parties`` ranks).
+
+    Returns this rank's :class:`ThresholdShare` (party index = its rank in
+    ``group``), which carries the collective public key.  The N-out-of-N
+    secrets ``s_i`` exist only inside this call; the Shamir shares of them
+    travel sealed over :class:`~distir.aggregation.channels.Channels`."""
+    deadline_s = seconds(deadline, "deadline")
+    rank, size = _group_shape(group)
+    code = _OK if size == parameters.parties else _BAD_GROUP
+    seed = secrets.token_bytes(32) if rank == 0 else bytes(32)
+    seed_words = _digest_words(seed) if rank == 0 else [0, 0, 0]
+    agreed_seed = _check_agreed(
+        code,
+        _digest_words(parameters.digest()),
+        group=group,
+        deadline_s=deadline_s,
+        what="threshold parameters",
+        messages={
+            _BAD_GROUP: f"threshold parameters are for parties={parameters.parties} but the "
+            f"group has {size} ranks"
+        },
+        extra=seed_words,
+    )
+    crp_seed = b"".join(w.to_bytes(8, "little") for w in agreed_seed)
+    crp = th.common_random_polynomial(parameters, crp_seed)
+    secret = th.generate_secret_share(parameters)
+    h = th.public_key_share(secret, crp)
+    channels = Channels(rank, parameters.digest() + crp_seed)
+    q = torch.tensor(parameters.key_moduli, dtype=torch.int64)
+    gathered, b = programs.gather_and_sum(
+        programs.words(channels.public_key), h, q, group=group, deadline_s=deadline_s
+    )
+    raw = gathered.numpy().tobytes()
+    channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
+    key = th.collective_public_key_from_sum(parameters, b, crp)
+    shares = th.shamir_shares(secret)
+    del secret
+    blob = b"".join(
+        channels.seal(j, shares[j].contiguous().numpy().tobytes(), _SHAMIR) for j in range(size)
+    )
+    del shares
+    sealed = (
+        programs.gather_rows(
+            programs.words(blob),
+            group=group,
+            deadline_s=deadline_s,
+            uniform=torch.tensor(_digest_words(key.digest()), dtype=torch.int64),
+        )
+        .numpy()
+        .tobytes()
+    )
+    part = len(blob) // size
+    received = []
+    for i in range(size):
+        chunk = sealed[i * len(blob) + rank * part : i * len(blob) + (rank + 1) * part]
+        plain = channels.open(i, chunk, _SHAMIR)
+        received.append(torch.frombuffer(bytearray(plain), dtype=torch.int64).view_as(h).clone())
+    assert part == h.numel() * 8 + TAG_BYTES
+    return th.new_threshold_share(parameters, rank, key, received)
+
+
+# ---------------------------------------------------------------------- aggregation
+@dataclass(frozen=True, eq=False)
+class Aggregate:
+    """The agreed sum of every rank's committed ciphertexts: only
+    :func:`aggregate` makes one, and only one decrypts.
+
+    ``count`` fresh encryptions per slot were summed (the group's size);
+    ``commitments`` are the SHA-256 of every rank's ciphertexts, gathered
+    before the sum; ``digest`` binds them to the sum; ``_tag`` is this
+    rank's MAC over it, checked before any decryption.  ``limbs`` are the
+    summed ciphertexts (int64 ``[n, 2, L, N]``); ``templates`` this rank's
+    own ciphertexts, whose metadata (level, scale, size) the sums share."""
+
+    def ciphertexts(self) -> list[Any]:
+        """The summed ciphertexts as ``CKKSVector``s (public: they encrypt
+        the aggregate under the collective key)."""
+        return [limbs_to_ckks(self.limbs[k], c) for k, c in enumerate(self.templates)]
+
+    parameters: ThresholdParameters
+    templates: tuple[Any, ...] = field(repr=False)
+    limbs: Tensor = field(repr=False)
+    moduli: tuple[int, ...]
+    count: int
+    commitments: tuple[bytes, ...] = field(repr=False)
+    digest: bytes = field(repr=False)
+    _tag: bytes = field(repr=False)
+
+
+def _mac(share: ThresholdShare, digest: bytes, count: int) -> bytes:
+    key = hashlib.blake2b(share._noise_key, person=b"distir-aggregate", digest_size=32).digest()
+    return hmac.new(key, digest + count.to_bytes(4, "little"), "sha256").digest()
+
+
+def _aggregate_digest(commitments: Sequence[bytes], limbs: Tensor, count: int) -> bytes:
+    h = hashlib.sha256(b"".join(commitments))
+    h.update(limbs.contiguous().numpy().tobytes())
+    h.update(count.to_bytes(4, "little"))
+    return h.digest()
+
+
+def aggregate(
+    ciphertexts: Sequence[Any],
+    share: ThresholdShare,
+    *,
+    group: Any = None,
+    deadline: Duration = 60.0,
+) -> Aggregate:
+    """The homomorphic sum of every rank's ``CKKSVector``s (collective; every
+    rank passes the same number, encrypted under ``share.public_key``).
+
+    One distir program: every rank's SHA-256 commitment to its ciphertexts
+    is gathered, then the ciphertexts are summed
+    (``dist.all_reduce_add_ciphertext``, bit for bit SEAL's addition)."""
+    deadline_s = seconds(deadline, "deadline")
+    _rank, size = _group_shape(group)
+    parameters = share.parameters
+    if not ciphertexts:
+        raise ValueError("aggregate needs at least one ciphertext")
+    pairs = [ckks_to_limbs(c) for c in ciphertexts]
+    moduli = tuple(int(x) for x in pairs[0][1].tolist())
+    if moduli != parameters.data_moduli or any(
+        p[0].shape[0] != 2 or tuple(p[1].tolist()) != moduli for p in pairs
+    ):
+        raise ValueError(
+            "aggregate takes fresh 2-polynomial ciphertexts at the parameters' first data level"
+        )
+    limbs = torch.stack([p[0] for p in pairs])
+    commitment = hashlib.sha256(limbs.numpy().tobytes()).digest()
+    code = _OK if size <= parameters.parties else _BAD_GROUP
+    _check_agreed(
+        code,
+        [*_digest_words(parameters.digest()), len(ciphertexts)],
+        group=group,
+        deadline_s=deadline_s,
+        what="parameters or numbers of ciphertexts",
+        messages={
+            _BAD_GROUP: f"{size} ranks cannot aggregate under a key of "
+            f"{parameters.parties} parties (the smudging bound covers at most that many)"
+        },
+    )
+    q = torch.tensor(moduli, dtype=torch.int64)
+    gathered, total = programs.gather_and_sum(
+        programs.words(commitment), limbs, q, group=group, deadline_s=deadline_s
+    )
+    raw = gathered.numpy().tobytes()
+    commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
+    if commitments[_rank] != commitment:
+        raise ThresholdMismatch(f"rank {_rank}'s commitment came back altered")
+    digest = _aggregate_digest(commitments, total, size)
+    return Aggregate(
+        parameters,
+        tuple(ciphertexts),
+        total,
+        moduli,
+        size,
+        commitments,
+        digest,
+        _mac(share, digest, size),
+    )
+
+
+# -------------------------------------------------------- decryption and key switch
+def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: float) -> list[int]:
+    """Round 1: ``total`` valid on every rank and the same, the group's size
+    against the threshold, and the set of active parties."""
+    if not isinstance(total, Aggregate):
+        raise TypeError(f"only an Aggregate from aggregate() decrypts, got {type(total).__name__}")
+    parameters = share.parameters
+    _rank, size = _group_shape(group)
+    valid = (
+        total.parameters == parameters
+        and total.count <= parameters.parties
+        and hmac.compare_digest(total._tag, _mac(share, total.digest, total.count))
+        and _aggregate_digest(total.commitments, total.limbs, total.count) == total.digest
+    )
+    code = (_OK if valid else _BAD_AGGREGATE) | (
+        _OK if parameters.threshold <= size <= parameters.parties else _BAD_GROUP
+    )
+    # The active parties ride in the same all-reduce, as a one-hot row.
+    present = [1 if p == share.party else 0 for p in range(parameters.parties)]
+    present = _check_agreed(
+        code,
+        [*_digest_words(parameters.digest()), *_digest_words(total.digest)],
+        group=group,
+        deadline_s=deadline_s,
+        what="aggregates (or parameters)",
+        messages={
+            _BAD_AGGREGATE: "some rank's aggregate is not one aggregate() returned for its share "
+            "(altered, or a sum of more fresh encryptions than parties)",
+            _BAD_GROUP: f"a group of {size} ranks cannot decrypt: it needs between "
+            f"{parameters.threshold} and {parameters.parties} parties",
+        },
+        extra=present,
+    )
+    parties = [p for p, here in enumerate(present) if here]
+    if len(parties) != size:
+        raise ThresholdMismatch(
+            f"the {size} ranks of the group hold only {len(parties)} distinct shares {parties}"
+        )
+    return parties
+
+
+def _spend_agreed(
+    share: ThresholdShare, tags: Sequence[bytes], group: Any, deadline_s: float
+) -> None:
+    """Round 2: every rank's budget covers the new decryptions, or none
+    publishes anything."""
+    new = len(set(tags) - share._spent)
+    code = _BUDGET if new > share.decryptions_left else _OK
+    _check_agreed(
+        code,
+        [],
+        group=group,
+        deadline_s=deadline_s,
+        what="budgets",
+        messages={
+            _BUDGET: f"a rank's share has fewer than {new} decryptions left of "
+            f"{share.parameters.max_decryptions} (max_decryptions); nothing was published"
+        },
+    )
+    share._spend(tags)
+
+
+def decrypt(
+    total: Aggregate, share: ThresholdShare, *, group: Any = None, deadline: Duration = 60.0
+) -> list[list[float]]:
+    """The values of every ciphertext of ``total`` (collective over
+    ``group``: any ``threshold`` to ``parties`` ranks holding distinct
+    shares, e.g. the survivors of a failure).  Every rank of the group gets
+    them; each publishes smudged decryption shares, summed by one distir
+    program after a ``dist.assert_uniform`` of the aggregate's digest."""
+    deadline_s = seconds(deadline, "deadline")
+    active = _prepare(total, share, group, deadline_s)
+    shares, tags = th.decryption_shares(share, total.limbs, total.moduli, active)
+    _spend_agreed(share, tags, group, deadline_s)
+    q = torch.tensor(total.moduli, dtype=torch.int64)
+    summed = programs.sum_agreed(
+        shares,
+        q,
+        torch.tensor(_digest_words(total.digest), dtype=torch.int64),
+        group=group,
+        deadline_s=deadline_s,
+    )
+    zero_key = th.decoder(total.templates[0])
+    return [
+        th.decode(th.add_shares(total.limbs[k, 0], [summed[k]], total.moduli), c, zero_key)
+        for k, c in enumerate(total.templates)
+    ]
+
+
+def switch_key(
+    total: Aggregate,
+    share: ThresholdShare,
+    receiver_key: Tensor,
+    *,
+    group: Any = None,
+    deadline: Duration = 60.0,
+) -> list[bytes]:
+    """``total`` re-encrypted under an outside receiver's public key
+    ``receiver_key`` (int64 ``[2, K, N]``: ``distir.he.seal.public_key_limbs``
+    of the receiver's context), as serialized ``CKKSVector``s the receiver
+    loads with ``ts.ckks_vector_from(its_context, blob)``.
+
+    Collective over any ``threshold`` to ``parties`` ranks; one distir sum
+    of smudged key-switch shares (after agreeing on the aggregate and the
+    receiver key).  The ranks get only the switched ciphertexts, which they
+    cannot decrypt."""
+    deadline_s = seconds(deadline, "deadline")
+    active = _prepare(total, share, group, deadline_s)
+    shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
+    _spend_agreed(share, tags, group, deadline_s)
+    key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
+    q = torch.tensor(total.moduli, dtype=torch.int64)
+    summed = programs.sum_agreed(
+        shares,
+        q,
+        torch.tensor(_digest_words(total.digest) + _digest_words(key_digest), dtype=torch.int64),
+        group=group,
+        deadline_s=deadline_s,
+    )
+    out = []
+    for k, c in enumerate(total.templates):
+        c0 = th.add_shares(total.limbs[k, 0], [summed[k, 0]], total.moduli)
+        out.append(limbs_to_ckks(torch.stack([c0, summed[k, 1]]), c).serialize())
+    return out

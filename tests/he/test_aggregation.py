@@ -1,0 +1,193 @@
+"""The threshold protocol on real gloo ranks: key generation, aggregation,
+decryption by survivors, key switch to an outside receiver, agreement
+failures named on every rank, the budget, saved shares, faults."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+ts = pytest.importorskip("tenseal")
+
+from distir.aggregation import threshold as ta  # noqa: E402
+from distir.he import threshold as th  # noqa: E402
+from distir.he.seal import public_key_limbs  # noqa: E402
+
+SIZE = 4096
+DEADLINE_S = 2.0
+
+
+def update(parties: int, rank: int) -> np.ndarray:
+    return np.random.default_rng(1000 * parties + rank).normal(size=SIZE) * 0.01
+
+
+def survival_worker(ctx, receiver_key: torch.Tensor) -> dict:
+    """P = 5, t = 3: keys, aggregate, key switch for a receiver; ranks 3 and 4
+    exit; ranks 0-2 decrypt on their own group, ranks 0-1 try to."""
+    import torch.distributed as dist
+
+    params = ta.ThresholdParameters(parties=5, threshold=3)
+    share = ta.generate_keys(params)
+    encrypted = ts.ckks_vector(share.public_key.context(), update(5, ctx.rank).tolist())
+    total = ta.aggregate([encrypted], share)
+    switched = ta.switch_key(total, share, receiver_key)
+    if ctx.rank >= 3:
+        os._exit(3)  # killed between aggregation and decryption
+    survivors = dist.new_group([0, 1, 2], use_local_synchronization=True)
+    values = ta.decrypt(total, share, group=survivors)
+    out = {
+        "values": np.array(values[0][:SIZE]),
+        "switched": switched[0],
+        "key": share.public_key.digest(),
+        "count": total.count,
+        "party": share.party,
+        "left": share.decryptions_left,
+    }
+    if ctx.rank < 2:
+        pair = dist.new_group([0, 1], use_local_synchronization=True)
+        try:
+            ta.decrypt(total, share, group=pair)
+            out["pair"] = None
+        except ta.ThresholdMismatch as e:
+            out["pair"] = str(e)
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_3_of_5_decrypt_after_two_ranks_die_and_the_receiver_gets_the_sum():
+    from distir.runtime.launch import LaunchError, launch
+
+    params = th.ThresholdParameters(parties=5, threshold=3)
+    receiver = th.receiver_context(params)
+    with pytest.raises(LaunchError) as caught:
+        launch(survival_worker, 5, public_key_limbs(receiver), pass_context=True, timeout=140)
+    assert multiprocessing.active_children() == []
+    assert sorted(caught.value.failures) == [3, 4]
+    reports = caught.value.results
+    assert sorted(reports) == [0, 1, 2]
+    plain = sum(update(5, r) for r in range(5))
+    for rank, report in reports.items():
+        assert report["party"] == rank and report["count"] == 5
+        assert report["key"] == reports[0]["key"]
+        assert np.array_equal(report["values"], reports[0]["values"])
+        # one decryption and one key switch spent
+        assert report["left"] == params.max_decryptions - 2
+    assert np.abs(reports[0]["values"] - plain).max() <= 7 * params.smudging_error_std
+    # The receiver decrypts what the ranks switched to its key.
+    received = np.array(ts.ckks_vector_from(receiver, reports[0]["switched"]).decrypt()[:SIZE])
+    assert np.abs(received - plain).max() <= 7 * params.key_switch_error_std
+    for rank in (0, 1):
+        assert reports[rank]["pair"] == (
+            "a group of 2 ranks cannot decrypt: it needs between 3 and 5 parties"
+        )
+
+
+def agreement_worker(ctx, directory: str) -> dict:
+    """3 ranks: wrong `parties`; parameters that differ on rank 0; then the
+    budget (max_decryptions = 1) and a saved share."""
+    out: dict = {}
+    try:
+        ta.generate_keys(ta.ThresholdParameters(parties=4))
+    except ta.ThresholdMismatch as e:
+        out["parties"] = str(e)
+    threshold = 2 if ctx.rank == 0 else 3
+    try:
+        ta.generate_keys(ta.ThresholdParameters(parties=3, threshold=threshold))
+    except ta.ThresholdMismatch as e:
+        out["differ"] = str(e)
+    params = ta.ThresholdParameters(parties=3, max_decryptions=1)
+    share = ta.generate_keys(params)
+    context = share.public_key.context()
+    first = ta.aggregate([ts.ckks_vector(context, update(3, ctx.rank).tolist())], share)
+    out["first"] = np.array(ta.decrypt(first, share)[0][:SIZE])
+    out["retry"] = np.array(ta.decrypt(first, share)[0][:SIZE])  # the same shares again
+    path = os.path.join(directory, f"share-{ctx.rank}.pt")
+    share.save(path)
+    out["mode"] = os.stat(path).st_mode & 0o777
+    second = ta.aggregate([ts.ckks_vector(context, update(3, ctx.rank).tolist())], share)
+    try:
+        ta.decrypt(second, share)
+    except ta.DecryptionBudgetExhausted as e:
+        out["budget"] = str(e)
+    loaded = th.ThresholdShare.load(path)
+    out["loaded"] = np.array(ta.decrypt(first, loaded)[0][:SIZE])
+    forged = ta.Aggregate(**{**vars(first), "count": 2})
+    try:
+        ta.decrypt(forged, share)
+    except ta.ThresholdMismatch as e:
+        out["forged"] = str(e)
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_mismatches_and_a_spent_budget_are_named_on_every_rank_and_saved_shares_decrypt(tmp_path):
+    from distir.runtime.launch import launch
+
+    reports = launch(agreement_worker, 3, str(tmp_path), pass_context=True, timeout=140)
+    plain = sum(update(3, r) for r in range(3))
+    sigma = th.ThresholdParameters(parties=3, max_decryptions=1).smudging_error_std
+    for report in reports:
+        assert report["parties"] == (
+            "threshold parameters are for parties=4 but the group has 3 ranks"
+        )
+        assert report["differ"] == (
+            "ranks of the group passed different threshold parameters; nothing was done"
+        )
+        assert np.abs(report["first"] - plain).max() <= 7 * sigma
+        assert np.array_equal(report["retry"], report["first"])
+        assert np.array_equal(report["loaded"], report["first"])
+        assert report["mode"] == 0o600
+        assert report["budget"] == (
+            "a rank's share has fewer than 1 decryptions left of 1 (max_decryptions); "
+            "nothing was published"
+        )
+        assert report["forged"].startswith("some rank's aggregate is not one aggregate() returned")
+
+
+def fault_worker(ctx, phase: str) -> dict:
+    """The last rank exits in the middle of `phase`; survivors report."""
+    params = ta.ThresholdParameters(parties=ctx.world_size)
+    quitter = ctx.rank == ctx.world_size - 1
+    result: dict = {"share": None, "values": None, "error": None}
+    start = time.monotonic()
+    try:
+        if phase == "keygen" and quitter:
+            os._exit(3)
+        share = ta.generate_keys(params, deadline=DEADLINE_S)
+        result["share"] = repr(share) if phase == "keygen" else None
+        encrypted = ts.ckks_vector(share.public_key.context(), update(3, ctx.rank).tolist())
+        total = ta.aggregate([encrypted], share, deadline=DEADLINE_S)
+        if phase == "decryption" and quitter:
+            os._exit(3)
+        start = time.monotonic()
+        result["values"] = ta.decrypt(total, share, deadline=DEADLINE_S)
+    except Exception as e:  # recorded for the parent to assert on
+        result["error"] = type(e).__name__
+        result["message"] = str(e)
+    result["seconds"] = time.monotonic() - start
+    return result
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("phase", ["keygen", "decryption"])
+def test_a_rank_that_exits_fails_every_survivor_promptly_with_nothing_returned(phase):
+    from distir.runtime.launch import LaunchError, launch
+
+    with pytest.raises(LaunchError) as caught:
+        launch(fault_worker, 3, phase, pass_context=True, timeout=80)
+    assert multiprocessing.active_children() == [], "a rank process survived"
+    assert "exited with code 3" in caught.value.failures[2]
+    survivors = caught.value.results
+    assert sorted(survivors) == [0, 1]
+    for report in survivors.values():
+        assert report["error"] in ("CollectiveFailed", "DeadlineExceeded", "Poisoned"), report
+        assert report["seconds"] < DEADLINE_S + 2, report
+        assert report["share"] is None and report["values"] is None
