@@ -40,9 +40,10 @@ from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
 from xdsl.dialects.func import Func
 from xdsl.dialects.linalg import Linalg
+from xdsl.dialects.math import Math
 from xdsl.dialects.scf import Scf
 from xdsl.dialects.tensor import Tensor
-from xdsl.ir import Operation, Region
+from xdsl.ir import Dialect, Operation, Region
 from xdsl.parser import Parser
 from xdsl.parser.generic_parser import ParserState
 from xdsl.utils.exceptions import DiagnosticException, MultipleSpansParseError, ParseError
@@ -50,6 +51,7 @@ from xdsl.utils.lexer import Input, Span
 from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
 from distir.ir.dialect import Dist
+from distir.ir.tensor_arith import TENSOR_ARITH_OPS
 
 MAX_NESTING_DEPTH = 100
 """Deepest nesting of regions an op of a program may sit in. Every
@@ -276,10 +278,19 @@ def format_parse_error(e: ParseError) -> str:
     return "\n".join(lines)
 
 
+#: xDSL's `arith` with the comparisons, select and casts typed on tensors
+#: as MLIR types them (see `tensor_arith`)
+ARITH = Dialect(
+    "arith",
+    [TENSOR_ARITH_OPS.get(op, op) for op in Arith.operations],
+    list(Arith.attributes),
+)
+
+
 def make_context(*, allow_unregistered: bool = False) -> Context:
     """A context with every dialect a dist program may use."""
     ctx = Context(allow_unregistered=allow_unregistered)
-    for dialect in (Builtin, Func, Arith, Tensor, Scf, Linalg, Dist):
+    for dialect in (Builtin, Func, ARITH, Math, Tensor, Scf, Linalg, Dist):
         ctx.load_dialect(dialect)
     return ctx
 
