@@ -315,7 +315,13 @@ for _casts, _factory in (
     ((arith.UIToFPOp, tensor_arith.UIToFPOp), _unsigned_to_float),
     ((arith.FPToUIOp, tensor_arith.FPToUIOp), _float_to_unsigned),
     (
-        (arith.ExtFOp, tensor_arith.ExtFOp, arith.TruncFOp, tensor_arith.TruncFOp, arith.IndexCastOp),
+        (
+            arith.ExtFOp,
+            tensor_arith.ExtFOp,
+            arith.TruncFOp,
+            tensor_arith.TruncFOp,
+            arith.IndexCastOp,
+        ),
         _to_result_dtype,
     ),
     ((arith.BitcastOp,), _bitcast),
@@ -482,9 +488,7 @@ def _extract_slice(op: tensor.ExtractSliceOp) -> Kernel:
         offsets = fill(static_offsets, dyn[:n_off])
         sizes = fill(static_sizes, dyn[n_off : n_off + n_size])
         strides = fill(static_strides, dyn[n_off + n_size :])
-        index = tuple(
-            slice(o, o + s * st, st) for o, s, st in zip(offsets, sizes, strides)
-        )
+        index = tuple(slice(o, o + s * st, st) for o, s, st in zip(offsets, sizes, strides))
         y = x[index]
         if len(result_shape) != y.dim():  # rank-reducing slice
             y = y.reshape([d if d is not None else -1 for d in result_shape])
@@ -504,9 +508,7 @@ def _reshape(op: Operation) -> Kernel:
     return lambda x, shape: (x.reshape([int(s) for s in shape]).clone(),)
 
 
-def broadcast_view(
-    x: torch.Tensor, shape: Sequence[int], added: Sequence[int]
-) -> torch.Tensor:
+def broadcast_view(x: torch.Tensor, shape: Sequence[int], added: Sequence[int]) -> torch.Tensor:
     """`linalg.broadcast` of x to `shape`, adding the dimensions `added`: a
     view, no copy."""
     view = [1 if d in added else s for d, s in enumerate(shape)]

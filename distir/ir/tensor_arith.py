@@ -53,9 +53,9 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
-from xdsl.traits import Pure
 from xdsl.parser import Parser
 from xdsl.printer import Printer
+from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 I1 = IntegerType(1)
@@ -92,8 +92,13 @@ class _Comparison(arith.ComparisonOperation):
     result = result_def(container_of(I1))
     traits = traits_def(Pure())
 
-    def _build(self, lhs: Operation | SSAValue, rhs: Operation | SSAValue, predicate: int,
-               properties: dict[str, Attribute]) -> None:
+    def _build(
+        self,
+        lhs: Operation | SSAValue,
+        rhs: Operation | SSAValue,
+        predicate: int,
+        properties: dict[str, Attribute],
+    ) -> None:
         lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
         if lhs.type != rhs.type:
             raise VerifyException(
@@ -154,10 +159,10 @@ class CmpfOp(_Comparison):
         lhs: Operation | SSAValue,
         rhs: Operation | SSAValue,
         arg: int | str,
-        fastmath: FastMathFlagsAttr = FastMathFlagsAttr("none"),
+        fastmath: FastMathFlagsAttr | None = None,
     ):
         predicate = _predicate(self.name, CMPF_COMPARISON_OPERATIONS, arg)
-        self._build(lhs, rhs, predicate, {"fastmath": fastmath})
+        self._build(lhs, rhs, predicate, {"fastmath": fastmath or FastMathFlagsAttr("none")})
 
     parse = arith.CmpfOp.__dict__["parse"]
     print = arith.CmpfOp.__dict__["print"]
@@ -178,7 +183,9 @@ class SelectOp(IRDLOperation):
     result = result_def(_T)
     traits = traits_def(Pure())
 
-    def __init__(self, cond: Operation | SSAValue, lhs: Operation | SSAValue, rhs: Operation | SSAValue):
+    def __init__(
+        self, cond: Operation | SSAValue, lhs: Operation | SSAValue, rhs: Operation | SSAValue
+    ):
         lhs = SSAValue.get(lhs)
         super().__init__(operands=[cond, lhs, rhs], result_types=[lhs.type])
 
