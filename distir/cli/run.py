@@ -278,7 +278,7 @@ def format_failures(failures: dict[int, str], nproc: int) -> str:
         # The base class adds nothing to the message; specific ones do.
         why = why.removeprefix("DistirError: ")
         by_reason.setdefault(why, []).append(rank)
-    lines = [f"{len(failures)} of {nproc} ranks failed:"]
+    lines = [f"{len(failures)} of {nproc} {'rank' if nproc == 1 else 'ranks'} failed:"]
     for why, ranks in by_reason.items():
         lines.append(f"  {_rank_list(ranks)}: {why}")
     return "\n".join(lines)
@@ -580,7 +580,7 @@ def _run(args: argparse.Namespace) -> int:
         pass_context=True,
     )
     values = [report.pop("values", None) for report in reports]
-    print_report(request, reports, f"{nproc} local {args.backend} ranks")
+    print_report(request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}")
     if args.output is not None:
         _save(args.output, values)
     return 0

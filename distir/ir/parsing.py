@@ -27,6 +27,7 @@ drive the terminal.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 import threading
@@ -50,6 +51,7 @@ from xdsl.utils.exceptions import DiagnosticException, MultipleSpansParseError, 
 from xdsl.utils.lexer import Input, Span
 from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
+from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import Dist
 from distir.ir.tensor_arith import TENSOR_ARITH_OPS
 
@@ -222,7 +224,10 @@ class LocatedParser(Parser):
             )
         try:
             op = super().parse_operation()
-        except ParseError:
+        except ParseError as e:
+            hinted = self._typo_hint(e, start)
+            if hinted is not None:
+                raise hinted from None
             raise
         except (DiagnosticException, ValueError) as e:
             raise ParseError(start, str(e)) from e
@@ -232,6 +237,52 @@ class LocatedParser(Parser):
                 self._filename, IntAttr(line + self.line_offset), IntAttr(column)
             )
         return op
+
+    def _typo_hint(self, error: ParseError, start: Span) -> ParseError | None:
+        """A parse error about a typo, restated with the valid names: an op
+        name no dialect registers (with the caret on the name), or a word
+        where a reduction kind goes."""
+        text = error.span.input.content
+        if not isinstance(text, str):
+            return None
+        unregistered = re.fullmatch(r"Operation (\S+) is not registered", error.msg)
+        if unregistered is not None:
+            name = unregistered.group(1)
+            at = text.find(name, start.start)
+            span = Span(at, at + len(name), error.span.input) if at >= 0 else error.span
+            return ParseError(span, f"{error.msg}{unknown_op_hint(name, self.ctx)}")
+        word = text[error.span.start : error.span.end]
+        statement = text[start.start : error.span.start]
+        if (
+            error.msg == "operand expected"
+            and word.isidentifier()
+            and "dist.all_reduce" in statement
+        ):
+            kinds = [kind.value for kind in REDUCTION_KINDS]
+            close = difflib.get_close_matches(word, kinds, n=1)
+            guess = f"; did you mean '{close[0]}'?" if close else ""
+            return ParseError(
+                error.span,
+                f"'{word}' is not a reduction kind (the kinds are {', '.join(kinds)}), nor an "
+                f"operand{guess}",
+            )
+        return None
+
+
+def unknown_op_hint(name: str, ctx: Context) -> str:
+    """`; did you mean 'dist.all_reduce'?` for an op name no loaded dialect
+    has, or the dialects a program may use when its dialect is not one."""
+    known = [op.name for op in ctx.loaded_ops] + [
+        op.name for d in ctx.loaded_dialects for op in d.operations
+    ]
+    close = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    dialect = name.split(".")[0]
+    loaded = [d.name for d in ctx.loaded_dialects]
+    if dialect not in loaded:
+        return f" (a dist program may use the dialects {', '.join(loaded)})"
+    return ""
 
 
 EXCERPT_WIDTH = 120

@@ -46,7 +46,7 @@ from multiprocessing.connection import wait as wait_for_any
 from typing import Any
 
 from distir.durations import Duration, seconds
-from distir.errors import DistirError
+from distir.errors import DistirError, count
 
 #: torchrun's elastic agent sets this for every worker it starts
 #: (torch/distributed/elastic/agent/server/local_elastic_agent.py); nothing
@@ -552,7 +552,7 @@ def launch(
         elif not outcomes[r][0]:
             failures[r] = outcomes[r][1]
     if failures:
-        lines = [f"{len(failures)} of {nproc} ranks failed:"]
+        lines = [f"{len(failures)} of {count(nproc, 'rank')} failed:"]
         for r, why in sorted(failures.items()):
             lines.append(f"  rank {r}: {why}")
         raise LaunchError("\n".join(lines), failures, _finished(outcomes))
