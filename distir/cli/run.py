@@ -72,8 +72,7 @@ def summarize(t: Any, limit: int = 6) -> str:
     more = ", ..." if flat.numel() > limit else ""
     shown = ", ".join(str(v) for v in values)
     return (
-        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} "
-        f"[{shown}{more}]"
+        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} [{shown}{more}]"
     )
 
 
@@ -102,9 +101,7 @@ def read_program(argument: str) -> tuple[str, str]:
     try:
         return data.decode("utf-8"), argument
     except UnicodeDecodeError as e:
-        raise DistirError(
-            f"{argument} is not a text file: byte {e.start} is not UTF-8"
-        ) from None
+        raise DistirError(f"{argument} is not a text file: byte {e.start} is not UTF-8") from None
 
 
 def parse_program(text: str, filename: str):
@@ -121,9 +118,7 @@ def parse_program(text: str, filename: str):
         hint = ""
         if not filename.endswith(".mlir") and filename != "<stdin>":
             hint = " (distir-run reads MLIR text, as in a .mlir file)"
-        raise CompileError(
-            "\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])
-        ) from None
+        raise CompileError("\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])) from None
     except DiagnosticException as e:
         raise CompileError(f"{filename}: {e}") from None
 
@@ -243,10 +238,7 @@ def _launched_rank(ctx, request: RunRequest) -> dict:
 
 
 def print_report(request: RunRequest, reports: Sequence[dict], where: str) -> None:
-    print(
-        f"distir-run: {request.filename} on {where} "
-        f"(pipeline: {request.pipeline or 'none'})"
-    )
+    print(f"distir-run: {request.filename} on {where} (pipeline: {request.pipeline or 'none'})")
     for report in reports:
         times = report["times_ms"]
         timing = (
@@ -484,6 +476,18 @@ def _check_inputs_file(request: RunRequest, function, world_size: int) -> None:
         )
 
 
+def _check_point_to_point(module, entry: str, nproc: int) -> None:
+    """Point-to-point traffic that deadlocks with `nproc` ranks (compile
+    only rejects a deadlock found at every group size)."""
+    from distir.errors import DistirError
+    from distir.passes.verify_spmd import PointToPointDeadlock, check_point_to_point
+
+    try:
+        check_point_to_point(module, entry, nproc)
+    except PointToPointDeadlock as e:
+        raise DistirError(str(e)) from None
+
+
 def _verifies(module) -> bool:
     """Whether `module` verifies; `distir.compile` reports why it does not."""
     from xdsl.utils.exceptions import DiagnosticException
@@ -549,6 +553,7 @@ def _run(args: argparse.Namespace) -> int:
     program = distir.compile(module, args.pipeline, entry=args.entry, deadline=args.deadline)
     check_world_size(module, nproc, args.entry)
     check_world_size(program.module, nproc, args.entry)  # what the passes assumed
+    _check_point_to_point(program.module, args.entry, nproc)
     if args.inputs:
         _check_inputs_file(request, entry_function(module, args.entry), nproc)
     check_backend(args.backend, None if torchrun else nproc)
@@ -580,7 +585,9 @@ def _run(args: argparse.Namespace) -> int:
         pass_context=True,
     )
     values = [report.pop("values", None) for report in reports]
-    print_report(request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}")
+    print_report(
+        request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}"
+    )
     if args.output is not None:
         _save(args.output, values)
     return 0

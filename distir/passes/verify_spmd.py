@@ -441,9 +441,13 @@ def check_point_to_point(module: ModuleOp, entry: str = "main", size: int | None
     if found is not None:
         p, why = found
         every = "" if size is not None else f" (and every size up to {_MAX_SIZE})"
+        advice = (
+            "Send first on one side, or exchange with dist.sendrecv, which cannot deadlock"
+            if "which waits at" in why
+            else "Every dist.recv needs a dist.send from its source"
+        )
         raise PointToPointDeadlock(
-            f"point-to-point deadlock with {p} ranks{every}: {why}. Send first on one "
-            f"side, or exchange with dist.sendrecv, which cannot deadlock"
+            f"point-to-point deadlock with {p} ranks{every}: {why}. {advice}"
         )
 
 

@@ -457,6 +457,7 @@ def launch(
     here. SIGINT and SIGTERM are forwarded to the ranks (see the module
     docstring). Every rank process is gone when this returns or raises.
     """
+    _refuse_launch_while_a_rank_starts()
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
     timeout_s = seconds(timeout, "timeout")
@@ -472,8 +473,19 @@ def launch(
     procs = [
         ctx.Process(
             target=_rank_entry,
-            args=(r, nproc, port, backend, threads_per_rank, collective_timeout_s, fn, args,
-                  pass_context, pipes[r][1], parent_pid),
+            args=(
+                r,
+                nproc,
+                port,
+                backend,
+                threads_per_rank,
+                collective_timeout_s,
+                fn,
+                args,
+                pass_context,
+                pipes[r][1],
+                parent_pid,
+            ),
             name=f"distir-rank-{r}",
             daemon=True,
         )
@@ -534,10 +546,10 @@ def launch(
         name = signal.Signals(recorder.received).name
         # The signal now does what it would have done without launch.
         signal.raise_signal(recorder.received)
-        raise LaunchError(
-            f"interrupted by {name}: every rank was stopped", {}, _finished(outcomes)
-        )
+        raise LaunchError(f"interrupted by {name}: every rank was stopped", {}, _finished(outcomes))
 
+    if any(p.exitcode == _NO_MAIN_GUARD_EXIT for p in procs):
+        raise LaunchError(NO_MAIN_GUARD, {r: NO_MAIN_GUARD for r in range(nproc)}, {})
     failures: dict[int, str] = {}
     for r in range(nproc):
         if r in exited_without_result or (r not in outcomes and r not in stopped):
@@ -557,6 +569,24 @@ def launch(
             lines.append(f"  rank {r}: {why}")
         raise LaunchError("\n".join(lines), failures, _finished(outcomes))
     return [_deserialize(outcomes[r][1]) for r in range(nproc)]
+
+
+#: exit code of a rank that called `launch` while importing the main script
+_NO_MAIN_GUARD_EXIT = 87
+NO_MAIN_GUARD = (
+    "distir.launch ran again inside every rank, which imports the script that calls it: "
+    'put the call under `if __name__ == "__main__":`'
+)
+
+
+def _refuse_launch_while_a_rank_starts() -> None:
+    """A spawned rank imports the main script before it runs anything; a
+    script that calls `launch` at its top level (no `__main__` guard) would
+    launch again from there. multiprocessing's own error for it is a page of
+    tracebacks per rank: end the rank quietly with a code the launcher
+    recognises instead, and the launcher says what to do in one line."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise SystemExit(_NO_MAIN_GUARD_EXIT)
 
 
 def _finished(outcomes: Mapping[int, tuple[bool, Any]]) -> dict[int, Any]:
