@@ -72,7 +72,8 @@ def summarize(t: Any, limit: int = 6) -> str:
     more = ", ..." if flat.numel() > limit else ""
     shown = ", ".join(str(v) for v in values)
     return (
-        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} [{shown}{more}]"
+        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} "
+        f"[{shown}{more}]"
     )
 
 
@@ -101,7 +102,9 @@ def read_program(argument: str) -> tuple[str, str]:
     try:
         return data.decode("utf-8"), argument
     except UnicodeDecodeError as e:
-        raise DistirError(f"{argument} is not a text file: byte {e.start} is not UTF-8") from None
+        raise DistirError(
+            f"{argument} is not a text file: byte {e.start} is not UTF-8"
+        ) from None
 
 
 def parse_program(text: str, filename: str):
@@ -118,7 +121,9 @@ def parse_program(text: str, filename: str):
         hint = ""
         if not filename.endswith(".mlir") and filename != "<stdin>":
             hint = " (distir-run reads MLIR text, as in a .mlir file)"
-        raise CompileError("\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])) from None
+        raise CompileError(
+            "\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])
+        ) from None
     except DiagnosticException as e:
         raise CompileError(f"{filename}: {e}") from None
 
@@ -238,7 +243,10 @@ def _launched_rank(ctx, request: RunRequest) -> dict:
 
 
 def print_report(request: RunRequest, reports: Sequence[dict], where: str) -> None:
-    print(f"distir-run: {request.filename} on {where} (pipeline: {request.pipeline or 'none'})")
+    print(
+        f"distir-run: {request.filename} on {where} "
+        f"(pipeline: {request.pipeline or 'none'})"
+    )
     for report in reports:
         times = report["times_ms"]
         timing = (
@@ -585,9 +593,7 @@ def _run(args: argparse.Namespace) -> int:
         pass_context=True,
     )
     values = [report.pop("values", None) for report in reports]
-    print_report(
-        request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}"
-    )
+    print_report(request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}")
     if args.output is not None:
         _save(args.output, values)
     return 0

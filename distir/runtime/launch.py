@@ -473,19 +473,8 @@ def launch(
     procs = [
         ctx.Process(
             target=_rank_entry,
-            args=(
-                r,
-                nproc,
-                port,
-                backend,
-                threads_per_rank,
-                collective_timeout_s,
-                fn,
-                args,
-                pass_context,
-                pipes[r][1],
-                parent_pid,
-            ),
+            args=(r, nproc, port, backend, threads_per_rank, collective_timeout_s, fn, args,
+                  pass_context, pipes[r][1], parent_pid),
             name=f"distir-rank-{r}",
             daemon=True,
         )
@@ -546,7 +535,9 @@ def launch(
         name = signal.Signals(recorder.received).name
         # The signal now does what it would have done without launch.
         signal.raise_signal(recorder.received)
-        raise LaunchError(f"interrupted by {name}: every rank was stopped", {}, _finished(outcomes))
+        raise LaunchError(
+            f"interrupted by {name}: every rank was stopped", {}, _finished(outcomes)
+        )
 
     if any(p.exitcode == _NO_MAIN_GUARD_EXIT for p in procs):
         raise LaunchError(NO_MAIN_GUARD, {r: NO_MAIN_GUARD for r in range(nproc)}, {})
