@@ -384,3 +384,73 @@ func.func @main(%a: tensor<4xf32>, %c: tensor<3xi1>, %i: tensor<4xi32>) {{
         distir.compile(source)
     assert message in str(info.value)
     assert "<program>:2:3" in str(info.value)
+
+
+# What the new ops allow the all-reduce algorithms -----------------------------------------
+
+
+def _region(body: str, commutative: bool = True) -> str:
+    return f"""\
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {{
+  %y = dist.all_reduce %x {"commutative" if commutative else ""} : tensor<4xf32> combine(%a, %b) {{
+{body}
+  }}
+  func.return %y : tensor<4xf32>
+}}
+"""
+
+
+ELEMENTWISE_SELECT = """\
+    %e = math.exp %a : tensor<4xf32>
+    %c = arith.cmpf olt, %e, %b : tensor<4xf32>
+    %i = arith.fptosi %b : tensor<4xf32> to tensor<4xi32>
+    %f = arith.sitofp %i : tensor<4xi32> to tensor<4xf32>
+    %r = arith.select %c, %a, %f : tensor<4xi1>, tensor<4xf32>
+    dist.yield %r : tensor<4xf32>"""
+
+WHOLE_SELECT = """\
+    %zero = arith.constant 0 : index
+    %a0 = tensor.extract %a[%zero] : tensor<4xf32>
+    %b0 = tensor.extract %b[%zero] : tensor<4xf32>
+    %c = arith.cmpf ogt, %a0, %b0 : f32
+    %r = arith.select %c, %a, %b : tensor<4xf32>
+    dist.yield %r : tensor<4xf32>"""
+
+
+@pytest.mark.parametrize(
+    ("body", "algorithms"),
+    [
+        (ELEMENTWISE_SELECT, ("ring", "halving-doubling", "recursive-doubling", "gather-fold")),
+        # A scalar condition picks whole operands: no chunking.
+        (WHOLE_SELECT, ("recursive-doubling", "gather-fold")),
+    ],
+    ids=["tensor-condition", "scalar-condition"],
+)
+def test_which_algorithms_a_combine_of_the_new_ops_allows(body, algorithms) -> None:
+    from distir.ir.analysis import candidate_algorithms, elementwise_combine
+    from distir.ir.dialect import AllReduceOp
+
+    (op,) = [o for o in parse_module(_region(body)).walk() if isinstance(o, AllReduceOp)]
+    assert candidate_algorithms(elementwise_combine(op), True) == algorithms
+
+
+# What the block compiler does not accept is a compile error ---------------------------------
+
+
+def test_every_unsupported_class_is_rejected_at_compile_time_naming_the_op() -> None:
+    from distir.errors import UnsupportedOpError
+    from distir.ir import builder as b
+
+    # Results in pairs (arith's *_extended ops), in a combine region.
+    extended = _region("""\
+    %lo, %hi = arith.mulsi_extended %a, %b : tensor<4xi32>
+    dist.yield %lo : tensor<4xi32>""").replace("f32", "i32")
+    with pytest.raises(UnsupportedOpError, match=r"'arith.mulsi_extended' at <program>:3:5"):
+        distir.compile(extended)
+    # A math op without a kernel, built from Python: located at the builder call.
+    module = b.build_program(
+        lambda x: b.all_reduce(x, combine=lambda p, q: b.math("ctpop", b.arith("addi", p, q))),
+        [b.tensor_type("i32", [4])],
+    )
+    with pytest.raises(UnsupportedOpError, match=rf"'math.ctpop' at {__file__}:\d+:\d+"):
+        distir.compile(module)
