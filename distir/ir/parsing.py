@@ -338,6 +338,22 @@ ARITH = Dialect(
 )
 
 
+#: Ops the dialects above register that distir has no kernel for (pairs of
+#: results, bit counts, integer powers): `distir-opt` rejects them when it
+#: verifies, `distir.compile` when it plans (a test holds this list to the
+#: kernels).
+NO_KERNEL_OPS = frozenset({
+    "arith.addui_extended", "arith.mulsi_extended", "arith.mului_extended",
+    "arith.ceildivsi", "arith.ceildivui", "arith.floordivsi",
+    "math.ctlz", "math.cttz", "math.ctpop", "math.ipowi",
+})  # fmt: skip
+
+
+def unsupported_op(root: Operation) -> Operation | None:
+    """The first op under `root` that distir cannot run (`NO_KERNEL_OPS`)."""
+    return next((op for op in root.walk() if op.name in NO_KERNEL_OPS), None)
+
+
 def make_context(*, allow_unregistered: bool = False) -> Context:
     """A context with every dialect a dist program may use."""
     ctx = Context(allow_unregistered=allow_unregistered)

@@ -454,3 +454,34 @@ def test_every_unsupported_class_is_rejected_at_compile_time_naming_the_op() -> 
     )
     with pytest.raises(UnsupportedOpError, match=rf"'math.ctpop' at {__file__}:\d+:\d+"):
         distir.compile(module)
+
+
+def test_the_ops_without_a_kernel_are_exactly_those_listed_for_distir_opt() -> None:
+    from distir.ir.parsing import NO_KERNEL_OPS, make_context
+
+    registered = [
+        op
+        for dialect in make_context().loaded_dialects
+        if dialect.name in ("arith", "math")
+        for op in dialect.operations
+    ]
+    assert {op.name for op in registered if op not in LOCAL_KERNELS} == NO_KERNEL_OPS
+
+
+def test_distir_opt_rejects_an_op_without_a_kernel_where_it_is(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "p.mlir"
+    path.write_text(
+        _region("""\
+    %s = arith.addi %a, %b : tensor<4xi32>
+    %c = math.ctpop %s : tensor<4xi32>
+    dist.yield %c : tensor<4xi32>""").replace("f32", "i32")
+    )
+    done = subprocess.run([sys.executable, "-m", "distir.cli.opt", str(path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        f"{path}:4:5: error: 'math.ctpop' has no kernel in distir: no program can run it\n"
+    ), done.stderr
