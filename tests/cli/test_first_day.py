@@ -115,6 +115,7 @@ print(distir.launch(worker, 2, pass_context=True))
 """
 
 
+@pytest.mark.multirank
 def test_a_launch_script_without_the_main_guard_is_told_in_one_line(tmp_path) -> None:
     script = tmp_path / "no_guard.py"
     script.write_text(NO_GUARD)

@@ -51,6 +51,7 @@ def _launched(size: int) -> list[dict]:
     return distir.launch(gallery.run_gallery, size, pass_context=True, timeout=100)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("size", [2, 5])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_algorithm_on_gloo_ranks_equals_torch(name, size) -> None:

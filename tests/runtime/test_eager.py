@@ -34,6 +34,7 @@ def eager_worker(ctx) -> dict:
     }
 
 
+@pytest.mark.multirank
 def test_eager_all_reduce_on_three_ranks_compiles_once_per_signature() -> None:
     results = distir.launch(eager_worker, 3, pass_context=True, timeout=100)
     for r in results:
