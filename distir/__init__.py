@@ -4,6 +4,7 @@
     program = distir.compile("examples/all_reduce.mlir", pipeline="canonicalize")
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
+    y = distir.all_reduce(x, "sum")                        # one collective, on a rank
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
 import torch.
@@ -14,10 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from distir.runtime.eager import all_reduce
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
-__all__ = ["Program", "compile", "launch", "simulate"]
+__all__ = ["Program", "all_reduce", "compile", "launch", "simulate"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import program
 
         return getattr(program, name)
+    if name == "all_reduce":
+        from distir.runtime.eager import all_reduce
+
+        return all_reduce
     if name == "launch":
         from distir.runtime.launch import launch
 

@@ -7,6 +7,11 @@ from xdsl.ir import Operation
 from distir.ir.parsing import describe_op
 
 
+def count(n: int, noun: str) -> str:
+    """`1 rank`, `4 ranks`: how messages say how many."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class DistirError(Exception):
     """Base of every error distir raises on purpose."""
 

@@ -32,6 +32,7 @@ from distir.errors import (
     CollectiveFailed,
     DeadlineExceeded,
     DistirError,
+    count,
 )
 from distir.interpreters.checks import (
     Precondition,
@@ -336,14 +337,14 @@ def check_declarations(
         if beyond:
             raise DistirError(
                 f"group @{decl.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks"
+                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')}"
             )
     for mesh in meshes:
         beyond = sorted(r for r in mesh.rank_list if r >= size)
         if beyond:
             raise DistirError(
                 f"mesh @{mesh.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks"
+                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')}"
             )
 
 

@@ -45,7 +45,13 @@ from xdsl.utils.exceptions import (
 )
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from distir.ir.parsing import LocatedParser, format_parse_error, make_context, printable
+from distir.ir.parsing import (
+    LocatedParser,
+    format_parse_error,
+    make_context,
+    printable,
+    unsupported_op,
+)
 from distir.passes import PipelineError, build_pipeline
 
 try:
@@ -317,6 +323,11 @@ class DistirOptMain(xDSLOptMain):
             module.verify()
         except (VerifyException, ValueError) as e:
             raise locate_verify_error(module, e, self.get_input_name(), after_pass) from e
+        op = unsupported_op(module)
+        if op is not None:
+            location = _op_location(op) or self.get_input_name()
+            message = f"'{op.name}' has no kernel in distir: no program can run it"
+            raise LocatedVerifyException(location, message, op)
 
     # Running ---------------------------------------------------------------
 

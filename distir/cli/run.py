@@ -278,7 +278,7 @@ def format_failures(failures: dict[int, str], nproc: int) -> str:
         # The base class adds nothing to the message; specific ones do.
         why = why.removeprefix("DistirError: ")
         by_reason.setdefault(why, []).append(rank)
-    lines = [f"{len(failures)} of {nproc} ranks failed:"]
+    lines = [f"{len(failures)} of {nproc} {'rank' if nproc == 1 else 'ranks'} failed:"]
     for why, ranks in by_reason.items():
         lines.append(f"  {_rank_list(ranks)}: {why}")
     return "\n".join(lines)
@@ -484,6 +484,18 @@ def _check_inputs_file(request: RunRequest, function, world_size: int) -> None:
         )
 
 
+def _check_point_to_point(module, entry: str, nproc: int) -> None:
+    """Point-to-point traffic that deadlocks with `nproc` ranks (compile
+    only rejects a deadlock found at every group size)."""
+    from distir.errors import DistirError
+    from distir.passes.verify_spmd import PointToPointDeadlock, check_point_to_point
+
+    try:
+        check_point_to_point(module, entry, nproc)
+    except PointToPointDeadlock as e:
+        raise DistirError(str(e)) from None
+
+
 def _verifies(module) -> bool:
     """Whether `module` verifies; `distir.compile` reports why it does not."""
     from xdsl.utils.exceptions import DiagnosticException
@@ -549,6 +561,7 @@ def _run(args: argparse.Namespace) -> int:
     program = distir.compile(module, args.pipeline, entry=args.entry, deadline=args.deadline)
     check_world_size(module, nproc, args.entry)
     check_world_size(program.module, nproc, args.entry)  # what the passes assumed
+    _check_point_to_point(program.module, args.entry, nproc)
     if args.inputs:
         _check_inputs_file(request, entry_function(module, args.entry), nproc)
     check_backend(args.backend, None if torchrun else nproc)
@@ -580,7 +593,7 @@ def _run(args: argparse.Namespace) -> int:
         pass_context=True,
     )
     values = [report.pop("values", None) for report in reports]
-    print_report(request, reports, f"{nproc} local {args.backend} ranks")
+    print_report(request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}")
     if args.output is not None:
         _save(args.output, values)
     return 0

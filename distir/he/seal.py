@@ -6,7 +6,13 @@ read from, and written back into, its serialization:
 ``CKKSVector.serialize()``
     a protobuf ``CKKSVectorProto``: field 1 ``sizes`` (packed uint32, the
     number of used slots), field 2 ``ciphertexts`` (bytes, one per SEAL
-    ciphertext; a CKKSVector has exactly one), field 3 ``scale`` (double).
+    ciphertext), field 3 ``scale`` (double). A vector of up to N/2 values
+    (the slot count) is one ciphertext; TenSEAL packs a longer one into
+    C = ceil(n / slots) ciphertexts, chunk c holding values
+    ``[c * slots, (c + 1) * slots)``. :func:`ckks_to_limbs` returns a
+    one-ciphertext vector as ``[size, L, N]`` limbs and a longer one as
+    ``[C, size, L, N]``, chunk by chunk; the ciphertext all-reduce sums along
+    leading dimensions, so either shape is one `dist` program input.
 Each ``ciphertexts`` entry is SEAL's ``Ciphertext::save`` output
     a 16-byte SEAL header ``<HBBBBHQ``: magic ``0xA15E``, header size
     ``0x10``, SEAL major/minor version, ``compr_mode`` (0 none, 1 zlib,
@@ -67,6 +73,7 @@ __all__ = [
     "context_from_key_limbs",
     "key_moduli",
     "limbs_to_ckks",
+    "parse_ckks_chunks",
     "parse_ckks_vector",
     "public_key_limbs",
     "secret_key_limbs",
@@ -234,8 +241,9 @@ def _encode_seal_blob(version: tuple[int, int], payload: bytes) -> bytes:
     return header + payload
 
 
-def parse_ckks_vector(ciphertext: Any) -> SealCiphertextLayout:
-    """Serialize a TenSEAL ``CKKSVector`` and locate its SEAL ciphertext data."""
+def parse_ckks_chunks(ciphertext: Any) -> list[SealCiphertextLayout]:
+    """Serialize a TenSEAL ``CKKSVector`` and locate the data of each of its
+    SEAL ciphertexts (one per `slots` values, in order)."""
     ts = import_tenseal()
     if not isinstance(ciphertext, ts.CKKSVector):
         raise TypeError(
@@ -244,27 +252,48 @@ def parse_ckks_vector(ciphertext: Any) -> SealCiphertextLayout:
         )
     proto = ciphertext.serialize()
     entries = [f for f in _proto_fields(proto) if f[0] == 2 and f[1] == 2]
-    if len(entries) != 1:
-        raise ValueError(
-            f"a CKKSVector should hold exactly one SEAL ciphertext, this one has {len(entries)}"
+    if not entries:
+        raise ValueError("this CKKSVector holds no SEAL ciphertext")
+    layouts = []
+    for _, _, start, value_start, end in entries:
+        version, compr, payload = _decode_seal_blob(proto[value_start:end])
+        parms_id, is_ntt, size, n, limbs, scale, data_offset = _ciphertext_payload(payload)
+        layouts.append(
+            SealCiphertextLayout(
+                proto=proto,
+                proto_field=(start, end),
+                version=version,
+                compr_mode=compr,
+                payload=payload,
+                parms_id=tuple(parms_id),  # type: ignore[arg-type]
+                is_ntt_form=bool(is_ntt),
+                size=size,
+                poly_modulus_degree=n,
+                coeff_modulus_size=limbs,
+                scale=scale,
+                data_offset=data_offset,
+            )
         )
-    _, _, start, value_start, end = entries[0]
-    version, compr, payload = _decode_seal_blob(proto[value_start:end])
-    parms_id, is_ntt, size, n, limbs, scale, data_offset = _ciphertext_payload(payload)
-    return SealCiphertextLayout(
-        proto=proto,
-        proto_field=(start, end),
-        version=version,
-        compr_mode=compr,
-        payload=payload,
-        parms_id=tuple(parms_id),  # type: ignore[arg-type]
-        is_ntt_form=bool(is_ntt),
-        size=size,
-        poly_modulus_degree=n,
-        coeff_modulus_size=limbs,
-        scale=scale,
-        data_offset=data_offset,
-    )
+    first = layouts[0]
+    for layout in layouts[1:]:
+        if (layout.parms_id, layout.shape) != (first.parms_id, first.shape):
+            raise ValueError(
+                "the SEAL ciphertexts of this CKKSVector differ in level or shape: "
+                f"{list(first.shape)} and {list(layout.shape)}"
+            )
+    return layouts
+
+
+def parse_ckks_vector(ciphertext: Any) -> SealCiphertextLayout:
+    """The layout of a ``CKKSVector`` that is one SEAL ciphertext (at most
+    `slots` values); :func:`parse_ckks_chunks` reads longer ones."""
+    layouts = parse_ckks_chunks(ciphertext)
+    if len(layouts) != 1:
+        raise ValueError(
+            f"this CKKSVector holds {len(layouts)} SEAL ciphertexts (more values than "
+            "slots); read it with parse_ckks_chunks or ckks_to_limbs"
+        )
+    return layouts[0]
 
 
 # --------------------------------------------------------------------- moduli
@@ -289,56 +318,70 @@ def ckks_moduli(context: Any, parms_id: Any = None) -> Tensor:
 
 # ------------------------------------------------------------------ interop
 def ckks_to_limbs(ciphertext: Any) -> tuple[Tensor, Tensor]:
-    """Extract ``(limbs [size, L, N] int64, moduli [L] int64)`` from a TenSEAL
-    ``CKKSVector`` (``size`` is 2 unless the ciphertext is unrelinearized).
+    """Extract ``(limbs, moduli [L] int64)`` from a TenSEAL ``CKKSVector``:
+    limbs ``[size, L, N]`` int64 for a vector of at most `slots` values,
+    ``[C, size, L, N]`` for one TenSEAL packed into C ciphertexts (see the
+    module docstring); ``size`` is 2 unless the ciphertext is unrelinearized.
 
     The limbs are SEAL's coefficients as stored (NTT form for CKKS), each in
     ``[0, q_l)``; the copy is independent of the ciphertext."""
-    layout = parse_ckks_vector(ciphertext)
+    layouts = parse_ckks_chunks(ciphertext)
+    layout = layouts[0]
     moduli = ckks_moduli(ciphertext.context(), layout.parms_id)
     if moduli.shape[0] != layout.coeff_modulus_size:
         raise ValueError(
             f"ciphertext has {layout.coeff_modulus_size} limbs but its level has "
             f"{moduli.shape[0]} moduli"
         )
-    words = np.frombuffer(
-        layout.payload,
-        dtype="<u8",
-        count=layout.size * layout.coeff_modulus_size * layout.poly_modulus_degree,
-        offset=layout.data_offset,
-    )
-    limbs = torch.from_numpy(words.astype(np.int64)).view(layout.shape)
+    chunks = []
+    for chunk in layouts:
+        words = np.frombuffer(
+            chunk.payload,
+            dtype="<u8",
+            count=chunk.size * chunk.coeff_modulus_size * chunk.poly_modulus_degree,
+            offset=chunk.data_offset,
+        )
+        chunks.append(torch.from_numpy(words.astype(np.int64)).view(chunk.shape))
+    limbs = chunks[0] if len(chunks) == 1 else torch.stack(chunks)
     TorchRNSBackend().check_reduced(limbs, moduli)
     return limbs, moduli
 
 
 def limbs_to_ckks(limbs: Tensor, template: Any, *, context: Any = None) -> Any:
     """Rebuild a TenSEAL ``CKKSVector`` like ``template`` (same context, level,
-    scale, slot count, NTT form) but holding ``limbs`` ([size, L, N] int64,
-    reduced modulo the template's moduli).
+    scale, slot count, NTT form, number of ciphertexts) but holding ``limbs``
+    (int64 reduced modulo the template's moduli, shaped as
+    :func:`ckks_to_limbs` returns the template's).
 
     ``context`` defaults to ``template.context()``."""
     ts = import_tenseal()
     if not isinstance(limbs, Tensor):
         raise TypeError(f"limbs must be a torch.Tensor, got {type(limbs).__name__}")
-    layout = parse_ckks_vector(template)
+    layouts = parse_ckks_chunks(template)
+    layout = layouts[0]
     if context is None:
         context = template.context()
-    if tuple(limbs.shape) != layout.shape:
+    shape = layout.shape if len(layouts) == 1 else (len(layouts), *layout.shape)
+    if tuple(limbs.shape) != shape:
+        what = "[size, L, N]" if len(layouts) == 1 else "[C ciphertexts, size, L, N]"
         raise ValueError(
             f"limbs have shape {tuple(limbs.shape)} but the template ciphertext is "
-            f"[size, L, N] = {list(layout.shape)}"
+            f"{what} = {list(shape)}"
         )
     if limbs.dtype != torch.int64:
         raise ValueError(f"limbs must have dtype torch.int64, got {limbs.dtype}")
     moduli = ckks_moduli(context, layout.parms_id)
     host = limbs.detach().to("cpu")
     TorchRNSBackend().check_reduced(host, moduli)
+    chunks = [host] if len(layouts) == 1 else list(host)
 
-    coefficients = host.contiguous().numpy().astype("<u8", copy=False).tobytes()
-    blob = _encode_seal_blob(layout.version, layout.payload[: layout.data_offset] + coefficients)
-    start, end = layout.proto_field
-    proto = layout.proto[:start] + _bytes_field(2, blob) + layout.proto[end:]
+    proto = layout.proto
+    # From the last field to the first, so that earlier offsets stay valid.
+    for chunk, limbs_of_chunk in reversed(list(zip(layouts, chunks, strict=True))):
+        coefficients = limbs_of_chunk.contiguous().numpy().astype("<u8", copy=False).tobytes()
+        blob = _encode_seal_blob(chunk.version, chunk.payload[: chunk.data_offset] + coefficients)
+        start, end = chunk.proto_field
+        proto = proto[:start] + _bytes_field(2, blob) + proto[end:]
     return ts.ckks_vector_from(context, proto)
 
 

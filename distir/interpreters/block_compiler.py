@@ -288,8 +288,9 @@ class BlockCompiler:
             return kernel, captured, False
         raise UnsupportedOpError(
             op,
-            "no kernel for this op (supported: dist, arith, tensor, linalg.broadcast, "
-            "func.call, scf.for, scf.if)",
+            "no kernel for this op (supported: dist; arith and math, but for ops with pairs "
+            "of results, bit counts and ipowi; tensor; linalg.broadcast; func.call; scf.for; "
+            "scf.if)",
         )
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from xdsl.dialects import arith, tensor
+from xdsl.dialects import arith, math, tensor
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
@@ -25,6 +25,7 @@ from xdsl.ir import Attribute, Operation
 
 from distir.errors import OpError
 from distir.interpreters.dtypes import element_dtype, static_shape
+from distir.ir import tensor_arith
 from distir.ir.dialect import AssertReducedOp
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]
@@ -190,11 +191,11 @@ _CMPI = {
 }
 
 
-@kernel(arith.CmpiOp)
-def _cmpi(op: arith.CmpiOp) -> Kernel:
-    predicate = op.predicate.value.data
+@kernel(arith.CmpiOp, tensor_arith.CmpiOp)
+def _cmpi(op: Operation) -> Kernel:
+    predicate = op.predicate.value.data  # type: ignore[attr-defined]
     fn = _CMPI[predicate]
-    width = _int_width(op.lhs.type)
+    width = _int_width(op.operands[0].type)
     if predicate >= 6 and width < 64:
         return lambda a, b: (fn(_unsigned(a, width), _unsigned(b, width)),)
     if predicate >= 6:
@@ -203,34 +204,55 @@ def _cmpi(op: arith.CmpiOp) -> Kernel:
     return lambda a, b: (fn(a, b),)
 
 
-# arith.cmpf predicates: false, oeq, ogt, oge, olt, ole, one, ord, ueq, ugt,
-# uge, ult, ule, une, uno, true.
+def _unordered(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.isnan() | b.isnan()
+
+
+#: arith.cmpf, by predicate number (false, oeq, ogt, oge, olt, ole, one, ord,
+#: ueq, ugt, uge, ult, ule, une, uno, true): torch's comparisons are the
+#: ordered ones (false on NaN); an unordered predicate is the negation of the
+#: opposite ordered one.
 _CMPF: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    0: lambda a, b: torch.zeros(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool),
     1: torch.eq,
     2: torch.gt,
     3: torch.ge,
     4: torch.lt,
     5: torch.le,
-    6: lambda a, b: torch.ne(a, b) & ~(a.isnan() | b.isnan()),
+    6: lambda a, b: torch.ne(a, b) & ~_unordered(a, b),
+    7: lambda a, b: ~_unordered(a, b),
+    8: lambda a, b: torch.eq(a, b) | _unordered(a, b),
+    9: lambda a, b: ~torch.le(a, b),
+    10: lambda a, b: ~torch.lt(a, b),
+    11: lambda a, b: ~torch.ge(a, b),
+    12: lambda a, b: ~torch.gt(a, b),
     13: torch.ne,
+    14: _unordered,
+    15: lambda a, b: torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool),
 }
 
 
-@kernel(arith.CmpfOp)
-def _cmpf(op: arith.CmpfOp) -> Kernel:
-    predicate = op.predicate.value.data
-    if predicate not in _CMPF:
-        raise NotImplementedError(f"arith.cmpf predicate {predicate}")
-    fn = _CMPF[predicate]
+@kernel(arith.CmpfOp, tensor_arith.CmpfOp)
+def _cmpf(op: Operation) -> Kernel:
+    fn = _CMPF[op.predicate.value.data]  # type: ignore[attr-defined]
     return lambda a, b: (fn(a, b),)
 
 
-@kernel(arith.SelectOp)
+@kernel(arith.SelectOp, tensor_arith.SelectOp)
 def _select(op: Operation) -> Kernel:
+    if isinstance(op.operands[0].type, TensorType):
+        return lambda c, a, b: (torch.where(c, a, b),)
     return lambda c, a, b: ((a if bool(c) else b),)
 
 
 # Casts -----------------------------------------------------------------------
+# Signless integers are torch's signed ones; `i1` is torch.bool, whose true
+# is 1 read as unsigned and -1 read as signed (MLIR's `extsi`/`sitofp` of
+# true give -1).
+
+
+def _is_i1(t: Attribute) -> bool:
+    return element_dtype(t) == torch.bool
 
 
 def _to_result_dtype(op: Operation) -> Kernel:
@@ -238,25 +260,141 @@ def _to_result_dtype(op: Operation) -> Kernel:
     return lambda a: (a.to(dtype),)
 
 
-for _op in (
-    arith.ExtSIOp,
-    arith.TruncIOp,
-    arith.SIToFPOp,
-    arith.FPToSIOp,
-    arith.ExtFOp,
-    arith.TruncFOp,
-    arith.IndexCastOp,
+def _signed_cast(op: Operation) -> Kernel:
+    """extsi, sitofp: an i1 operand reads as 0 or -1."""
+    dtype = element_dtype(op.results[0].type)
+    if _is_i1(op.operands[0].type):
+        return lambda a: (-(a.to(dtype)),)
+    return lambda a: (a.to(dtype),)
+
+
+def _trunci(op: Operation) -> Kernel:
+    dtype = element_dtype(op.results[0].type)
+    if dtype == torch.bool:  # the low bit, not "nonzero"
+        return lambda a: ((a & 1).to(torch.bool),)
+    return lambda a: (a.to(dtype),)
+
+
+def _unsigned_to_float(op: Operation) -> Kernel:
+    width = _int_width(op.operands[0].type)
+    dtype = element_dtype(op.results[0].type)
+    if width >= 64:
+        # Negative storage is 2^64 more read as unsigned.
+        return lambda a: ((a.to(torch.float64) + (a < 0).to(torch.float64) * 2.0**64).to(dtype),)
+    return lambda a: (_unsigned(a, width).to(dtype),)
+
+
+def _float_to_unsigned(op: Operation) -> Kernel:
+    dtype = element_dtype(op.results[0].type)
+    if dtype == torch.bool:
+        return lambda a: ((a.trunc().to(torch.int64) & 1).to(torch.bool),)
+    # Through int64 so that values above the signed range of the width wrap
+    # to the same bits an unsigned conversion gives.
+    return lambda a: (a.trunc().to(torch.int64).to(dtype),)
+
+
+def _float_to_signed(op: Operation) -> Kernel:
+    dtype = element_dtype(op.results[0].type)
+    if dtype == torch.bool:  # -1.0 is true, 0.0 false
+        return lambda a: (a.trunc() != 0,)
+    return lambda a: (a.to(dtype),)
+
+
+def _bitcast(op: Operation) -> Kernel:
+    dtype = element_dtype(op.results[0].type)
+    if dtype == element_dtype(op.operands[0].type) or dtype == torch.bool:
+        return lambda a: (a.to(dtype),)
+    # A 0-d tensor cannot be viewed as another dtype: through one element.
+    return lambda a: (a.reshape(-1).view(dtype).reshape(a.shape),)
+
+
+for _casts, _factory in (
+    ((arith.ExtSIOp, tensor_arith.ExtSIOp, arith.SIToFPOp, tensor_arith.SIToFPOp), _signed_cast),
+    ((arith.TruncIOp, tensor_arith.TruncIOp), _trunci),
+    ((arith.FPToSIOp, tensor_arith.FPToSIOp), _float_to_signed),
+    ((arith.UIToFPOp, tensor_arith.UIToFPOp), _unsigned_to_float),
+    ((arith.FPToUIOp, tensor_arith.FPToUIOp), _float_to_unsigned),
+    (
+        (
+            arith.ExtFOp,
+            tensor_arith.ExtFOp,
+            arith.TruncFOp,
+            tensor_arith.TruncFOp,
+            arith.IndexCastOp,
+        ),
+        _to_result_dtype,
+    ),
+    ((arith.BitcastOp,), _bitcast),
 ):
-    LOCAL_KERNELS[_op] = _to_result_dtype
+    for _op in _casts:
+        LOCAL_KERNELS[_op] = _factory
 
 
-@kernel(arith.ExtUIOp)
+@kernel(arith.ExtUIOp, tensor_arith.ExtUIOp)
 def _extui(op: Operation) -> Kernel:
     width = _int_width(op.operands[0].type)
     dtype = element_dtype(op.results[0].type)
     if width == 1:
         return lambda a: (a.to(dtype),)
     return lambda a: (_unsigned(a, width).to(dtype),)
+
+
+# Math ------------------------------------------------------------------------
+
+
+def _round_half_away(a: torch.Tensor) -> torch.Tensor:
+    return torch.sign(a) * torch.floor(a.abs() + 0.5)
+
+
+#: the `math` ops with a kernel: one torch function each, element by element
+MATH_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
+    math.AbsFOp: torch.abs,
+    math.AbsIOp: torch.abs,  # wraps at the minimum, as MLIR's
+    math.AcosOp: torch.acos,
+    math.AcoshOp: torch.acosh,
+    math.AsinOp: torch.asin,
+    math.AsinhOp: torch.asinh,
+    math.AtanOp: torch.atan,
+    math.AtanhOp: torch.atanh,
+    math.Atan2Op: torch.atan2,
+    math.CbrtOp: lambda a: torch.sign(a) * a.abs().pow(1.0 / 3.0),
+    math.CeilOp: torch.ceil,
+    math.CopySignOp: torch.copysign,
+    math.CosOp: torch.cos,
+    math.CoshOp: torch.cosh,
+    math.ErfOp: torch.erf,
+    math.ExpOp: torch.exp,
+    math.Exp2Op: torch.exp2,
+    math.ExpM1Op: torch.expm1,
+    math.FloorOp: torch.floor,
+    math.FmaOp: lambda a, b, c: a * b + c,
+    math.FPowIOp: lambda a, n: torch.pow(a, n.to(a.dtype)),
+    math.LogOp: torch.log,
+    math.Log10Op: torch.log10,
+    math.Log1pOp: torch.log1p,
+    math.Log2Op: torch.log2,
+    math.PowFOp: torch.pow,
+    math.RoundOp: _round_half_away,
+    math.RoundEvenOp: torch.round,  # torch rounds half to even
+    math.RsqrtOp: torch.rsqrt,
+    math.SinOp: torch.sin,
+    math.SinhOp: torch.sinh,
+    math.SqrtOp: torch.sqrt,
+    math.TanOp: torch.tan,
+    math.TanhOp: torch.tanh,
+    math.TruncOp: torch.trunc,
+}
+
+
+def _math(fn: Callable[..., torch.Tensor]) -> KernelFactory:
+    def factory(op: Operation) -> Kernel:
+        return lambda *xs: (fn(*xs),)
+
+    return factory
+
+
+for _op, _fn in MATH_TORCH_OPS.items():
+    LOCAL_KERNELS[_op] = _math(_fn)
 
 
 # Constants -------------------------------------------------------------------
@@ -350,9 +488,7 @@ def _extract_slice(op: tensor.ExtractSliceOp) -> Kernel:
         offsets = fill(static_offsets, dyn[:n_off])
         sizes = fill(static_sizes, dyn[n_off : n_off + n_size])
         strides = fill(static_strides, dyn[n_off + n_size :])
-        index = tuple(
-            slice(o, o + s * st, st) for o, s, st in zip(offsets, sizes, strides)
-        )
+        index = tuple(slice(o, o + s * st, st) for o, s, st in zip(offsets, sizes, strides))
         y = x[index]
         if len(result_shape) != y.dim():  # rank-reducing slice
             y = y.reshape([d if d is not None else -1 for d in result_shape])
@@ -372,9 +508,7 @@ def _reshape(op: Operation) -> Kernel:
     return lambda x, shape: (x.reshape([int(s) for s in shape]).clone(),)
 
 
-def broadcast_view(
-    x: torch.Tensor, shape: Sequence[int], added: Sequence[int]
-) -> torch.Tensor:
+def broadcast_view(x: torch.Tensor, shape: Sequence[int], added: Sequence[int]) -> torch.Tensor:
     """`linalg.broadcast` of x to `shape`, adding the dimensions `added`: a
     view, no copy."""
     view = [1 if d in added else s for d, s in enumerate(shape)]
@@ -418,6 +552,7 @@ FRESH_RESULTS: frozenset[type[Operation]] = frozenset(
         *BINARY_TORCH_OPS,
         arith.DivSIOp, arith.RemSIOp, arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp,
         arith.MinUIOp, arith.ShRUIOp, arith.NegfOp, arith.CmpiOp, arith.CmpfOp,
+        tensor_arith.CmpiOp, tensor_arith.CmpfOp, *MATH_TORCH_OPS,
         tensor.EmptyOp, tensor.DimOp, tensor.ExtractOp, tensor.InsertOp,
         tensor.FromElementsOp, tensor.SplatOp, tensor.ExtractSliceOp, tensor.ConcatOp,
         tensor.ReshapeOp,

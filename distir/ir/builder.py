@@ -16,31 +16,55 @@ A combine region (and a wave's body) comes from a Python callback: it
 receives the block arguments `(lhs, rhs, extra...)` (a wave's body: none) and
 returns the value(s) to yield; the helper appends the `dist.yield`.
 
+The local ops of a combine are built by `arith`, `cmpf` / `cmpi`, `select`,
+`cast` and `math`:
+
+    def abs_max(a, b):
+        a_wins = cmpf("oge", math("absf", a), math("absf", b))
+        return select(a_wins, a, b)
+
+Every op a helper builds carries the Python call site (`file:line:col` of
+the line that called the helper) as its location, so errors found later
+(a verifier, a backend, a rank mismatch) point at the program's source. A
+helper given operands it cannot build an op from raises `BuilderError`,
+naming the call (`arith("addi", f32, f32)`) and its call site.
+
 `HELPERS` maps every op of the dialect to the helper that builds it.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
+from xdsl import builder as _xdsl_builder
 from xdsl.builder import ImplicitBuilder
 from xdsl.dialects import arith as _arith
 from xdsl.dialects import func
+from xdsl.dialects import math as _math
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     DenseIntOrFPElementsAttr,
+    FileLineColLoc,
     Float16Type,
     Float32Type,
     Float64Type,
     IndexType,
+    IntAttr,
     IntegerAttr,
     IntegerType,
     ModuleOp,
+    StringAttr,
     SymbolRefAttr,
     TensorType,
+    UnknownLoc,
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.utils.exceptions import DiagnosticException
 
+from distir.errors import DistirError
 from distir.ir.attributes import ReductionKind
 from distir.ir.collectives import (
     AllGatherOp,
@@ -56,6 +80,16 @@ from distir.ir.collectives import (
 from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
+from distir.ir.parsing import describe_op
+from distir.ir.tensor_arith import (
+    CMPF_COMPARISON_OPERATIONS,
+    CMPI_COMPARISON_OPERATIONS,
+    TENSOR_ARITH_OPS,
+    CmpfOp,
+    CmpiOp,
+    SelectOp,
+    like,
+)
 
 Value = SSAValue | Operation
 GroupRef = SymbolRefAttr | str | None
@@ -66,11 +100,98 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {}
 """Op class -> the helper of this module that builds it."""
 
 
+class BuilderError(DistirError, ValueError):
+    """A builder helper was called with operands it cannot build an op from;
+    the message names the call and the line that made it."""
+
+    located = False
+
+
+_THIS_FILE = str(Path(__file__).resolve())
+
+
+def _call_site() -> FileLineColLoc | None:
+    """The location of the innermost frame outside this module and xDSL."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename != _THIS_FILE and "/xdsl/" not in filename:
+            # The column of the call being executed (Python >= 3.11).
+            positions = list(frame.f_code.co_positions())
+            col = positions[frame.f_lasti // 2][2] if frame.f_lasti // 2 < len(positions) else None
+            column = 1 if col is None else col + 1
+            return FileLineColLoc(StringAttr(filename), IntAttr(frame.f_lineno), IntAttr(column))
+        frame = frame.f_back
+    return None
+
+
+def _stamp_new_ops(location: FileLineColLoc | None) -> None:
+    """Give the ops just appended to the current insertion block (those
+    still without a location) the caller's location."""
+    current = _xdsl_builder._current_builder.builder
+    if location is None or current is None:
+        return
+    op = current.insertion_point.block.last_op
+    while op is not None and isinstance(op.location, UnknownLoc):
+        op.location = location
+        for nested in op.walk():
+            if isinstance(nested.location, UnknownLoc):
+                nested.location = location
+        op = op.prev_op
+
+
+def _describe_call(helper: Callable, args: tuple, kwargs: dict) -> str:
+    def show(value: object) -> str:
+        if isinstance(value, Operation) and value.results:
+            value = value.results[0]
+        if isinstance(value, SSAValue):
+            return str(value.type)
+        return repr(value) if not callable(value) else getattr(value, "__name__", "<callback>")
+
+    shown = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in kwargs.items()]
+    return f"{helper.__name__}({', '.join(shown)})"
+
+
+def _builder_error(
+    helper: Callable, args: tuple, kwargs: dict, site: FileLineColLoc | None, message: str
+) -> BuilderError:
+    where = f" at {site.filename.data}:{site.line.data}:{site.column.data}" if site else ""
+    one_line = " ".join(message.split())
+    error = BuilderError(f"{_describe_call(helper, args, kwargs)}{where}: {one_line}")
+    error.located = True
+    return error
+
+
+def _located(helper: Callable) -> Callable:
+    """Stamps the ops `helper` builds with its caller's location, and turns
+    xDSL's exceptions about its operands into a `BuilderError` naming the
+    call."""
+
+    @functools.wraps(helper)
+    def build(*args, **kwargs):
+        site = _call_site()
+        try:
+            result = helper(*args, **kwargs)
+        except BuilderError as e:
+            if e.located:
+                raise
+            raise _builder_error(helper, args, kwargs, site, str(e)) from None
+        except DistirError:
+            raise
+        except (DiagnosticException, AttributeError, TypeError, ValueError, KeyError) as e:
+            raise _builder_error(helper, args, kwargs, site, str(e)) from None
+        _stamp_new_ops(site)
+        return result
+
+    return build
+
+
 def _builds(*ops: type[Operation]) -> Callable[[Callable], Callable]:
     def register(helper: Callable) -> Callable:
+        located = _located(helper)
         for op in ops:
-            HELPERS[op] = helper
-        return helper
+            HELPERS[op] = located
+        return located
 
     return register
 
@@ -102,7 +223,13 @@ _ELEMENT_TYPES: dict[str, Attribute] = {
 
 def element_type(element: str | Attribute) -> Attribute:
     """`element_type("f32")` is `f32`; types pass through."""
-    return _ELEMENT_TYPES[element] if isinstance(element, str) else element
+    if not isinstance(element, str):
+        return element
+    if element not in _ELEMENT_TYPES:
+        raise BuilderError(
+            f"no element type {element!r}; known: {', '.join(_ELEMENT_TYPES)} (or an xDSL type)"
+        )
+    return _ELEMENT_TYPES[element]
 
 
 def tensor_type(element: str | Attribute, shape: Sequence[int | None]) -> TensorType:
@@ -117,11 +244,13 @@ def _with_dynamic_axis(t: Attribute, axis: int) -> TensorType:
     return TensorType(t.element_type, shape)
 
 
+@_located
 def constant_index(value: int) -> SSAValue:
     """`arith.constant 3 : index`, e.g. a peer or root computed at run time."""
     return _arith.ConstantOp(IntegerAttr(value, IndexType())).result
 
 
+@_located
 def constant_tensor(
     values: Sequence[int | float] | int | float,
     element: str | Attribute = "i64",
@@ -137,19 +266,107 @@ def constant_tensor(
 
 
 _ARITH_OPS: dict[str, type[Operation]] = {
-    op.name.removeprefix("arith."): op for op in _arith.Arith.operations
+    op.name.removeprefix("arith."): TENSOR_ARITH_OPS.get(op, op) for op in _arith.Arith.operations
+}
+#: the casts, built from an operand and an element type
+_CASTS = ("extsi", "extui", "trunci", "sitofp", "uitofp", "fptosi", "fptoui", "extf",
+          "truncf", "bitcast", "index_cast")  # fmt: skip
+_MATH_OPS: dict[str, type[Operation]] = {
+    op.name.removeprefix("math."): op for op in _math.Math.operations
 }
 
 
+def _typed(name: str, operands: Sequence[Value]) -> list[SSAValue]:
+    values = [SSAValue.get(v) for v in operands]
+    types = {str(v.type) for v in values}
+    if len(types) > 1:
+        raise BuilderError(
+            f"{name} needs operands of one type, got {', '.join(map(str, (v.type for v in values)))}"
+        )
+    return values
+
+
+def _verified(op: Operation) -> Operation:
+    op.verify()
+    return op
+
+
+@_located
 def arith(name: str, *operands: Value) -> SSAValue:
     """The arith op `name` on `operands`: `arith("addi", a, b)` is
     `arith.addi %a, %b`. For the ops built from their operands alone (the
-    binary integer and float ops, `negf`, `select`); a combine region is
-    usually one or a few of these."""
+    binary integer and float ops, `negf`); comparisons, `select` and casts
+    have their own helpers."""
     op = _ARITH_OPS.get(name)
+    if op is None or name in _CASTS or name in ("cmpf", "cmpi", "constant"):
+        others = {"cmpf": "cmpf(...)", "cmpi": "cmpi(...)", "select": "select(...)",
+                  "constant": "constant_tensor(...)"}  # fmt: skip
+        if name in others or name in _CASTS:
+            raise BuilderError(
+                f"arith({name!r}, ...): build it with {others.get(name, 'cast(...)')}"
+            )
+        raise BuilderError(f"no arith op {name!r}; known: {', '.join(sorted(_ARITH_OPS))}")
+    if op is SelectOp:
+        return select(*operands)
+    values = _typed(f"arith.{name}", operands)
+    return _verified(op(*values)).results[0]  # type: ignore[call-arg]
+
+
+@_located
+def cmpf(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
+    """`arith.cmpf`: element-wise float comparison, an `i1` of the operands'
+    shape. Predicates: ordered `oeq`, `ogt`, `oge`, `olt`, `ole`, `one`,
+    `ord` (false where either is NaN), unordered `ueq` ... `uno` (true
+    there), `false`, `true`."""
+    if predicate not in CMPF_COMPARISON_OPERATIONS:
+        raise BuilderError(
+            f"no cmpf predicate {predicate!r}; the predicates are {', '.join(CMPF_COMPARISON_OPERATIONS)}"
+        )
+    a, b = _typed("arith.cmpf", (lhs, rhs))
+    return _verified(CmpfOp(a, b, predicate)).results[0]
+
+
+@_located
+def cmpi(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
+    """`arith.cmpi`: element-wise integer comparison (`eq`, `ne`, signed
+    `slt` ... `sge`, unsigned `ult` ... `uge`), an `i1` of the operands' shape."""
+    if predicate not in CMPI_COMPARISON_OPERATIONS:
+        raise BuilderError(
+            f"no cmpi predicate {predicate!r}; the predicates are {', '.join(CMPI_COMPARISON_OPERATIONS)}"
+        )
+    a, b = _typed("arith.cmpi", (lhs, rhs))
+    return _verified(CmpiOp(a, b, predicate)).results[0]
+
+
+@_located
+def select(condition: Value, if_true: Value, if_false: Value) -> SSAValue:
+    """`arith.select`: `if_true` where `condition` holds, else `if_false`;
+    an `i1` condition picks a whole operand, an `i1` tensor of the operands'
+    shape picks element by element."""
+    a, b = _typed("arith.select", (if_true, if_false))
+    return _verified(SelectOp(SSAValue.get(condition), a, b)).results[0]
+
+
+@_located
+def cast(name: str, x: Value, element: str | Attribute) -> SSAValue:
+    """The cast `name` (`extsi`, `extui`, `trunci`, `sitofp`, `uitofp`,
+    `fptosi`, `fptoui`, `extf`, `truncf`, `bitcast`, `index_cast`) of `x` to
+    element type `element`, keeping `x`'s shape: `cast("sitofp", i, "f32")`."""
+    if name not in _CASTS:
+        raise BuilderError(f"no cast {name!r}; the casts are {', '.join(_CASTS)}")
+    value = SSAValue.get(x)
+    target = like(value.type, element_type(element))
+    return _verified(_ARITH_OPS[name](value, target)).results[0]  # type: ignore[call-arg]
+
+
+@_located
+def math(name: str, *operands: Value) -> SSAValue:
+    """The `math` op `name` on `operands`, element by element:
+    `math("exp", x)`, `math("powf", a, b)`, `math("fma", a, b, c)`."""
+    op = _MATH_OPS.get(name)
     if op is None:
-        raise ValueError(f"no arith op {name!r}; known: {', '.join(sorted(_ARITH_OPS))}")
-    return op(*(SSAValue.get(v) for v in operands)).results[0]  # type: ignore[call-arg]
+        raise BuilderError(f"no math op {name!r}; known: {', '.join(sorted(_MATH_OPS))}")
+    return _verified(op(*(SSAValue.get(v) for v in operands))).results[0]  # type: ignore[call-arg]
 
 
 ###############################################################################
@@ -385,7 +602,10 @@ def build_program(
 ) -> ModuleOp:
     """A verified module holding the group declarations (name -> subgroups),
     the mesh declarations (name -> (shape, ranks)) and `func.func @name`
-    whose body is built by `body(*args)`; what `body` returns is returned."""
+    whose body is built by `body(*args)`; what `body` returns is returned.
+    Ops that no helper located (the function, its return, xDSL ops built
+    directly) get the location of this call."""
+    site = _call_site()
     module = ModuleOp([])
     with ImplicitBuilder(module.body.block):
         for sym, parts in (groups or {}).items():
@@ -400,5 +620,21 @@ def build_program(
         func.ReturnOp(*values)
     fn = func.FuncOp(name, (list(arg_types), [v.type for v in values]), Region(block))
     module.body.block.add_op(fn)
-    module.verify()
+    for op in module.walk():
+        if site is not None and isinstance(op.location, UnknownLoc) and op is not module:
+            op.location = site
+    try:
+        module.verify()
+    except DiagnosticException as e:
+        raise BuilderError(f"the built program does not verify: {_failing(module, e)}") from None
     return module
+
+
+def _failing(module: ModuleOp, error: Exception) -> str:
+    """The verifier's message, prefixed by the op that fails and where it was built."""
+    for op in module.walk():
+        try:
+            op.verify(verify_nested_ops=False)
+        except DiagnosticException as e:
+            return f"{describe_op(op)}: {' '.join(str(e).split())}"
+    return " ".join(str(error).split())

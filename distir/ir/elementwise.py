@@ -7,8 +7,10 @@ that evaluate it on chunks.
 
 from __future__ import annotations
 
-from xdsl.dialects import arith
+from xdsl.dialects import arith, math
 from xdsl.ir import Operation
+
+from distir.ir import tensor_arith
 
 ELEMENTWISE_OPS: tuple[type[Operation], ...] = (
     arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.DivSIOp, arith.DivUIOp,
@@ -18,4 +20,11 @@ ELEMENTWISE_OPS: tuple[type[Operation], ...] = (
     arith.DivfOp, arith.NegfOp, arith.MaximumfOp, arith.MinimumfOp,
     arith.MaxnumfOp, arith.MinnumfOp, arith.ExtSIOp, arith.ExtUIOp,
     arith.TruncIOp, arith.SIToFPOp, arith.FPToSIOp, arith.ExtFOp, arith.TruncFOp,
+    arith.BitcastOp,
+    # Comparisons and casts typed on tensors; a select counts only with an
+    # i1 tensor condition of the operands' shape (a scalar condition picks a
+    # whole operand), which the region's shape check enforces.
+    *tensor_arith.TENSOR_ARITH_OPS.values(),
+    # math: every op of the dialect acts element by element.
+    *math.Math.operations,
 )  # fmt: skip

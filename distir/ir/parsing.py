@@ -27,6 +27,7 @@ drive the terminal.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 import threading
@@ -40,16 +41,19 @@ from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
 from xdsl.dialects.func import Func
 from xdsl.dialects.linalg import Linalg
+from xdsl.dialects.math import Math
 from xdsl.dialects.scf import Scf
 from xdsl.dialects.tensor import Tensor
-from xdsl.ir import Operation, Region
+from xdsl.ir import Dialect, Operation, Region
 from xdsl.parser import Parser
 from xdsl.parser.generic_parser import ParserState
 from xdsl.utils.exceptions import DiagnosticException, MultipleSpansParseError, ParseError
 from xdsl.utils.lexer import Input, Span
 from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
+from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import Dist
+from distir.ir.tensor_arith import TENSOR_ARITH_OPS
 
 MAX_NESTING_DEPTH = 100
 """Deepest nesting of regions an op of a program may sit in. Every
@@ -220,7 +224,10 @@ class LocatedParser(Parser):
             )
         try:
             op = super().parse_operation()
-        except ParseError:
+        except ParseError as e:
+            hinted = self._typo_hint(e, start)
+            if hinted is not None:
+                raise hinted from None
             raise
         except (DiagnosticException, ValueError) as e:
             raise ParseError(start, str(e)) from e
@@ -230,6 +237,52 @@ class LocatedParser(Parser):
                 self._filename, IntAttr(line + self.line_offset), IntAttr(column)
             )
         return op
+
+    def _typo_hint(self, error: ParseError, start: Span) -> ParseError | None:
+        """A parse error about a typo, restated with the valid names: an op
+        name no dialect registers (with the caret on the name), or a word
+        where a reduction kind goes."""
+        text = error.span.input.content
+        if not isinstance(text, str):
+            return None
+        unregistered = re.fullmatch(r"Operation (\S+) is not registered", error.msg)
+        if unregistered is not None:
+            name = unregistered.group(1)
+            at = text.find(name, start.start)
+            span = Span(at, at + len(name), error.span.input) if at >= 0 else error.span
+            return ParseError(span, f"{error.msg}{unknown_op_hint(name, self.ctx)}")
+        word = text[error.span.start : error.span.end]
+        statement = text[start.start : error.span.start]
+        if (
+            error.msg == "operand expected"
+            and word.isidentifier()
+            and "dist.all_reduce" in statement
+        ):
+            kinds = [kind.value for kind in REDUCTION_KINDS]
+            close = difflib.get_close_matches(word, kinds, n=1)
+            guess = f"; did you mean '{close[0]}'?" if close else ""
+            return ParseError(
+                error.span,
+                f"'{word}' is not a reduction kind (the kinds are {', '.join(kinds)}), nor an "
+                f"operand{guess}",
+            )
+        return None
+
+
+def unknown_op_hint(name: str, ctx: Context) -> str:
+    """`; did you mean 'dist.all_reduce'?` for an op name no loaded dialect
+    has, or the dialects a program may use when its dialect is not one."""
+    known = [op.name for op in ctx.loaded_ops] + [
+        op.name for d in ctx.loaded_dialects for op in d.operations
+    ]
+    close = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    dialect = name.split(".")[0]
+    loaded = [d.name for d in ctx.loaded_dialects]
+    if dialect not in loaded:
+        return f" (a dist program may use the dialects {', '.join(loaded)})"
+    return ""
 
 
 EXCERPT_WIDTH = 120
@@ -276,10 +329,35 @@ def format_parse_error(e: ParseError) -> str:
     return "\n".join(lines)
 
 
+#: xDSL's `arith` with the comparisons, select and casts typed on tensors
+#: as MLIR types them (see `tensor_arith`)
+ARITH = Dialect(
+    "arith",
+    [TENSOR_ARITH_OPS.get(op, op) for op in Arith.operations],
+    list(Arith.attributes),
+)
+
+
+#: Ops the dialects above register that distir has no kernel for (pairs of
+#: results, bit counts, integer powers): `distir-opt` rejects them when it
+#: verifies, `distir.compile` when it plans (a test holds this list to the
+#: kernels).
+NO_KERNEL_OPS = frozenset({
+    "arith.addui_extended", "arith.mulsi_extended", "arith.mului_extended",
+    "arith.ceildivsi", "arith.ceildivui", "arith.floordivsi",
+    "math.ctlz", "math.cttz", "math.ctpop", "math.ipowi",
+})  # fmt: skip
+
+
+def unsupported_op(root: Operation) -> Operation | None:
+    """The first op under `root` that distir cannot run (`NO_KERNEL_OPS`)."""
+    return next((op for op in root.walk() if op.name in NO_KERNEL_OPS), None)
+
+
 def make_context(*, allow_unregistered: bool = False) -> Context:
     """A context with every dialect a dist program may use."""
     ctx = Context(allow_unregistered=allow_unregistered)
-    for dialect in (Builtin, Func, Arith, Tensor, Scf, Linalg, Dist):
+    for dialect in (Builtin, Func, ARITH, Math, Tensor, Scf, Linalg, Dist):
         ctx.load_dialect(dialect)
     return ctx
 

@@ -44,7 +44,7 @@ import torch
 from xdsl.dialects import func
 from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 
-from distir.errors import DistirError, ProgramInputError
+from distir.errors import DistirError, ProgramInputError, count
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type, static_shape
 from distir.ir.facts import OperandRole, operand_roles
 from distir.ir.layouts import local_box
@@ -233,7 +233,7 @@ def inputs_from_data(data: object, path: str | Path, rank: int, world_size: int)
         raise DistirError(f"{expected}, not a {type(data).__name__}")
     if data and all(isinstance(d, list | tuple) for d in data):
         if len(data) != world_size:
-            raise DistirError(f"{path} holds inputs for {len(data)} ranks, not {world_size}")
+            raise DistirError(f"{path} holds inputs for {count(len(data), 'rank')}, not {world_size}")
         data, where = data[rank], f" (the list of rank {rank})"
     else:
         where = ""

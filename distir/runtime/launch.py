@@ -46,7 +46,7 @@ from multiprocessing.connection import wait as wait_for_any
 from typing import Any
 
 from distir.durations import Duration, seconds
-from distir.errors import DistirError
+from distir.errors import DistirError, count
 
 #: torchrun's elastic agent sets this for every worker it starts
 #: (torch/distributed/elastic/agent/server/local_elastic_agent.py); nothing
@@ -457,6 +457,7 @@ def launch(
     here. SIGINT and SIGTERM are forwarded to the ranks (see the module
     docstring). Every rank process is gone when this returns or raises.
     """
+    _refuse_launch_while_a_rank_starts()
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
     timeout_s = seconds(timeout, "timeout")
@@ -538,6 +539,8 @@ def launch(
             f"interrupted by {name}: every rank was stopped", {}, _finished(outcomes)
         )
 
+    if any(p.exitcode == _NO_MAIN_GUARD_EXIT for p in procs):
+        raise LaunchError(NO_MAIN_GUARD, {r: NO_MAIN_GUARD for r in range(nproc)}, {})
     failures: dict[int, str] = {}
     for r in range(nproc):
         if r in exited_without_result or (r not in outcomes and r not in stopped):
@@ -552,11 +555,29 @@ def launch(
         elif not outcomes[r][0]:
             failures[r] = outcomes[r][1]
     if failures:
-        lines = [f"{len(failures)} of {nproc} ranks failed:"]
+        lines = [f"{len(failures)} of {count(nproc, 'rank')} failed:"]
         for r, why in sorted(failures.items()):
             lines.append(f"  rank {r}: {why}")
         raise LaunchError("\n".join(lines), failures, _finished(outcomes))
     return [_deserialize(outcomes[r][1]) for r in range(nproc)]
+
+
+#: exit code of a rank that called `launch` while importing the main script
+_NO_MAIN_GUARD_EXIT = 87
+NO_MAIN_GUARD = (
+    "distir.launch ran again inside every rank, which imports the script that calls it: "
+    'put the call under `if __name__ == "__main__":`'
+)
+
+
+def _refuse_launch_while_a_rank_starts() -> None:
+    """A spawned rank imports the main script before it runs anything; a
+    script that calls `launch` at its top level (no `__main__` guard) would
+    launch again from there. multiprocessing's own error for it is a page of
+    tracebacks per rank: end the rank quietly with a code the launcher
+    recognises instead, and the launcher says what to do in one line."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise SystemExit(_NO_MAIN_GUARD_EXIT)
 
 
 def _finished(outcomes: Mapping[int, tuple[bool, Any]]) -> dict[int, Any]:

@@ -33,7 +33,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, TensorType
 from xdsl.ir import Operation
 
-from distir.errors import DistirError
+from distir.errors import DistirError, count
 from distir.ir.dialect import ASSUMED_GROUP_SIZE, AllGatherOp, GroupOp, MeshOp, WaveOp
 from distir.ir.facts import OperandRole, operand_roles
 from distir.ir.parsing import describe_op
@@ -85,18 +85,18 @@ class WorldSizeRequirement:
             noun = "rank" if "," not in missing else "ranks"
             return (
                 f"{self.declaration} names {noun} {missing} but the program runs on "
-                f"{world_size} ranks"
+                f"{count(world_size, 'rank')}"
             )
         if self.never:
             return f"this program cannot run on any number of ranks: {self.reason}"
         if self.exactly is not None:
-            return f"this program needs {self.exactly} ranks, not {world_size}: {self.reason}"
+            return f"this program needs {count(self.exactly, 'rank')}, not {world_size}: {self.reason}"
         if world_size < self.at_least:
             return (
-                f"this program needs at least {self.at_least} ranks, not {world_size}: "
+                f"this program needs at least {count(self.at_least, 'rank')}, not {world_size}: "
                 f"{self.reason}"
             )
-        return f"this program runs on at most {self.at_most} ranks, not {world_size}: {self.reason}"
+        return f"this program runs on at most {count(self.at_most, 'rank')}, not {world_size}: {self.reason}"
 
 
 def _entry_function(module: ModuleOp, entry: str) -> func.FuncOp | None:

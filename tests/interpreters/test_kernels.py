@@ -517,10 +517,21 @@ func.func @main(%a: tensor<3xi64>) -> tensor<3xi64> {
 }
 """
 
-UNSUPPORTED_PREDICATE = """\
-func.func @main(%a: f32, %b: f32) -> i1 {
-  %r = arith.cmpf ord, %a, %b : f32
-  func.return %r : i1
+UNSUPPORTED_MATH = """\
+func.func @main(%a: tensor<4xi32>) -> tensor<4xi32> {
+  %r = math.ctpop %a : tensor<4xi32>
+  func.return %r : tensor<4xi32>
+}
+"""
+
+UNSUPPORTED_MATH_IN_COMBINE = """\
+func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
+  %y = dist.all_reduce %x : tensor<4xi64> combine(%a, %b) {
+    %s = arith.addi %a, %b : tensor<4xi64>
+    %z = math.ctlz %s : tensor<4xi64>
+    dist.yield %z : tensor<4xi64>
+  }
+  func.return %y : tensor<4xi64>
 }
 """
 
@@ -541,13 +552,14 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
         (UNSUPPORTED_TOP_LEVEL, "arith.ceildivsi"),
         (UNSUPPORTED_IN_LOOP, "arith.floordivsi"),
         (UNSUPPORTED_IN_CALLEE, "arith.ceildivui"),
-        (UNSUPPORTED_PREDICATE, "arith.cmpf"),
+        (UNSUPPORTED_MATH, "math.ctpop"),
+        (UNSUPPORTED_MATH_IN_COMBINE, "math.ctlz"),
         pytest.param(
             UNSUPPORTED_IN_COMBINE,
             "arith.ceildivsi",
         ),
     ],
-    ids=["top-level", "in-scf-for", "in-callee", "cmpf-predicate", "in-combine-region"],
+    ids=["top-level", "in-scf-for", "in-callee", "math", "math-in-combine", "in-combine-region"],
 )
 def test_an_unsupported_op_is_a_compile_error_naming_it(tmp_path, source, op_name) -> None:
     path = tmp_path / "unsupported.mlir"

@@ -164,10 +164,11 @@ builtin.module {
 
 
 def test_build_program_verifies_what_it_builds() -> None:
-    from xdsl.utils.exceptions import VerifyException
+    from distir.errors import DistirError
 
-    with pytest.raises(VerifyException, match="needs an integer element type"):
+    with pytest.raises(DistirError, match="needs an integer element type") as info:
         b.build_program(lambda x: b.all_reduce(x, "bor"), [b.tensor_type("f32", [4])])
+    assert f"'dist.all_reduce' at {__file__}:" in str(info.value)
 
 
 def test_program_without_results_and_custom_name() -> None:
@@ -296,7 +297,7 @@ builtin.module {
 
 
 def test_a_transfer_between_undeclared_meshes_is_rejected() -> None:
-    from xdsl.utils.exceptions import VerifyException
+    from distir.errors import DistirError
 
     def body(w):
         return b.transfer(
@@ -308,7 +309,7 @@ def test_a_transfer_between_undeclared_meshes_is_rejected() -> None:
             global_shape=[4],
         )
 
-    with pytest.raises(VerifyException, match="no `dist.mesh` of that name"):
+    with pytest.raises(DistirError, match="no `dist.mesh` of that name"):
         b.build_program(body, [b.tensor_type("f32", [None])])
 
 

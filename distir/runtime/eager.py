@@ -1,0 +1,138 @@
+"""One collective without writing a program: `distir.all_reduce(x, ...)`.
+
+    y = distir.all_reduce(x, "sum")                                  # native
+    y = distir.all_reduce(x, combine=abs_max, commutative=True)      # custom
+
+`combine(a, b)` builds the combine region with the builder's helpers
+(`distir.ir.builder`: `arith`, `cmpf`, `select`, `math`, ...). The program
+is compiled on first use and cached by its signature (the kind or the
+combine function, `commutative`, the dtype and shape of `x`, the group), so
+later calls with the same signature only run it. Pass the same function
+object each time to hit the cache (a lambda written inline in a loop is a
+new function every iteration, and compiles every time).
+
+Runs on the current rank of `group` (default: the world), which must be
+initialised: inside `distir.launch` it is; under `torchrun` call
+`torch.distributed.init_process_group("gloo")` first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from distir.errors import DistirError
+from distir.runtime.program import Program, compile
+
+#: torch dtype -> IR element type of what `all_reduce` accepts
+_ELEMENTS: dict[torch.dtype, str] = {
+    torch.bool: "i1",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+}
+
+#: compiled programs kept, least recently used dropped first
+CACHE_SIZE = 128
+
+_cache: OrderedDict[tuple, Program] = OrderedDict()
+_lock = threading.Lock()
+
+
+def cached_programs() -> int:
+    """How many eager programs are compiled and kept."""
+    return len(_cache)
+
+
+def _program(
+    kind: str | None,
+    combine: Callable[..., Any] | None,
+    commutative: bool,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    deadline: float,
+) -> Program:
+    from distir.ir import builder
+
+    key = (kind, combine, commutative, dtype, shape, deadline)
+    with _lock:
+        program = _cache.get(key)
+        if program is not None:
+            _cache.move_to_end(key)
+            return program
+    element = _ELEMENTS.get(dtype)
+    if element is None:
+        raise DistirError(
+            f"distir.all_reduce takes tensors of {', '.join(map(str, _ELEMENTS))}, got {dtype}"
+        )
+
+    def body(x):
+        if combine is None:
+            return builder.all_reduce(x, kind)
+        return builder.all_reduce(x, combine=combine, commutative=commutative)
+
+    module = builder.build_program(body, [builder.tensor_type(element, list(shape))])
+    program = compile(module, deadline=deadline)
+    with _lock:
+        _cache[key] = program
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return program
+
+
+def all_reduce(
+    x: torch.Tensor,
+    kind: str | None = None,
+    *,
+    combine: Callable[..., Any] | None = None,
+    commutative: bool = False,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """All-reduce `x` across the ranks of `group` (default: the world) and
+    return the result (a new tensor; `x` is not modified).
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank.
+        kind: a native reduction: "sum", "prod", "min", "max", "band",
+            "bor", "bxor".
+        combine: instead of `kind`, `combine(a, b)` building the combine
+            region from builder helpers; it must be associative (rank order
+            is kept unless `commutative`).
+        commutative: the combine may be applied in any order (lets the ring
+            algorithms run it).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank)::
+
+        from distir.ir.builder import cmpf, math, select
+
+        def abs_max(a, b):
+            return select(cmpf("oge", math("absf", a), math("absf", b)), a, b)
+
+        total = distir.all_reduce(torch.ones(4), "sum")
+        largest = distir.all_reduce(x, combine=abs_max)
+    """
+    if (kind is None) == (combine is None):
+        raise DistirError("distir.all_reduce needs exactly one of `kind` and `combine`")
+    if not isinstance(x, torch.Tensor):
+        raise DistirError(f"distir.all_reduce takes a torch.Tensor, got {type(x).__name__}")
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise DistirError(
+            "distir.all_reduce needs an initialised process group: inside distir.launch "
+            "it is; under torchrun call torch.distributed.init_process_group('gloo') first"
+        )
+    program = _program(kind, combine, commutative, x.dtype, tuple(x.shape), deadline)
+    return program.run(x, group=group)
