@@ -57,5 +57,11 @@ class Poisoned(DistirError):
         self.first_failure = first_failure
 
 
+class NotDifferentiable(DistirError):
+    """A program ran on tensors that require grad, but an op on the path
+    from those inputs to the results has no derivative (the message names
+    it). Raised on the rank before any collective of the run."""
+
+
 class ProgramMismatch(DistirError):
     """Ranks run different programs, or some rank's inputs were rejected."""

@@ -36,6 +36,7 @@ from distir.ir.parsing import (
     parse_module,
 )
 from distir.passes import apply_pipeline
+from distir.runtime import autograd
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
 from distir.runtime.planning import Plan
@@ -196,6 +197,8 @@ class Program:
         base = binding.base
         base.domain.check(f"@{self.entry}")
         try:
+            # Before any collective: a rank that refuses never enters one.
+            autograd.refuse(self.entry, inputs)
             donated = _donated(donate, len(inputs))
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
             agree = self.agreement if agreement is None else agreement
