@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from xdsl.ir import Operation
+from xdsl.utils.exceptions import DiagnosticException
 
 from distir.ir.parsing import describe_op
 
@@ -57,7 +58,7 @@ class Poisoned(DistirError):
         self.first_failure = first_failure
 
 
-class NotDifferentiable(DistirError):
+class NotDifferentiable(DistirError, DiagnosticException):
     """A program ran on tensors that require grad, but an op on the path
     from those inputs to the results has no derivative (the message names
     it). Raised on the rank before any collective of the run."""

@@ -197,8 +197,10 @@ class Program:
         base = binding.base
         base.domain.check(f"@{self.entry}")
         try:
-            # Before any collective: a rank that refuses never enters one.
-            autograd.refuse(self.entry, inputs)
+            if autograd.records_gradient(inputs):  # one autograd node per run
+                return autograd.run_recorded(
+                    self, inputs, group=group, deadline=deadline, agreement=agreement, donate=donate
+                )
             donated = _donated(donate, len(inputs))
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
             agree = self.agreement if agreement is None else agreement
