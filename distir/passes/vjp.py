@@ -17,8 +17,9 @@ none makes the pass raise `NotDifferentiable` naming it.
 Collective rules (JAX's transposes, written with distir's own ops):
 
     all_reduce sum x (or a combine recognised as a sum)  ->  all_reduce sum dy
-    all_reduce max/min x  ->  all_reduce sum dy, kept on the lowest rank
-                              holding the extremum (others get 0)
+    all_reduce max/min    ->  refused (NotDifferentiable): the gradient goes
+                              to the rank holding the extremum, a mask that
+                              needs an elementwise tensor comparison
     broadcast x root k    ->  all_reduce sum dy, kept on rank k (others get 0)
     all_gather x [counts] ->  all_reduce sum dy, then this rank's slice
                               (offset rank*rows, or the sum of the counts
@@ -437,7 +438,7 @@ def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
     kind = op.kind.data if op.kind is not None else native_kind(op.combine.block)
     if kind is ReductionKind.SUM:
         return [t.all_reduce_sum(ct, op.group)]
-    if kind in (ReductionKind.MAX, ReductionKind.MIN):
+    if op.kind is not None and kind in (ReductionKind.MAX, ReductionKind.MIN):
         return [_extremum(t, op, ct)]
     what = (
         f"the native {op.kind.data.value} reduction"
@@ -448,9 +449,13 @@ def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
 
 
 def _extremum(t: _Transposer, op: AllReduceOp, ct: SSAValue) -> SSAValue:
-    """d max_r x_r / d x_s = 1 where s is the lowest rank holding the extremum."""
+    # The gradient is the summed cotangent masked to the (lowest) rank holding
+    # the extremum; that mask needs an elementwise tensor comparison, which
+    # the local ops cannot express (xDSL's arith.cmpf is scalar only).
     raise NotDifferentiable(
-        f"{describe_op(op)}: the gradient of a max/min all-reduce is not built yet"
+        f"{describe_op(op)}: the native {op.kind.data.value} "  # type: ignore[union-attr]
+        "reduction has no derivative here (its gradient needs an elementwise mask of the "
+        "rank holding the extremum, which distir's local ops cannot express)"
     )
 
 
