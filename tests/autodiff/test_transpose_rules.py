@@ -78,7 +78,7 @@ def check_gradients(text: str, inputs: Inputs, seed: int) -> None:
             for r, xs in enumerate(inputs)
         ]
 
-        def moved(step: float) -> Inputs:
+        def moved(step: float, directions=directions) -> Inputs:
             return [
                 [x if v is None else x + step * v for x, v in zip(xs, vs)]
                 for xs, vs in zip(inputs, directions)
