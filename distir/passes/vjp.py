@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects import arith, func, tensor
+from xdsl.dialects import arith, func, scf, tensor
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     FloatAttr,
@@ -173,9 +173,13 @@ def transpose_rule(*op_types: type[Operation]) -> Callable[[TransposeRule], Tran
 
 
 def _needs_rule(op: Operation) -> bool:
-    return any(is_float(v.type) for v in op.operands) or (
-        op.name.startswith("dist.") and any(is_float(r.type) for r in op.results)
-    )
+    """Whether gradients may flow through `op`: it reads a float value, is a
+    dist op or region op with a float result, or holds such an op."""
+    if any(is_float(v.type) for v in op.operands):
+        return True
+    if any(is_float(r.type) for r in op.results) and (op.name.startswith("dist.") or op.regions):
+        return True
+    return any(_needs_rule(inner) for region in op.regions for inner in region.walk())
 
 
 #: point-to-point ops transpose even when their cotangent is zero: the peer's
@@ -190,7 +194,10 @@ class _Transposer:
     residuals: list[SSAValue] = field(default_factory=list)
     float_inputs: list[int] = field(default_factory=list)
     float_results: list[int] = field(default_factory=list)
+    arguments: Block = field(init=False)
+    """The backward function's block, which residual arguments are added to."""
     _residual_args: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    _constants: dict[tuple[SSAValue, int], SSAValue] = field(default_factory=dict)
     _cotangents: dict[SSAValue, SSAValue] = field(default_factory=dict)
     _location: Attribute | None = None
 
@@ -201,6 +208,7 @@ class _Transposer:
         self.float_results = [i for i, t in enumerate(ftype.outputs.data) if is_float(t)]
         self.float_inputs = [i for i, t in enumerate(ftype.inputs.data) if is_float(t)]
         self.block = Block(arg_types=[ftype.outputs.data[i] for i in self.float_results])
+        self.arguments = self.block
         entry = self.function.body.block
         ret = entry.last_op
         assert isinstance(ret, func.ReturnOp)
@@ -223,13 +231,16 @@ class _Transposer:
 
     def transpose_block(self, block: Block) -> None:
         for op in reversed(list(block.ops)):
-            if isinstance(op, func.ReturnOp | YieldOp):
+            if isinstance(op, func.ReturnOp | YieldOp | scf.YieldOp):
                 continue
             self._location = op.location
+            if not _needs_rule(op):
+                continue
             if isinstance(op, WaveOp):
                 self.transpose_wave(op)
                 continue
-            if not _needs_rule(op):
+            if isinstance(op, scf.IfOp):
+                self.transpose_if(op)
                 continue
             rule = TRANSPOSE_RULES.get(type(op))
             if rule is None:
@@ -256,6 +267,46 @@ class _Transposer:
                 self.accumulate(value, cotangent)
         self.transpose_block(body)
 
+    def transpose_if(self, op: scf.IfOp) -> None:
+        """An `scf.if` on the same condition whose branches are the transposed
+        branches, yielding the cotangents of the outer values they read (so a
+        send in one branch and a recv in the other become a recv and a send).
+        Always emitted when it holds such ops: what each rank runs is decided
+        by the program, never by which cotangents happen to exist."""
+        outer: list[SSAValue] = []
+        for region in op.regions:
+            for inner in region.walk():
+                for value in inner.operands:
+                    owner = value.owner
+                    parent = (
+                        owner.parent_op() if isinstance(owner, Operation) else (owner.parent_op())
+                    )
+                    inside = parent is not None and op.is_ancestor(parent)
+                    if not inside and is_float(value.type) and value not in outer:
+                        outer.append(value)
+        condition = self.primal(op.cond)
+        result_cotangents = [self._cotangents.get(r) for r in op.results]
+        saved = self.block, self._cotangents
+        branches = []
+        for region in (op.true_region, op.false_region):
+            self.block, self._cotangents = Block(), {}
+            if region.blocks:
+                body = region.block
+                yielded = body.last_op
+                assert isinstance(yielded, scf.YieldOp)
+                for value, cotangent in zip(yielded.arguments, result_cotangents):
+                    if cotangent is not None and is_float(value.type):
+                        self.accumulate(value, cotangent)
+                self.transpose_block(body)
+            found = [self._cotangents.get(v) for v in outer]
+            self.emit(scf.YieldOp(*(c or self.zeros_like(v) for c, v in zip(found, outer))))
+            branches.append(Region(self.block))
+        self.block, self._cotangents = saved
+        self._location = op.location
+        transposed = self.emit(scf.IfOp(condition, [v.type for v in outer], *branches))
+        for value, cotangent in zip(outer, transposed.results):
+            self.accumulate(value, cotangent)
+
     # -- values ---------------------------------------------------------------
 
     def emit(self, op: Operation) -> Operation:
@@ -280,20 +331,24 @@ class _Transposer:
             return known
         owner = value.owner
         if isinstance(owner, arith.ConstantOp):
-            copy = self.emit(owner.clone())
-            self._residual_args[value] = copy.results[0]
-            return copy.results[0]
+            # rebuilt in the block being written (a branch's value is not
+            # visible outside it)
+            key = (value, id(self.block))
+            if key not in self._constants:
+                self._constants[key] = self.emit(owner.clone()).results[0]
+            return self._constants[key]
         source = value
         if isinstance(owner, Operation) and owner.parent_op() is not self.function:
-            wave = owner.parent_op()
-            yielded = wave.body.block.last_op if isinstance(wave, WaveOp) else None
+            region_op = owner.parent_op()
+            yielded = region_op.body.block.last_op if isinstance(region_op, WaveOp) else None
             if yielded is None or value not in yielded.arguments:
                 raise NotDifferentiable(
-                    f"{describe_op(owner)}: its backward needs this value, which is "
-                    "not visible outside its region (yield it from the wave)"
+                    f"{describe_op(owner)}: its backward needs this value, which is not "
+                    "visible outside its region (yield it from the wave, or compute it "
+                    "before the scf.if)"
                 )
-            source = wave.results[list(yielded.arguments).index(value)]
-        arg = self.block.insert_arg(source.type, len(self.block.args))
+            source = region_op.results[list(yielded.arguments).index(value)]
+        arg = self.arguments.insert_arg(source.type, len(self.arguments.args))
         arg.name_hint = value.name_hint
         self.residuals.append(source)
         self._residual_args[value] = arg

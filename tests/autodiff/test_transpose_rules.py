@@ -12,6 +12,7 @@ Hypothesis draws the op family, shapes, P in 2..5 and counts with zeros.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -266,11 +267,39 @@ func.func @main(%x: {t}, %w: {t}) -> ({t}, f64) {{
     return text, [[_floats([4], seed + r), _floats([4], seed + 20 + r)] for r in range(P)]
 
 
+def send_recv_in_branches(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    t = _t([3])
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> {t} {{
+  %r = dist.rank : index
+  %zero = arith.constant 0 : index
+  %one = arith.constant 1 : index
+  %first = arith.cmpi eq, %r, %zero : index
+  %second = arith.cmpi eq, %r, %one : index
+  %y = scf.if %first -> ({t}) {{
+    %sq = arith.mulf %x, %x : {t}
+    dist.send %sq to 1 : {t}
+    scf.yield %w : {t}
+  }} else {{
+    %z = scf.if %second -> ({t}) {{
+      %got = dist.recv from 0 : {t}
+      scf.yield %got : {t}
+    }} else {{
+      scf.yield %x : {t}
+    }}
+    scf.yield %z : {t}
+  }}
+  %out = arith.mulf %y, %w : {t}
+  func.return %out : {t}
+}}"""
+    return text, [[_floats([3], seed + r), _floats([3], seed + 30 + r)] for r in range(P)]
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
-        wave, transfer, extract_insert,
+        wave, transfer, extract_insert, send_recv_in_branches,
     )
 }  # fmt: skip
 
@@ -315,6 +344,24 @@ REFUSED = {
         "only a combine recognised as a sum",
     ),
 }
+
+
+def test_a_loop_carrying_floats_is_named():
+    text = """
+func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {
+  %lo = arith.constant 0 : index
+  %hi = arith.constant 2 : index
+  %step = arith.constant 1 : index
+  %y = scf.for %i = %lo to %hi step %step iter_args(%acc = %x) -> (tensor<3xf64>) {
+    %s = dist.all_reduce sum %acc : tensor<3xf64>
+    scf.yield %s : tensor<3xf64>
+  }
+  func.return %y : tensor<3xf64>
+}"""
+    program = distir.compile(text)
+    x = [[torch.ones(3)] for _ in range(2)]
+    with pytest.raises(NotDifferentiable, match=r"'scf.for' at <program>:6:.*no derivative"):
+        simulate_vjp(program, x, x)
 
 
 def test_ops_without_derivative_are_named_with_their_location():
