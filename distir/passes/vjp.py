@@ -452,7 +452,7 @@ def _select(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     ]
 
 
-@transpose_rule(arith.CmpfOp, AssertUniformOp)
+@transpose_rule(arith.CmpfOp, arith.FPToSIOp, tensor.DimOp, AssertUniformOp)
 def _no_gradient(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [None] * len(op.operands)  # piecewise constant, or no result
 
@@ -460,6 +460,36 @@ def _no_gradient(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
 @transpose_rule(tensor.CastOp)
 def _cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [cts[0]]  # `accumulate` casts back to the operand's type
+
+
+@transpose_rule(arith.ExtFOp, arith.TruncFOp)
+def _float_cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    back = arith.TruncFOp if isinstance(op, arith.ExtFOp) else arith.ExtFOp
+    return [t.emit(back(ct, op.operands[0].type)).results[0]]
+
+
+@transpose_rule(tensor.ConcatOp)
+def _concat(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    axis = op.dim.value.data  # type: ignore[attr-defined]
+    pieces: list[SSAValue | None] = []
+    offset: SSAValue | int = 0
+    for operand in op.operands:
+        sizes = t.shape_of(operand, primal=True)
+        offsets: list[SSAValue | int] = [0] * len(sizes)
+        offsets[axis] = offset
+        piece = tensor.ExtractSliceOp(ct, offsets, sizes, [1] * len(sizes), operand.type)
+        pieces.append(t.emit(piece).results[0])
+        rows = sizes[axis]
+        if isinstance(offset, int) and isinstance(rows, int):
+            offset += rows
+        else:
+            as_value = [t.index(v) if isinstance(v, int) else v for v in (offset, rows)]
+            offset = t.binary(arith.AddiOp, as_value[0], as_value[1])
+    return pieces
 
 
 @transpose_rule(tensor.ExtractOp)
