@@ -32,7 +32,7 @@ Collective rules (JAX's transposes, written with distir's own ops):
     transfer src -> dst   ->  transfer dst -> src, summing over the mesh axes
                               the destination replicates (a partial source
                               receives the replicated cotangent)
-    wave                  ->  the transposes of its ops, in reverse order
+    wave                  ->  a wave of its ops' transposes
 
 The reduce-scatter of an all-gather's cotangent and the reduce-to-root of a
 broadcast are an all-reduce then a local selection: distir has no
@@ -68,6 +68,7 @@ from xdsl.passes import ModulePass
 
 from distir.errors import NotDifferentiable
 from distir.ir.analysis import native_kind
+from distir.ir.collectives import CollectiveOp
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceOp,
@@ -80,7 +81,7 @@ from distir.ir.dialect import (
     YieldOp,
 )
 from distir.ir.mesh import TransferOp
-from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
+from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op
 from distir.passes._rewrite_utils import with_location
 
@@ -198,6 +199,8 @@ class _Transposer:
     """The backward function's block, which residual arguments are added to."""
     _residual_args: dict[SSAValue, SSAValue] = field(default_factory=dict)
     _constants: dict[tuple[SSAValue, int], SSAValue] = field(default_factory=dict)
+    _blocks: list[Block] = field(default_factory=list)
+    """Scratch blocks, kept alive so that their ids (keys of `_constants`) stay unique."""
     _cotangents: dict[SSAValue, SSAValue] = field(default_factory=dict)
     _location: Attribute | None = None
 
@@ -258,6 +261,10 @@ class _Transposer:
                     self.accumulate(operand, cotangent)
 
     def transpose_wave(self, wave: WaveOp) -> None:
+        """The transposed wave: the local ops that prepare the transposed
+        collectives, then those collectives as one wave, then the local ops
+        that use their results. (The wave's ops read no result of each
+        other, and so do their transposes.)"""
         body = wave.body.block
         yielded = body.last_op
         assert isinstance(yielded, YieldOp)
@@ -265,7 +272,46 @@ class _Transposer:
             cotangent = self._cotangents.get(result)
             if cotangent is not None:
                 self.accumulate(value, cotangent)
+        outer, scratch = self.block, Block()
+        self._blocks.append(scratch)
+        self.block = scratch
         self.transpose_block(body)
+        self.block = outer
+        ops = list(scratch.ops)
+        exchanges = [op for op in ops if isinstance(op, CollectiveOp | PeerOp)]
+        needed: set[Operation] = set()
+        pending = [v for op in exchanges for v in op.operands]
+        while pending:
+            owner = pending.pop().owner
+            if isinstance(owner, Operation) and owner.parent is scratch and owner not in needed:
+                needed.add(owner)
+                pending.extend(owner.operands)
+        for op in ops:
+            scratch.detach_op(op)
+        for op in ops:
+            if op in needed:
+                self.block.add_op(op)
+        if len(exchanges) < 2:
+            for op in exchanges:
+                self.block.add_op(op)
+        else:
+            inner = Block()
+            values = [r for op in exchanges for r in op.results]
+            for op in exchanges:
+                inner.add_op(op)
+            inner.add_op(YieldOp(*values))
+            transposed = WaveOp(Region(inner), [v.type for v in values])
+            with_location([transposed], wave.location)
+            self.block.add_op(transposed)
+            outside = dict(zip(values, transposed.results))
+            for value, result in outside.items():
+                value.replace_uses_with_if(
+                    result, lambda use: not isinstance(use.operation, YieldOp)
+                )
+            self._cotangents = {k: outside.get(v, v) for k, v in self._cotangents.items()}
+        for op in ops:
+            if op not in needed and op not in exchanges:
+                self.block.add_op(op)
 
     def transpose_if(self, op: scf.IfOp) -> None:
         """An `scf.if` on the same condition whose branches are the transposed

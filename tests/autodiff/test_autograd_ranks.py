@@ -47,6 +47,16 @@ func.func @main(%x: tensor<?x2xf32>, %c: tensor<3xi64>) -> tensor<?x2xf32> {
   %y = dist.all_gather %x counts(%c : tensor<3xi64>) axis 0 : tensor<?x2xf32> -> tensor<?x2xf32>
   func.return %y : tensor<?x2xf32>
 }""",
+    "wave": """
+func.func @main(%x: tensor<3xf32>) -> tensor<3xf32> {
+  %a, %b = dist.wave {
+    %s = dist.all_reduce sum %x : tensor<3xf32>
+    %t = dist.broadcast %x root 2 : tensor<3xf32>
+    dist.yield %s, %t : tensor<3xf32>, tensor<3xf32>
+  } : tensor<3xf32>, tensor<3xf32>
+  %y = arith.mulf %a, %b : tensor<3xf32>
+  func.return %y : tensor<3xf32>
+}""",
 }
 
 #: rank r sends SENDS[r][j] rows to rank j (zeros included)
@@ -56,7 +66,7 @@ COUNTS = [2, 0, 3]
 
 def _inputs(name: str, rank: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(rank)
-    if name == "all_reduce":
+    if name in ("all_reduce", "wave"):
         return [torch.rand(3, generator=g)]
     if name in ("broadcast", "all_gather"):
         return [torch.rand(2, 3, generator=g)]

@@ -70,11 +70,14 @@ def test_distir_opt_shows_the_backward_program():
     )
     assert proc.returncode == 0, proc.stderr
     backward = proc.stdout[proc.stdout.index("func.func @main_bwd") :]
-    assert backward.splitlines()[:4] == [
+    assert backward.splitlines()[:7] == [
         "func.func @main_bwd(%ds1: tensor<1024xf32>, %ds2: tensor<256x64xf32>) -> "
         "(tensor<1024xf32>, tensor<256x64xf32>) {",
-        "    %0 = dist.all_reduce sum %ds2 : tensor<256x64xf32>",
-        "    %1 = dist.all_reduce sum %ds1 : tensor<1024xf32>",
+        "    %0, %1 = dist.wave {",
+        "      %2 = dist.all_reduce sum %ds2 : tensor<256x64xf32>",
+        "      %3 = dist.all_reduce sum %ds1 : tensor<1024xf32>",
+        "      dist.yield %2, %3 : tensor<256x64xf32>, tensor<1024xf32>",
+        "    } : tensor<256x64xf32>, tensor<1024xf32>",
         "    func.return %1, %0 : tensor<1024xf32>, tensor<256x64xf32>",
     ]
 
