@@ -114,6 +114,14 @@ def gradients_worker(ctx) -> dict:
     x = torch.ones(3, requires_grad=True)
     ((ctx.rank + 1) * program.run(x).sum()).backward()
     out["issue"] = x.grad.clone()
+    with torch.no_grad():  # not recorded: a plain run
+        out["no_grad"] = program.run(x).requires_grad
+    out["detached"] = program.run(x.detach()).requires_grad
+    try:
+        program.run(x, donate=True)
+        out["donated"] = "ran"
+    except DistirError as e:  # refused on every rank, before any collective
+        out["donated"] = f"{type(e).__name__}: {e}"
     dist.barrier()
     return out
 
@@ -130,6 +138,16 @@ def outcomes():
 def test_the_gradient_of_an_all_reduce_counts_every_rank(outcomes):
     for rank in range(P):
         assert torch.equal(outcomes[rank]["issue"], torch.full((3,), 6.0))
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_runs_not_recorded_stay_plain_and_donating_a_tensor_requiring_grad_is_refused(outcomes):
+    for rank in range(P):
+        assert outcomes[rank]["no_grad"] is False and outcomes[rank]["detached"] is False
+        assert outcomes[rank]["donated"] == (
+            "ProgramInputError: @main: inputs [0] require grad and cannot be donated"
+        )
 
 
 @pytest.mark.multirank
