@@ -27,11 +27,11 @@ def global_objective(program, inputs: Inputs, cotangents: Inputs) -> float:
 
 
 def check_gradients(
-    text: str, inputs: Inputs, seed: int, step: float = 1e-3, tolerance: float = 1e-6
+    text: str, inputs: Inputs, seed: int, step: float = 1e-4, tolerance: float = 1e-6
 ) -> None:
     """The backward program's gradients are ∂F/∂x along two random directions
-    (quantised to multiples of `step` when it is a power of two, so that
-    inputs on a grid stay on it)."""
+    (a step of 1/8 or more is a grid step: directions and cotangents are
+    then multiples of 1/8, so that inputs on that grid stay on it)."""
     program = distir.compile(text)
     results = [o if isinstance(o, tuple) else (o,) for o in program.simulate(inputs)]
     cotangents = [
@@ -42,7 +42,7 @@ def check_gradients(
         ]
         for r, out in enumerate(results)
     ]
-    if step != 1e-3:  # the cotangents cross the f32 round trip too
+    if step >= 0.125:  # on a grid: the cotangents cross the f32 round trip too
         cotangents = [[torch.round(c * 8) / 8 for c in cs] for cs in cotangents]
     forward, gradients = simulate_vjp(program, inputs, cotangents)
     for mine, plain in zip(forward, results):
@@ -64,7 +64,7 @@ def check_gradients(
             ]
             for r, xs in enumerate(inputs)
         ]
-        if step != 1e-3:
+        if step >= 0.125:
             directions = [
                 [v if v is None else torch.round(v * 8) / 8 for v in vs] for vs in directions
             ]
