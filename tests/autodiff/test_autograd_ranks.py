@@ -254,3 +254,74 @@ def test_a_rank_failing_during_backward_is_named_on_its_peer(scenario):
         assert reports[1]["backward"]["error"] == "RuntimeError"
         late = reports[1]["next run"]
         assert late["distir"] and late["seconds"] < DEADLINE_S + 2, late
+
+
+# -- five ranks: zero counts, partial transfers, point-to-point in branches --------
+
+
+class _Drawn:
+    """Feeds a program family (tests/autodiff/test_transpose_rules.py) the
+    values it would draw, in order: fixed cases for real ranks."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def __call__(self, strategy):
+        return self.values.pop(0)
+
+
+def _five_rank_cases() -> dict[str, tuple[str, list[list[torch.Tensor]]]]:
+    import test_transpose_rules as families
+
+    P5 = 5
+    sends = [[0, 2, 0, 1, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [2, 1, 1, 0, 3], [0, 0, 1, 0, 1]]
+    return {
+        "all_to_all": families.all_to_all(_Drawn(*sends, 2), P5, 11),
+        "uneven all_gather": families.gather_uneven(_Drawn([2, 0, 1, 0, 3], 2), P5, 12),
+        "transfer": families.transfer(_Drawn(5, 3, "[*, *] partial [0] to @m [0, *]"), P5, 13),
+        "send_recv": families.send_recv_in_branches(_Drawn(), P5, 14),
+    }
+
+
+def _cotangents(results, rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [
+        torch.rand(y.shape, generator=g, dtype=y.dtype) for y in results if y.is_floating_point()
+    ]
+
+
+def five_rank_worker(ctx) -> dict:
+    out = {}
+    for name, (text, inputs_per_rank) in _five_rank_cases().items():
+        program = distir.compile(text, deadline=20.0)
+        inputs = [
+            x.clone().requires_grad_(True) if x.is_floating_point() else x
+            for x in inputs_per_rank[ctx.rank]
+        ]
+        results = program.run(*inputs)
+        results = results if isinstance(results, tuple) else (results,)
+        floats = [y for y in results if y.is_floating_point()]
+        loss = sum((y * c).sum() for y, c in zip(floats, _cotangents(results, ctx.rank)))
+        loss.backward()
+        out[name] = [
+            None if x.grad is None else x.grad.clone() for x in inputs if x.is_floating_point()
+        ]
+    dist.barrier()
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_five_ranks_gradients_equal_the_simulated_backward():
+    outcomes = launch(five_rank_worker, 5, pass_context=True, timeout=100)
+    for name, (text, inputs) in _five_rank_cases().items():
+        program = distir.compile(text)
+        results = [r if isinstance(r, tuple) else (r,) for r in program.simulate(inputs)]
+        cotangents = [_cotangents(results[r], r) for r in range(5)]
+        _, gradients = simulate_vjp(program, inputs, cotangents)
+        for rank in range(5):
+            expected = [g for g in gradients[rank] if g is not None]
+            got = outcomes[rank][name]
+            assert len(got) == len(expected)
+            for a, b in zip(got, expected):
+                assert torch.allclose(a, b, atol=1e-12), (name, rank, a, b)
