@@ -538,6 +538,61 @@ def _concat(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return pieces
 
 
+@transpose_rule(tensor.ExtractSliceOp)
+def _extract_slice(t: _Transposer, op: tensor.ExtractSliceOp, cts: list[SSAValue | None]):
+    """The cotangent padded with zeros back to the source's shape, one axis
+    at a time (a concat of zeros, the cotangent and zeros)."""
+    (ct,) = cts
+    assert ct is not None
+    source = op.source
+    source_type = source.type
+    assert isinstance(source_type, TensorType)
+    strides = op.static_strides.get_values()
+    if op.strides or any(stride != 1 for stride in strides):
+        raise NotDifferentiable(f"{describe_op(op)}: only a slice of unit strides has a derivative")
+    if op.result.type.get_num_dims() != source_type.get_num_dims():  # type: ignore[attr-defined]
+        raise NotDifferentiable(f"{describe_op(op)}: a rank-reducing slice has no derivative here")
+
+    def values(static: Sequence[int], dynamic: Sequence[SSAValue]) -> list[SSAValue | int]:
+        it = iter(dynamic)
+        return [t.primal(next(it)) if v == DYNAMIC_INDEX else v for v in static]
+
+    offsets = values(op.static_offsets.get_values(), op.offsets)
+    sizes = values(op.static_sizes.get_values(), op.sizes)
+    dims = t.shape_of(source, primal=True)
+    padded = ct
+    shape = list(sizes)
+    for axis, (offset, size, dim) in enumerate(zip(offsets, sizes, dims)):
+        after = _minus(t, _minus(t, dim, offset), size)
+        pieces = []
+        for rows in (offset, after):
+            piece_shape = list(shape)
+            piece_shape[axis] = rows
+            pieces.append(_zeros(t, piece_shape, source_type.element_type))
+        shape[axis] = dim
+        result_type = TensorType(
+            source_type.element_type, [d if isinstance(d, int) else DYNAMIC_INDEX for d in shape]
+        )
+        padded = t.emit(
+            tensor.ConcatOp([pieces[0], padded, pieces[1]], axis, result_type)  # type: ignore[arg-type]
+        ).results[0]
+    return [padded, *([None] * (len(op.operands) - 1))]
+
+
+def _minus(t: _Transposer, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:
+    if isinstance(a, int) and isinstance(b, int):
+        return a - b
+    left, right = (t.index(v) if isinstance(v, int) else v for v in (a, b))
+    return t.binary(arith.SubiOp, left, right)
+
+
+def _zeros(t: _Transposer, shape: Sequence[SSAValue | int], element: Attribute) -> SSAValue:
+    zero = t.emit(arith.ConstantOp(FloatAttr(0.0, element))).results[0]  # type: ignore[arg-type]
+    result_type = TensorType(element, [d if isinstance(d, int) else DYNAMIC_INDEX for d in shape])
+    dynamic = [d for d in shape if isinstance(d, SSAValue)]
+    return t.emit(tensor.SplatOp(zero, dynamic, result_type)).results[0]
+
+
 @transpose_rule(tensor.ExtractOp)
 def _extract(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts

@@ -227,6 +227,24 @@ func.func @main(%x: {t}, %w: {t}) -> {t} {{
     return text, [[_floats([3], seed + r), _floats([3], seed + 30 + r)] for r in range(P)]
 
 
+def slices(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    n = draw(st.integers(1, 4))
+    row = draw(st.integers(0, n - 1))
+    rows = draw(st.integers(0, n - row))
+    col, cols = draw(st.integers(0, 2)), 1
+    dynamic = draw(st.booleans())
+    t, r = _t([None if dynamic else n, 3]), _t([rows, cols])
+    offset = "%o" if dynamic else str(row)
+    text = f"""
+func.func @main(%x: {t}, %o: index) -> {r} {{
+  %s = dist.all_reduce sum %x : {t}
+  %e = tensor.extract_slice %s[{offset}, {col}] [{rows}, {cols}] [1, 1] : {t} to {r}
+  %m = arith.mulf %e, %e : {r}
+  func.return %m : {r}
+}}"""
+    return text, [[_floats([n, 3], seed + q), torch.tensor(row)] for q in range(P)]
+
+
 def concat_and_casts(draw, P: int, seed: int) -> tuple[str, Inputs]:
     a, b = draw(st.integers(0, 3)), draw(st.integers(0, 3))
     ta, tb, tc = _t([None, 2]), _t([b, 2]), _t([None, 2])
@@ -260,6 +278,7 @@ FAMILIES = {
     for f in (
         sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
+        slices,
     )
 }  # fmt: skip
 
