@@ -20,7 +20,16 @@ What is agreed: the forward program differs from the plain one (it has
 another entry and fingerprint), so ranks of which some record gradients and
 some do not fail the agreement together (`ProgramMismatch`) instead of
 running different backwards. A program with an op that has no derivative is
-refused with `NotDifferentiable` before any collective.
+refused with `NotDifferentiable` before any collective (that rank poisons
+its domain, so a peer that went on is told within its deadline + 2 s).
+
+Limits: with `agreement=False` nothing checks that every rank records
+gradients, so a rank that does not leaves its peers to their deadline in
+the backward. Several runs in one autograd graph are backpropagated in the
+order torch's engine picks, the same on every rank only when every rank
+built the same graph (SPMD code does); each backward run's agreement
+catches ranks that disagree. Double backward (`create_graph=True`)
+differentiates the backward program the same way, untested.
 """
 
 from __future__ import annotations
