@@ -55,6 +55,10 @@ from xdsl.context import Context
 from xdsl.dialects import arith, func, scf, tensor
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
     FloatAttr,
     FunctionType,
     IndexType,
@@ -85,11 +89,14 @@ from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op
 from distir.passes._rewrite_utils import with_location
 
+#: element types that carry gradients
+FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type, Float64Type)
+
 
 def is_float(t: Attribute) -> bool:
     """Whether values of type `t` carry gradients (float tensors and scalars)."""
     element = t.element_type if isinstance(t, TensorType) else t
-    return element.name.startswith(("f", "bf")) if hasattr(element, "name") else False
+    return isinstance(element, FLOAT_TYPES)
 
 
 @dataclass(frozen=True)
