@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from xdsl.ir import Operation
+from xdsl.utils.exceptions import DiagnosticException
 
 from distir.ir.parsing import describe_op
 
@@ -60,6 +61,12 @@ class Poisoned(DistirError):
     def __init__(self, message: str, first_failure: str):
         super().__init__(message)
         self.first_failure = first_failure
+
+
+class NotDifferentiable(DistirError, DiagnosticException):
+    """A program ran on tensors that require grad, but an op on the path
+    from those inputs to the results has no derivative (the message names
+    it). Raised on the rank before any collective of the run."""
 
 
 class ProgramMismatch(DistirError):

@@ -84,6 +84,7 @@ DISTIR_PASSES: dict[str, PassFactory] = {
     "bucket-all-reduces": _bucket_all_reduces,
     "verify-spmd": _verify_spmd,
     "print-transfer-maps": _print_transfer_maps,
+    "vjp": lambda: __import__("distir.passes.vjp", fromlist=["VJPPass"]).VJPPass,
 }
 
 

@@ -36,6 +36,7 @@ from distir.ir.parsing import (
     parse_module,
 )
 from distir.passes import apply_pipeline
+from distir.runtime import autograd
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
 from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
@@ -174,6 +175,10 @@ class Program:
         base = binding.base
         base.domain.check(f"@{self.entry}")
         try:
+            if autograd.records_gradient(inputs):  # one autograd node per run
+                return autograd.run_recorded(
+                    self, inputs, group=group, deadline=deadline, donate=donate
+                )
             writable = writable_inputs(inputs, donate)
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
             binding.configure(deadline_s)

@@ -1,0 +1,783 @@
+"""`vjp`: the backward of a program is a distir program.
+
+For the entry function `@main(x...) -> (y...)` the pass adds two functions:
+
+- `@main_fwd(x...) -> (y..., residuals...)`: `@main` itself, also returning
+  the primal values its backward reads (operands of nonlinear ops, the
+  counts an exchange used, the rank a broadcast compares with its root);
+- `@main_bwd(dy..., residuals...) -> (dx...)`: one cotangent per float
+  result of `@main`, one gradient per float argument, computed by walking
+  `@main` backwards and applying each op's *transpose rule*.
+
+Only float tensors (and float scalars) carry gradients; integer and index
+values are constants of the differentiation. A transpose rule exists for
+every op where the math defines one; an op that reads a float value and has
+none makes the pass raise `NotDifferentiable` naming it.
+
+Collective rules (JAX's transposes, written with distir's own ops):
+
+    all_reduce sum x (or a combine recognised as a sum)  ->  all_reduce sum dy
+    all_reduce max/min    ->  refused (NotDifferentiable): the gradient goes
+                              to the rank holding the extremum, a mask that
+                              needs an elementwise tensor comparison
+    broadcast x root k    ->  all_reduce sum dy, kept on rank k (others get 0)
+    all_gather x [counts] ->  all_reduce sum dy, then this rank's slice
+                              (offset rank*rows, or the sum of the counts
+                              of lower ranks)
+    variable_all_to_all x, send -> (y, recv)
+                          ->  variable_all_to_all dy, recv (the reverse
+                              exchange: swapped counts)
+    send x to d           ->  recv from d        recv from s -> send dy to s
+    sendrecv x to d from s -> sendrecv dy to s from d
+    transfer src -> dst   ->  transfer dst -> src, summing over the mesh axes
+                              the destination replicates (a partial source
+                              receives the replicated cotangent)
+    wave                  ->  a wave of its ops' transposes
+
+The reduce-scatter of an all-gather's cotangent and the reduce-to-root of a
+broadcast are an all-reduce then a local selection: distir has no
+reduce-scatter or reduce op, and an all-reduce of the cotangent keeps the
+backward one collective per forward collective (the same count and order on
+every rank, which is what the agreement checks). It moves P times the bytes
+of a reduce-scatter; correctness first.
+
+    %y = dist.all_reduce sum %x : tensor<4xf32>        // in @main
+    // becomes, in @main_bwd(%dy):
+    %dx = dist.all_reduce sum %dy : tensor<4xf32>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf, tensor
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    FunctionType,
+    IndexType,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from distir.errors import NotDifferentiable
+from distir.ir.analysis import native_kind
+from distir.ir.collectives import CollectiveOp
+from distir.ir.dialect import (
+    AllGatherOp,
+    AllReduceOp,
+    AssertUniformOp,
+    BroadcastOp,
+    RankOp,
+    ReductionKind,
+    VariableAllToAllOp,
+    WaveOp,
+    YieldOp,
+)
+from distir.ir.mesh import TransferOp
+from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ir.parsing import describe_op
+from distir.passes._rewrite_utils import with_location
+
+#: element types that carry gradients
+FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type, Float64Type)
+
+
+def is_float(t: Attribute) -> bool:
+    """Whether values of type `t` carry gradients (float tensors and scalars)."""
+    element = t.element_type if isinstance(t, TensorType) else t
+    return isinstance(element, FLOAT_TYPES)
+
+
+@dataclass(frozen=True)
+class VJPFunctions:
+    """The names and arities of the functions `add_vjp` adds."""
+
+    forward: str
+    backward: str
+    results: int
+    """How many results of `forward` are the entry's (the rest are residuals)."""
+    float_inputs: tuple[int, ...]
+    """The entry arguments `backward` returns a gradient for, in order."""
+    float_results: tuple[int, ...]
+    """The entry results `backward` takes a cotangent for, in order."""
+
+
+def _entry(module: ModuleOp, name: str) -> func.FuncOp:
+    for op in module.ops:
+        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+            return op
+    raise NotDifferentiable(f"the module has no entry function @{name}")
+
+
+def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
+    """Adds `@{entry}_fwd` and `@{entry}_bwd` to `module` (see the module
+    docstring); raises `NotDifferentiable` naming the first op without a
+    transpose rule."""
+    function = _entry(module, entry)
+    names = (f"{entry}_fwd", f"{entry}_bwd")
+    if any(isinstance(op, func.FuncOp) and op.sym_name.data in names for op in module.ops):
+        raise NotDifferentiable(f"@{entry} already has {names[0]} or {names[1]}")
+    transposer = _Transposer(function)
+    backward = transposer.backward(names[1])
+    forward = _forward(function, names[0], transposer.residuals)
+    module.body.block.insert_op_after(forward, function)
+    module.body.block.insert_op_after(backward, forward)
+    return VJPFunctions(
+        forward=names[0],
+        backward=names[1],
+        results=len(function.function_type.outputs.data),
+        float_inputs=tuple(transposer.float_inputs),
+        float_results=tuple(transposer.float_results),
+    )
+
+
+def _forward(function: func.FuncOp, name: str, residuals: Sequence[SSAValue]) -> func.FuncOp:
+    """`function` renamed, also returning `residuals` (its own values)."""
+    mapping: dict[SSAValue, SSAValue] = {}
+    forward = function.clone(value_mapper=mapping)
+    forward.sym_name = StringAttr(name)
+    ret = forward.body.block.last_op
+    assert isinstance(ret, func.ReturnOp)
+    extra = [mapping.get(v, v) for v in residuals]
+    new_ret = func.ReturnOp(*ret.arguments, *extra)
+    new_ret.location = ret.location
+    forward.body.block.insert_op_before(new_ret, ret)
+    forward.body.block.erase_op(ret)
+    outputs = [*function.function_type.outputs.data, *(v.type for v in residuals)]
+    forward.function_type = FunctionType.from_lists(
+        list(function.function_type.inputs.data), outputs
+    )
+    return forward
+
+
+#: (transposer, op, result cotangents) -> operand cotangents (None: none)
+TransposeRule = Callable[
+    ["_Transposer", Operation, list[SSAValue | None]], Sequence[SSAValue | None]
+]
+
+TRANSPOSE_RULES: dict[type[Operation], TransposeRule] = {}
+
+
+def transpose_rule(*op_types: type[Operation]) -> Callable[[TransposeRule], TransposeRule]:
+    """Registers the transpose rule of ops (beside the op's other rules)."""
+
+    def register(rule: TransposeRule) -> TransposeRule:
+        for op_type in op_types:
+            TRANSPOSE_RULES[op_type] = rule
+        return rule
+
+    return register
+
+
+def _needs_rule(op: Operation) -> bool:
+    """Whether gradients may flow through `op`: it reads a float value, is a
+    dist op or region op with a float result, or holds such an op."""
+    if any(is_float(v.type) for v in op.operands):
+        return True
+    if any(is_float(r.type) for r in op.results) and (op.name.startswith("dist.") or op.regions):
+        return True
+    return any(_needs_rule(inner) for region in op.regions for inner in region.walk())
+
+
+#: point-to-point ops transpose even when their cotangent is zero: the peer's
+#: transposed op (always emitted) must find its partner
+_ALWAYS = (SendOp, RecvOp, SendRecvOp)
+
+
+@dataclass
+class _Transposer:
+    function: func.FuncOp
+    block: Block = field(init=False)
+    residuals: list[SSAValue] = field(default_factory=list)
+    float_inputs: list[int] = field(default_factory=list)
+    float_results: list[int] = field(default_factory=list)
+    arguments: Block = field(init=False)
+    """The backward function's block, which residual arguments are added to."""
+    _residual_args: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    _constants: dict[tuple[SSAValue, int], SSAValue] = field(default_factory=dict)
+    _blocks: list[Block] = field(default_factory=list)
+    """Scratch blocks, kept alive so that their ids (keys of `_constants`) stay unique."""
+    _cotangents: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    _location: Attribute | None = None
+
+    # -- building the backward function ---------------------------------------
+
+    def backward(self, name: str) -> func.FuncOp:
+        ftype = self.function.function_type
+        self.float_results = [i for i, t in enumerate(ftype.outputs.data) if is_float(t)]
+        self.float_inputs = [i for i, t in enumerate(ftype.inputs.data) if is_float(t)]
+        self.block = Block(arg_types=[ftype.outputs.data[i] for i in self.float_results])
+        self.arguments = self.block
+        entry = self.function.body.block
+        ret = entry.last_op
+        assert isinstance(ret, func.ReturnOp)
+        for arg, i in zip(self.block.args, self.float_results):
+            hint = ret.arguments[i].name_hint
+            arg.name_hint = f"d{hint}" if hint else None
+            self.accumulate(ret.arguments[i], arg)
+        self._location = self.function.location
+        self.transpose_block(entry)
+        results = []
+        for i in self.float_inputs:
+            value = entry.args[i]
+            results.append(self._cotangents.get(value) or self.zeros_like(value))
+        self.emit(func.ReturnOp(*results))
+        inputs = [a.type for a in self.block.args]
+        outputs = [ftype.inputs.data[i] for i in self.float_inputs]
+        backward = func.FuncOp(name, (inputs, outputs), Region(self.block))
+        backward.location = self.function.location
+        return backward
+
+    def transpose_block(self, block: Block) -> None:
+        for op in reversed(list(block.ops)):
+            if isinstance(op, func.ReturnOp | YieldOp | scf.YieldOp):
+                continue
+            self._location = op.location
+            if not _needs_rule(op):
+                continue
+            if isinstance(op, WaveOp):
+                self.transpose_wave(op)
+                continue
+            if isinstance(op, scf.IfOp):
+                self.transpose_if(op)
+                continue
+            rule = TRANSPOSE_RULES.get(type(op))
+            if rule is None:
+                raise NotDifferentiable(
+                    f"{describe_op(op)}: '{op.name}' has no derivative (no transpose rule); "
+                    "run it on values that do not require grad"
+                )
+            cotangents = [self._cotangents.get(r) for r in op.results]
+            if not isinstance(op, _ALWAYS) and all(c is None for c in cotangents):
+                # No result reaches a float output: no gradient flows here (on
+                # every rank alike, since this is decided by the program only).
+                continue
+            for operand, cotangent in zip(op.operands, rule(self, op, cotangents)):
+                if cotangent is not None and is_float(operand.type):
+                    self.accumulate(operand, cotangent)
+
+    def transpose_wave(self, wave: WaveOp) -> None:
+        """The transposed wave: the local ops that prepare the transposed
+        collectives, then those collectives as one wave, then the local ops
+        that use their results. (The wave's ops read no result of each
+        other, and so do their transposes.)"""
+        body = wave.body.block
+        yielded = body.last_op
+        assert isinstance(yielded, YieldOp)
+        for result, value in zip(wave.outputs, yielded.arguments):
+            cotangent = self._cotangents.get(result)
+            if cotangent is not None:
+                self.accumulate(value, cotangent)
+        outer, scratch = self.block, Block()
+        self._blocks.append(scratch)
+        self.block = scratch
+        self.transpose_block(body)
+        self.block = outer
+        ops = list(scratch.ops)
+        exchanges = [op for op in ops if isinstance(op, CollectiveOp | PeerOp)]
+        needed: set[Operation] = set()
+        pending = [v for op in exchanges for v in op.operands]
+        while pending:
+            owner = pending.pop().owner
+            if isinstance(owner, Operation) and owner.parent is scratch and owner not in needed:
+                needed.add(owner)
+                pending.extend(owner.operands)
+        for op in ops:
+            scratch.detach_op(op)
+        for op in ops:
+            if op in needed:
+                self.block.add_op(op)
+        if len(exchanges) < 2:
+            for op in exchanges:
+                self.block.add_op(op)
+        else:
+            inner = Block()
+            values = [r for op in exchanges for r in op.results]
+            for op in exchanges:
+                inner.add_op(op)
+            inner.add_op(YieldOp(*values))
+            transposed = WaveOp(Region(inner), [v.type for v in values])
+            with_location([transposed], wave.location)
+            self.block.add_op(transposed)
+            outside = dict(zip(values, transposed.results))
+            for value, result in outside.items():
+                value.replace_uses_with_if(
+                    result, lambda use: not isinstance(use.operation, YieldOp)
+                )
+            self._cotangents = {k: outside.get(v, v) for k, v in self._cotangents.items()}
+        for op in ops:
+            if op not in needed and op not in exchanges:
+                self.block.add_op(op)
+
+    def transpose_if(self, op: scf.IfOp) -> None:
+        """An `scf.if` on the same condition whose branches are the transposed
+        branches, yielding the cotangents of the outer values they read (so a
+        send in one branch and a recv in the other become a recv and a send).
+        Always emitted when it holds such ops: what each rank runs is decided
+        by the program, never by which cotangents happen to exist."""
+        outer: list[SSAValue] = []
+        for region in op.regions:
+            for inner in region.walk():
+                for value in inner.operands:
+                    owner = value.owner
+                    parent = (
+                        owner.parent_op() if isinstance(owner, Operation) else (owner.parent_op())
+                    )
+                    inside = parent is not None and op.is_ancestor(parent)
+                    if not inside and is_float(value.type) and value not in outer:
+                        outer.append(value)
+        condition = self.primal(op.cond)
+        result_cotangents = [self._cotangents.get(r) for r in op.results]
+        saved = self.block, self._cotangents
+        branches = []
+        for region in (op.true_region, op.false_region):
+            self.block, self._cotangents = Block(), {}
+            if region.blocks:
+                body = region.block
+                yielded = body.last_op
+                assert isinstance(yielded, scf.YieldOp)
+                for value, cotangent in zip(yielded.arguments, result_cotangents):
+                    if cotangent is not None and is_float(value.type):
+                        self.accumulate(value, cotangent)
+                self.transpose_block(body)
+            found = [self._cotangents.get(v) for v in outer]
+            self.emit(scf.YieldOp(*(c or self.zeros_like(v) for c, v in zip(found, outer))))
+            branches.append(Region(self.block))
+        self.block, self._cotangents = saved
+        self._location = op.location
+        transposed = self.emit(scf.IfOp(condition, [v.type for v in outer], *branches))
+        for value, cotangent in zip(outer, transposed.results):
+            self.accumulate(value, cotangent)
+
+    # -- values ---------------------------------------------------------------
+
+    def emit(self, op: Operation) -> Operation:
+        if self._location is not None:
+            with_location([op], self._location)  # type: ignore[arg-type]
+        self.block.add_op(op)
+        return op
+
+    def accumulate(self, value: SSAValue, cotangent: SSAValue) -> None:
+        if cotangent.type != value.type:
+            cotangent = self.emit(tensor.CastOp(cotangent, value.type)).results[0]
+        known = self._cotangents.get(value)
+        self._cotangents[value] = (
+            cotangent if known is None else self.emit(arith.AddfOp(known, cotangent)).result
+        )
+
+    def primal(self, value: SSAValue) -> SSAValue:
+        """`value` of the forward run, in the backward function: a constant is
+        rebuilt, anything else becomes a residual argument."""
+        known = self._residual_args.get(value)
+        if known is not None:
+            return known
+        owner = value.owner
+        if isinstance(owner, arith.ConstantOp):
+            # rebuilt in the block being written (a branch's value is not
+            # visible outside it)
+            key = (value, id(self.block))
+            if key not in self._constants:
+                self._constants[key] = self.emit(owner.clone()).results[0]
+            return self._constants[key]
+        source = value
+        if isinstance(owner, Operation) and owner.parent_op() is not self.function:
+            region_op = owner.parent_op()
+            yielded = region_op.body.block.last_op if isinstance(region_op, WaveOp) else None
+            if yielded is None or value not in yielded.arguments:
+                raise NotDifferentiable(
+                    f"{describe_op(owner)}: its backward needs this value, which is not "
+                    "visible outside its region (yield it from the wave, or compute it "
+                    "before the scf.if)"
+                )
+            source = region_op.results[list(yielded.arguments).index(value)]
+        arg = self.arguments.insert_arg(source.type, len(self.arguments.args))
+        arg.name_hint = value.name_hint
+        self.residuals.append(source)
+        self._residual_args[value] = arg
+        return arg
+
+    def index(self, number: int) -> SSAValue:
+        return self.emit(arith.ConstantOp(IntegerAttr(number, IndexType()))).results[0]
+
+    def shape_of(self, value: SSAValue, primal: bool) -> list[SSAValue | int]:
+        """The dims of `value` (a forward value when `primal`), static ones as ints."""
+        t = value.type
+        assert isinstance(t, TensorType)
+        dims: list[SSAValue | int] = []
+        for i, size in enumerate(t.get_shape()):
+            if size != DYNAMIC_INDEX:
+                dims.append(size)
+                continue
+            source = self.primal(value) if primal else value
+            dims.append(self.emit(tensor.DimOp(source, self.index(i))).results[0])
+        return dims
+
+    def zeros_like(self, value: SSAValue, primal: bool = True) -> SSAValue:
+        t = value.type
+        element = t.element_type if isinstance(t, TensorType) else t
+        zero = self.emit(arith.ConstantOp(FloatAttr(0.0, element))).results[0]  # type: ignore[arg-type]
+        if not isinstance(t, TensorType):
+            return zero
+        dynamic = [d for d in self.shape_of(value, primal) if isinstance(d, SSAValue)]
+        return self.emit(tensor.SplatOp(zero, dynamic, t)).results[0]
+
+    def or_zeros(self, cotangent: SSAValue | None, like: SSAValue) -> SSAValue:
+        return cotangent if cotangent is not None else self.zeros_like(like)
+
+    def binary(self, op_type: type[Operation], a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.emit(op_type(a, b)).results[0]  # type: ignore[call-arg]
+
+    def on_rank(self, group, rank: SSAValue, kept: SSAValue) -> SSAValue:
+        """`kept` on the rank of `group` equal to `rank`, zeros elsewhere."""
+        me = self.emit(RankOp(group)).results[0]
+        is_it = self.emit(arith.CmpiOp(me, rank, "eq")).results[0]
+        zeros = self.zeros_like(kept, primal=False)
+        return self.emit(arith.SelectOp(is_it, kept, zeros)).results[0]
+
+    def all_reduce_sum(self, value: SSAValue, group) -> SSAValue:
+        return self.emit(AllReduceOp(value, kind=ReductionKind.SUM, group=group)).results[0]
+
+
+# -- local ops ----------------------------------------------------------------
+
+
+@transpose_rule(arith.AddfOp)
+def _addf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    return [cts[0], cts[0]]
+
+
+@transpose_rule(arith.SubfOp)
+def _subf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    return [ct, t.emit(arith.NegfOp(ct)).results[0]]
+
+
+@transpose_rule(arith.NegfOp)
+def _negf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    assert cts[0] is not None
+    return [t.emit(arith.NegfOp(cts[0])).results[0]]
+
+
+@transpose_rule(arith.MulfOp)
+def _mulf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    a, b = op.operands
+    return [t.binary(arith.MulfOp, ct, t.primal(b)), t.binary(arith.MulfOp, ct, t.primal(a))]
+
+
+@transpose_rule(arith.DivfOp)
+def _divf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    # y = a / b: da = dy / b, db = -dy * y / b
+    (ct,) = cts
+    assert ct is not None
+    b = t.primal(op.operands[1])
+    da = t.binary(arith.DivfOp, ct, b)
+    db = t.binary(arith.DivfOp, t.binary(arith.MulfOp, ct, t.primal(op.results[0])), b)
+    return [da, t.emit(arith.NegfOp(db)).results[0]]
+
+
+@transpose_rule(arith.SelectOp)
+def _select(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    condition = op.operands[0]
+    if isinstance(condition.type, TensorType):
+        raise NotDifferentiable(f"{describe_op(op)}: only a scalar condition has a derivative here")
+    (ct,) = cts
+    assert ct is not None
+    c = t.primal(condition)
+    zeros = t.zeros_like(ct, primal=False)
+    return [
+        None,
+        t.emit(arith.SelectOp(c, ct, zeros)).results[0],
+        t.emit(arith.SelectOp(c, zeros, ct)).results[0],
+    ]
+
+
+@transpose_rule(arith.CmpfOp, arith.FPToSIOp, tensor.DimOp, AssertUniformOp)
+def _no_gradient(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    return [None] * len(op.operands)  # piecewise constant, or no result
+
+
+@transpose_rule(tensor.CastOp)
+def _cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    return [cts[0]]  # `accumulate` casts back to the operand's type
+
+
+@transpose_rule(arith.ExtFOp, arith.TruncFOp)
+def _float_cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    back = arith.TruncFOp if isinstance(op, arith.ExtFOp) else arith.ExtFOp
+    return [t.emit(back(ct, op.operands[0].type)).results[0]]
+
+
+@transpose_rule(tensor.ConcatOp)
+def _concat(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    axis = op.dim.value.data  # type: ignore[attr-defined]
+    pieces: list[SSAValue | None] = []
+    offset: SSAValue | int = 0
+    for operand in op.operands:
+        sizes = t.shape_of(operand, primal=True)
+        offsets: list[SSAValue | int] = [0] * len(sizes)
+        offsets[axis] = offset
+        piece = tensor.ExtractSliceOp(ct, offsets, sizes, [1] * len(sizes), operand.type)
+        pieces.append(t.emit(piece).results[0])
+        rows = sizes[axis]
+        if isinstance(offset, int) and isinstance(rows, int):
+            offset += rows
+        else:
+            as_value = [t.index(v) if isinstance(v, int) else v for v in (offset, rows)]
+            offset = t.binary(arith.AddiOp, as_value[0], as_value[1])
+    return pieces
+
+
+@transpose_rule(tensor.ExtractSliceOp)
+def _extract_slice(t: _Transposer, op: tensor.ExtractSliceOp, cts: list[SSAValue | None]):
+    """The cotangent padded with zeros back to the source's shape, one axis
+    at a time (a concat of zeros, the cotangent and zeros)."""
+    (ct,) = cts
+    assert ct is not None
+    source = op.source
+    source_type = source.type
+    assert isinstance(source_type, TensorType)
+    strides = op.static_strides.get_values()
+    if op.strides or any(stride != 1 for stride in strides):
+        raise NotDifferentiable(f"{describe_op(op)}: only a slice of unit strides has a derivative")
+    if op.result.type.get_num_dims() != source_type.get_num_dims():  # type: ignore[attr-defined]
+        raise NotDifferentiable(f"{describe_op(op)}: a rank-reducing slice has no derivative here")
+
+    def values(static: Sequence[int], dynamic: Sequence[SSAValue]) -> list[SSAValue | int]:
+        it = iter(dynamic)
+        return [t.primal(next(it)) if v == DYNAMIC_INDEX else v for v in static]
+
+    offsets = values(op.static_offsets.get_values(), op.offsets)
+    sizes = values(op.static_sizes.get_values(), op.sizes)
+    dims = t.shape_of(source, primal=True)
+    padded = ct
+    shape = list(sizes)
+    for axis, (offset, size, dim) in enumerate(zip(offsets, sizes, dims)):
+        after = _minus(t, _minus(t, dim, offset), size)
+        pieces = []
+        for rows in (offset, after):
+            piece_shape = list(shape)
+            piece_shape[axis] = rows
+            pieces.append(_zeros(t, piece_shape, source_type.element_type))
+        shape[axis] = dim
+        result_type = TensorType(
+            source_type.element_type, [d if isinstance(d, int) else DYNAMIC_INDEX for d in shape]
+        )
+        padded = t.emit(
+            tensor.ConcatOp([pieces[0], padded, pieces[1]], axis, result_type)  # type: ignore[arg-type]
+        ).results[0]
+    return [padded, *([None] * (len(op.operands) - 1))]
+
+
+def _minus(t: _Transposer, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:
+    if isinstance(a, int) and isinstance(b, int):
+        return a - b
+    left, right = (t.index(v) if isinstance(v, int) else v for v in (a, b))
+    return t.binary(arith.SubiOp, left, right)
+
+
+def _zeros(t: _Transposer, shape: Sequence[SSAValue | int], element: Attribute) -> SSAValue:
+    zero = t.emit(arith.ConstantOp(FloatAttr(0.0, element))).results[0]  # type: ignore[arg-type]
+    result_type = TensorType(element, [d if isinstance(d, int) else DYNAMIC_INDEX for d in shape])
+    dynamic = [d for d in shape if isinstance(d, SSAValue)]
+    return t.emit(tensor.SplatOp(zero, dynamic, result_type)).results[0]
+
+
+@transpose_rule(tensor.ExtractOp)
+def _extract(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    source, *indices = op.operands
+    at = [t.primal(i) for i in indices]
+    return [t.emit(tensor.InsertOp(ct, t.zeros_like(source), at)).results[0]]
+
+
+@transpose_rule(tensor.InsertOp)
+def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    scalar, dest, *indices = op.operands
+    at = [t.primal(i) for i in indices]
+    d_scalar = t.emit(tensor.ExtractOp(ct, at, scalar.type)).results[0]
+    zero = t.zeros_like(scalar)
+    d_dest = t.emit(tensor.InsertOp(zero, ct, at)).results[0]
+    return [d_scalar, d_dest]
+
+
+# -- collectives ----------------------------------------------------------------
+
+
+@transpose_rule(AllReduceOp)
+def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    kind = op.kind.data if op.kind is not None else native_kind(op.combine.block)
+    if kind is ReductionKind.SUM:
+        return [t.all_reduce_sum(ct, op.group)]
+    if op.kind is not None and kind in (ReductionKind.MAX, ReductionKind.MIN):
+        return [_extremum(t, op, ct)]
+    what = (
+        f"the native {op.kind.data.value} reduction"
+        if op.kind is not None
+        else "its combine (only a combine recognised as a sum is known to be linear)"
+    )
+    raise NotDifferentiable(f"{describe_op(op)}: {what} has no derivative")
+
+
+def _extremum(t: _Transposer, op: AllReduceOp, ct: SSAValue) -> SSAValue:
+    # The gradient is the summed cotangent masked to the (lowest) rank holding
+    # the extremum; that mask needs an elementwise tensor comparison, which
+    # the local ops cannot express (xDSL's arith.cmpf is scalar only).
+    raise NotDifferentiable(
+        f"{describe_op(op)}: the native {op.kind.data.value} "  # type: ignore[union-attr]
+        "reduction has no derivative here (its gradient needs an elementwise mask of the "
+        "rank holding the extremum, which distir's local ops cannot express)"
+    )
+
+
+@transpose_rule(BroadcastOp)
+def _broadcast(t: _Transposer, op: BroadcastOp, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    total = t.all_reduce_sum(ct, op.group)
+    root = (
+        t.index(op.root.value.data) if op.root is not None else t.primal(op.root_value)  # type: ignore[arg-type]
+    )
+    return [t.on_rank(op.group, root, total), None]
+
+
+@transpose_rule(AllGatherOp)
+def _all_gather(t: _Transposer, op: AllGatherOp, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    x = op.input
+    axis = op.axis.value.data
+    total = t.all_reduce_sum(ct, op.group)
+    me = t.emit(RankOp(op.group)).results[0]
+    sizes = t.shape_of(x, primal=True)
+    if op.counts is None:
+        rows = sizes[axis]
+        rows_value = t.index(rows) if isinstance(rows, int) else rows
+        offset = t.binary(arith.MuliOp, me, rows_value)
+    else:
+        offset = _rows_before(t, op, me)
+    offsets: list[SSAValue | int] = [0] * len(sizes)
+    offsets[axis] = offset
+    sliced = tensor.ExtractSliceOp(total, offsets, sizes, [1] * len(sizes), x.type)
+    return [t.emit(sliced).results[0], None]
+
+
+def _rows_before(t: _Transposer, op: AllGatherOp, me: SSAValue) -> SSAValue:
+    """Σ_{j < rank} counts[j], unrolled over the counts' static length."""
+    counts_type = op.counts.type  # type: ignore[union-attr]
+    assert isinstance(counts_type, TensorType)
+    (n,) = counts_type.get_shape()
+    if n == DYNAMIC_INDEX:
+        raise NotDifferentiable(
+            f"{describe_op(op)}: the backward of an uneven all-gather needs counts of "
+            "static length (tensor<Pxi64>)"
+        )
+    counts = t.primal(op.counts)  # type: ignore[arg-type]
+    element = counts_type.element_type
+    total = t.emit(arith.ConstantOp(IntegerAttr(0, element))).results[0]  # type: ignore[arg-type]
+    zero = total
+    for j in range(n):
+        count = t.emit(tensor.ExtractOp(counts, [t.index(j)], element)).results[0]
+        lower = t.emit(arith.CmpiOp(t.index(j), me, "ult")).results[0]
+        kept = t.emit(arith.SelectOp(lower, count, zero)).results[0]
+        total = t.binary(arith.AddiOp, total, kept)
+    return t.emit(arith.IndexCastOp(total, IndexType())).results[0]
+
+
+@transpose_rule(VariableAllToAllOp)
+def _variable_all_to_all(t: _Transposer, op: VariableAllToAllOp, cts: list[SSAValue | None]):
+    ct = t.or_zeros(cts[0], op.result)
+    back = VariableAllToAllOp(
+        ct, t.primal(op.recv_counts), op.input.type, axis=op.axis.value.data, group=op.group
+    )  # type: ignore[arg-type]
+    return [t.emit(back).results[0], None]
+
+
+def _peer(t: _Transposer, attr: IntegerAttr | None, value: SSAValue | None) -> int | SSAValue:
+    return attr.value.data if attr is not None else t.primal(value)  # type: ignore[arg-type]
+
+
+@transpose_rule(SendOp)
+def _send(t: _Transposer, op: SendOp, cts: list[SSAValue | None]):
+    received = RecvOp(_peer(t, op.dest, op.dest_value), op.input.type, op.group)  # type: ignore[arg-type]
+    return [t.emit(received).results[0], None]
+
+
+@transpose_rule(RecvOp)
+def _recv(t: _Transposer, op: RecvOp, cts: list[SSAValue | None]):
+    ct = t.or_zeros(cts[0], op.result)
+    t.emit(SendOp(ct, _peer(t, op.source, op.source_value), op.group))
+    return [None] * len(op.operands)
+
+
+@transpose_rule(SendRecvOp)
+def _sendrecv(t: _Transposer, op: SendRecvOp, cts: list[SSAValue | None]):
+    ct = t.or_zeros(cts[0], op.result)
+    back = SendRecvOp(
+        ct,
+        _peer(t, op.source, op.source_value),
+        _peer(t, op.dest, op.dest_value),
+        op.input.type,  # type: ignore[arg-type]
+        op.group,
+    )
+    return [t.emit(back).results[0], None, None]
+
+
+@transpose_rule(TransferOp)
+def _transfer(t: _Transposer, op: TransferOp, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    source_dims, _partial, dest_dims = op.layouts()
+    _, dest_mesh = op.meshes()
+    used = {d for d in dest_dims if d is not None}
+    replicated = [a for a in range(len(dest_mesh.shape.get_values())) if a not in used]
+    back = TransferOp(
+        ct,
+        source_mesh=op.dest_mesh.root_reference.data,
+        source_layout=dest_dims,
+        source_partial=replicated,
+        dest_mesh=op.source_mesh.root_reference.data,
+        dest_layout=source_dims,
+        global_shape=op.global_shape.get_values(),
+        result_type=op.input.type,  # type: ignore[arg-type]
+    )
+    return [t.emit(back).results[0]]
+
+
+# -- the pass ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VJPPass(ModulePass):
+    """Add `@<entry>_fwd` (the entry, returning its residuals too) and
+    `@<entry>_bwd` (its backward: cotangents and residuals -> gradients)."""
+
+    name = "vjp"
+
+    entry: str = "main"
+    """The function to differentiate."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        add_vjp(op, self.entry)
