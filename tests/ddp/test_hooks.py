@@ -14,7 +14,6 @@ from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distir import ddp as hooks
