@@ -125,7 +125,8 @@ class HookState:
         self.deadline_s = seconds(self.deadline, "deadline")
         ranks = dist.get_process_group_ranks(self.group or dist.group.WORLD)
         if self.separate_group:
-            self.group = dist.new_group(ranks)
+            # Members only: survivors of a failed group can form one without the lost ranks.
+            self.group = dist.new_group(ranks, use_local_synchronization=True)
         self.world_size = len(ranks)
 
     def program(self, buffer: torch.Tensor) -> Program:
