@@ -18,7 +18,8 @@ through the domain's `RunGate`:
   and poison rules as `run`. While runs of one thread are queued or in
   flight, another thread's submission is refused with `ConcurrentRun`; a
   synchronous run of the same thread waits for its queued runs and then
-  runs after them (submission order again). A failure completes the run's
+  runs after them (submission order again). A synchronous run from a
+  future's callback (which runs on the worker) runs at once, inline. A failure completes the run's
   future with the named error and poisons the domain, so every run queued
   behind it completes with `Poisoned`.
 
@@ -73,7 +74,7 @@ class RunGate:
         me = threading.current_thread()
         position = self._position
         self._position += 1
-        if self._in_flight and self._owner is not me:
+        if self._in_flight and self._owner is not me and me is not self._worker:
             owner = self._owner.name if self._owner is not None else "?"
             raise ConcurrentRun(
                 f"{what}: refused, thread {me.name!r} started a run on the execution "
@@ -95,7 +96,9 @@ class RunGate:
         """Runs `fn(which run)` on this thread, or after this thread's
         queued runs."""
         with self._lock:
-            queued = self._worker is not None
+            # On the worker itself (a future's callback), run inline: the
+            # worker waiting for its own queue would never return.
+            queued = self._worker is not None and self._worker is not threading.current_thread()
             if not queued:
                 who = self._claim(what)
         if queued:

@@ -22,8 +22,11 @@ from distir.runtime.launch import launch
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(120)]
 
 STEPS = 3
-#: small buckets: several per step, and DDP rebuilds them after step 1
-BUCKET_MB = 0.005
+#: small buckets: one of 1306 gradients at step 1, then DDP rebuilds them
+#: (its first bucket's cap differs) into two, of 538 and 768
+BUCKET_MB = 0.002
+#: the hook state of the last `_train`
+last_state: list = [None]
 
 
 def _net(dtype: torch.dtype) -> torch.nn.Module:
@@ -49,11 +52,12 @@ def _train(
 ) -> list[list[torch.Tensor]]:
     """The gradients of every step (DDP with `hook`, or local with 'local')."""
     net = _net(dtype)
-    model = (
-        net if hook == "local" else DDP(net, bucket_cap_mb=BUCKET_MB, gradient_as_bucket_view=view)
-    )
+    # The cap is in bytes: scaled so that every dtype gets the same buckets.
+    cap_mb = BUCKET_MB * torch.finfo(dtype).bits / 32
+    model = net if hook == "local" else DDP(net, bucket_cap_mb=cap_mb, gradient_as_bucket_view=view)
     if hook == "sum":
-        model.register_comm_hook(hooks.SumHookState(deadline=20), hooks.sum_hook)
+        state = hooks.SumHookState(deadline=20)
+        model.register_comm_hook(state, hooks.sum_hook)
     elif hook == "program":
         state = hooks.ProgramHookState(source=source, deadline=20)
         model.register_comm_hook(state, hooks.program_hook)
@@ -72,6 +76,7 @@ def _train(
         out.append([p.grad.detach().clone() for p in model.parameters()])
     if hook == "encrypted":
         state.close()
+    last_state[0] = state if hook not in ("local", "default") else None
     return out
 
 
@@ -84,15 +89,18 @@ CONFIGS = {
 }
 
 
-def compare_worker(ctx, names: list[str]) -> dict[str, bool]:
-    """Whether the sum hook's gradients equal DDP's default's, bit for bit,
-    at every step, for each configuration."""
+def compare_worker(ctx, names: list[str]) -> dict[str, tuple[bool, list[int]]]:
+    """Per configuration: whether the sum hook's gradients equal DDP's
+    default's, bit for bit, at every step, and the bucket sizes the hook
+    compiled programs for."""
     equal = {}
     for name in names:
         dtype, view, no_sync = CONFIGS[name]
         default = _train(ctx.rank, "default", dtype, view=view, no_sync=no_sync)
         mine = _train(ctx.rank, "sum", dtype, view=view, no_sync=no_sync)
-        equal[name] = all(torch.equal(a, b) for s, t in zip(default, mine) for a, b in zip(s, t))
+        sizes = sorted(numel for numel, _ in last_state[0]._programs)
+        same = all(torch.equal(a, b) for s, t in zip(default, mine) for a, b in zip(s, t))
+        equal[name] = (same, sizes)
     return equal
 
 
@@ -107,13 +115,13 @@ def test_the_sum_hook_equals_ddps_default_bit_for_bit(two_ranks, name):
     """fp32 (divided before the sum, as the default), bf16 and fp16 buckets,
     gradient_as_bucket_view and no_sync accumulation; buckets are rebuilt
     after the first step (and their new sizes compiled then)."""
-    assert [report[name] for report in two_ranks] == [True, True]
+    # 1306 before the rebuild, 538 and 768 after.
+    assert [report[name] for report in two_ranks] == [(True, [538, 768, 1306])] * 2
 
 
 def test_the_sum_hook_equals_ddps_default_bit_for_bit_at_four_ranks():
-    assert (
-        launch(compare_worker, 4, ["fp32"], pass_context=True, timeout=100) == [{"fp32": True}] * 4
-    )
+    reports = launch(compare_worker, 4, ["fp32"], pass_context=True, timeout=100)
+    assert reports == [{"fp32": (True, [538, 768, 1306])}] * 4
 
 
 # ------------------------------------------------------------ program hooks

@@ -137,6 +137,11 @@ def async_worker(ctx) -> dict:
     # A sync run of the same thread goes after its queued runs.
     tail = [program.run_async(torch.ones(4, dtype=torch.int64)), None]
     tail[1] = program.run(torch.full((4,), 2, dtype=torch.int64)).tolist()
+    # A future's callback runs on the worker; a run there goes inline.
+    chained = program.run_async(torch.ones(4, dtype=torch.int64)).then(
+        lambda f: program.run(f.value()).tolist()
+    )
+    tail.append(chained.wait())
     # A failure: rank 1 passes a wrong shape; both ranks' futures fail.
     bad = torch.ones(5 if ctx.rank == 1 else 4, dtype=torch.int64)
     failing = program.run_async(bad)
@@ -151,7 +156,7 @@ def async_worker(ctx) -> dict:
     return {
         "pending_at_return": pending_at_return,
         "values": values,
-        "tail": [tail[0].wait().tolist(), tail[1]],
+        "tail": [tail[0].wait().tolist(), tail[1], tail[2]],
         "errors": errors,
     }
 
@@ -161,7 +166,7 @@ def test_run_async_returns_at_once_keeps_submission_order_and_poisons_on_failure
     assert r0["pending_at_return"] is True  # rank 1 had not submitted yet
     for report in (r0, r1):
         assert report["values"] == [[20 * i + 1] * 4 for i in range(4)]
-        assert report["tail"] == [[2] * 4, [4] * 4]
+        assert report["tail"] == [[2] * 4, [4] * 4, [4] * 4]
         assert report["errors"][1] == "Poisoned"
     assert r1["errors"][0] == "ProgramInputError"
     assert r0["errors"][0] in ("ProgramMismatch", "ProgramInputError")
