@@ -19,9 +19,9 @@ through the domain's `RunGate`:
   flight, another thread's submission is refused with `ConcurrentRun`; a
   synchronous run of the same thread waits for its queued runs and then
   runs after them (submission order again). A synchronous run from a
-  future's callback (which runs on the worker) runs at once, inline. A failure completes the run's
-  future with the named error and poisons the domain, so every run queued
-  behind it completes with `Poisoned`.
+  future's callback (which runs on the worker) runs at once, inline. A
+  failure completes the run's future with the named error and poisons the
+  domain, so every run queued behind it completes with `Poisoned`.
 
 **Paired by thread and position.** Serialising locally does not stop rank
 0's thread A from being paired with rank 1's thread B when both run a
@@ -37,7 +37,11 @@ a thread of the same name, of the same program; otherwise every rank raises
 when they run programs (`threading.Thread(name="grads")`).
 
 With `agreement=False` ranks do not exchange anything before a run, so the
-pairing by thread is not checked: that mode trusts the caller.
+pairing by thread is not checked: that mode trusts the caller. Positions
+count from 0 on every new group; after `reset_domain` on an old one, ranks
+go on in step only if they attempted the same number of runs there (else
+`ProgramMismatch` at the next run, never a wrong pairing): recovering on a
+new group is the way that always works.
 """
 
 from __future__ import annotations
