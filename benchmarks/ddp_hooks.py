@@ -107,26 +107,45 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--encrypted-steps", type=int, default=1)
-    parser.add_argument("--encrypted-max", type=int, default=2_000_000,
-                        help="largest model (parameters) timed with the encrypted hook")
+    parser.add_argument(
+        "--encrypted-max",
+        type=int,
+        default=2_000_000,
+        help="largest model (parameters) timed with the encrypted hook",
+    )
     args = parser.parse_args()
-    results = launch(rank_main, args.nproc, args.iterations, args.encrypted_steps,
-                     args.encrypted_max, pass_context=True, timeout=3000)
+    results = launch(
+        rank_main,
+        args.nproc,
+        args.iterations,
+        args.encrypted_steps,
+        args.encrypted_max,
+        pass_context=True,
+        timeout=3000,
+    )
     report = results[0]
-    print(f"DDP training step, {args.nproc} gloo ranks, batch {BATCH} per rank, "
-          f"median of {args.iterations} steps (encrypted: {args.encrypted_steps})")
+    print(
+        f"DDP training step, {args.nproc} gloo ranks, batch {BATCH} per rank, "
+        f"median of {args.iterations} steps (encrypted: {args.encrypted_steps})"
+    )
     print(f"{'model':>6} {'params':>11} {'buckets':>7} {'hook':>10} {'step':>10} {'x default':>10}")
     for name, row in report.items():
         default = row["median_s"]["default"]
         for hook, t in row["median_s"].items():
-            print(f"{name:>6} {row['params']:>11,} {row['buckets']:>7} {hook:>10} "
-                  f"{t * 1e3:>8.1f}ms {t / default:>9.2f}x")
-        print(f"{name:>6} sum hook: {row['overlap']:.0%} of its communication time "
-              "overlapped backward")
+            print(
+                f"{name:>6} {row['params']:>11,} {row['buckets']:>7} {hook:>10} "
+                f"{t * 1e3:>8.1f}ms {t / default:>9.2f}x"
+            )
+        print(
+            f"{name:>6} sum hook: {row['overlap']:.0%} of its communication time "
+            "overlapped backward"
+        )
         if "encrypted" in row["median_s"]:
             per = (row["median_s"]["encrypted"] - default) / -(-row["params"] // 4096)
-            print(f"{name:>6} encrypted hook: {per * 1e3:.0f} ms per 4096 gradients "
-                  "(one ciphertext) over the default")
+            print(
+                f"{name:>6} encrypted hook: {per * 1e3:.0f} ms per 4096 gradients "
+                "(one ciphertext) over the default"
+            )
     return 0
 
 

@@ -68,9 +68,7 @@ def train(ctx, hook: str, epochs: int, kill_rank: int, at_step: int) -> dict:
     import torch.distributed as dist
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     ddp, state = _wrap(model, hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = digits(ctx.rank, ctx.world_size)
@@ -133,24 +131,34 @@ def main() -> int:
 
     if args.kill_rank >= 0:
         try:
-            launch(train, args.nproc, "sum", args.epochs, args.kill_rank, args.at_step,
-                   pass_context=True, timeout=300)
+            launch(
+                train,
+                args.nproc,
+                "sum",
+                args.epochs,
+                args.kill_rank,
+                args.at_step,
+                pass_context=True,
+                timeout=300,
+            )
         except LaunchError as e:
             for rank, why in e.failures.items():
                 print(f"rank {rank}: {why.splitlines()[0]}")
             for rank, result in sorted(e.results.items()):
                 for event in result["events"]:
                     print(f"rank {rank}: {event}")
-                print(f"rank {rank}: loss per epoch "
-                      + " ".join(f"{v:.4f}" for v in result["losses"]))
+                print(
+                    f"rank {rank}: loss per epoch " + " ".join(f"{v:.4f}" for v in result["losses"])
+                )
             return 0
         print("no rank died")
         return 1
 
     curves, step_s = {}, {}
     for hook in HOOKS:
-        results = launch(train, args.nproc, hook, args.epochs, -1, -1,
-                         pass_context=True, timeout=600)
+        results = launch(
+            train, args.nproc, hook, args.epochs, -1, -1, pass_context=True, timeout=600
+        )
         curves[hook] = _mean_over_ranks(results)
         step_s[hook] = max(r["step_s"] for r in results)
 
