@@ -71,3 +71,8 @@ class NotDifferentiable(DistirError, DiagnosticException):
 
 class ProgramMismatch(DistirError):
     """Ranks run different programs, or some rank's inputs were rejected."""
+
+
+class ConcurrentRun(DistirError):
+    """Another thread's runs are in flight on the same process group (see
+    `distir.runtime.concurrency`): nothing was exchanged, nothing poisoned."""

@@ -27,7 +27,7 @@ LAYERS = {
     "interpreters": 3,
     "he": 4, "backends": 4,
     "runtime": 5, "": 5,  # the package facade (distir.compile, ...) is the runtime's
-    "aggregation": 6, "bench": 6, "cli": 7,
+    "aggregation": 6, "ddp": 6, "bench": 6, "cli": 7,
 }  # fmt: skip
 TORCH_FREE = ("ir", "passes", "he.modular", "errors", "durations")
 

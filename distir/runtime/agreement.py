@@ -56,11 +56,17 @@ class RunAgreement:
         self.rules = [precondition_rule(type(op)) for op in plan.hoisted]
 
     def agree(
-        self, inputs: Sequence[Any], base: ProcessGroupResource, fingerprint: int
+        self,
+        inputs: Sequence[Any],
+        base: ProcessGroupResource,
+        fingerprint: int,
+        who: str = "",
     ) -> list[Precondition]:
         """Checks this rank's inputs and hoisted preconditions, agrees with
         every rank that they run the plan `fingerprint` names, and returns
-        the preconditions (or raises on every rank)."""
+        the preconditions (or raises on every rank). `who` names the run
+        (thread and position on the domain): runs pair only with the same
+        run on every peer (`distir.runtime.concurrency`)."""
         plan = self.plan
         input_error: ProgramInputError | None = None
         hoisted: list[Precondition] = []
@@ -78,12 +84,12 @@ class RunAgreement:
                     else Precondition()
                 )
         accepted = input_error is None and all(p.ok for p in hoisted)
-        digest = digest_of(*(p.digest().to_bytes(8, "little") for p in hoisted))
+        digest = digest_of(who.encode(), *(p.digest().to_bytes(8, "little") for p in hoisted))
         mine = [MAGIC, int(accepted), fingerprint, digest]
         rows = base.exchange_rows(mine, self.step)
         if all(row == rows[0] for row in rows) and accepted:
             return hoisted
-        raise self._disagreement(rows, input_error, hoisted, base, fingerprint)
+        raise self._disagreement(rows, input_error, hoisted, base, fingerprint, who)
 
     def _disagreement(
         self,
@@ -92,6 +98,7 @@ class RunAgreement:
         hoisted: list[Precondition],
         base: ProcessGroupResource,
         fingerprint: int,
+        who: str = "",
     ) -> Exception:
         """Every rank saw the same rows: all explain, and all raise what
         this returns (this rank's own error when its inputs were rejected)."""
@@ -100,6 +107,7 @@ class RunAgreement:
             "input_error": None if input_error is None else str(input_error),
             "preconditions": [p.report() for p in hoisted],
             "plan": plan.describe(base.size),
+            "run": who,
         }
         try:
             reports: list[Any] = base.gather_objects(mine, self.step)
@@ -124,6 +132,13 @@ class RunAgreement:
                 f"ranks run different programs or plans: {listed}; this rank, "
                 f"{base.rank}, runs {fingerprint:016x}"
             )
+        runs = {r: report.get("run") for r, report in enumerate(reports) if report}
+        if len(set(runs.values())) > 1:
+            listed = "; ".join(f"rank {r}: {run}" for r, run in runs.items())
+            lines.append(
+                f"ranks are at different runs ({listed}); a run pairs only with the run "
+                "at the same position, from a thread of the same name, on every peer"
+            )
         for r, report in enumerate(reports):
             if report is not None and report["input_error"]:
                 lines.append(f"rank {r} rejected its inputs: {report['input_error']}")
@@ -139,9 +154,11 @@ class RunAgreement:
             per_op = [
                 None if report is None else report["preconditions"][index] for report in reports
             ]
-            differs = any(p is None or p["error"] for p in per_op) or len(
-                {tuple(item[2] for item in p["agreed"]) for p in per_op if p is not None}
-            ) > 1
+            differs = (
+                any(p is None or p["error"] for p in per_op)
+                or len({tuple(item[2] for item in p["agreed"]) for p in per_op if p is not None})
+                > 1
+            )
             if not differs and own.ok:
                 continue
             if own.error is not None:

@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+from distir.backends.domain import domain_for
 from distir.backends.registry import ImplementationRegistry
 from distir.durations import Duration, seconds
 from distir.errors import CompileError
@@ -40,6 +41,7 @@ from distir.runtime import autograd
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
 from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
+from distir.runtime.concurrency import gate_for
 from distir.runtime.planning import Plan
 
 ProgramSource = ModuleOp | str | Path
@@ -146,12 +148,32 @@ class Program:
 
     # -- running --------------------------------------------------------------
 
-    def run(
+    def run(self, *inputs: torch.Tensor, group: Any = None, **options: Any) -> Any:
+        """Runs the entry function on this rank of `group`; see `_run_now`
+        for the options, and `distir.runtime.concurrency` for threads."""
+        gate = gate_for(domain_for(group))
+        return gate.run(
+            f"@{self.entry}", lambda who: self._run_now(*inputs, group=group, _who=who, **options)
+        )
+
+    def run_async(
+        self, *inputs: torch.Tensor, group: Any = None, **options: Any
+    ) -> torch.futures.Future:
+        """`run`, queued on the group's distir worker: returns at once a
+        future of what `run` returns (or of its named error). Runs of a
+        group execute one at a time, in submission order."""
+        gate = gate_for(domain_for(group))
+        return gate.submit(
+            f"@{self.entry}", lambda who: self._run_now(*inputs, group=group, _who=who, **options)
+        )
+
+    def _run_now(
         self,
         *inputs: torch.Tensor,
         group: Any = None,
         deadline: Duration | None = None,
         donate: bool | Sequence[int] = False,
+        _who: str = "",
     ) -> Any:
         """Runs the entry function on this rank of `group` (default: world).
 
@@ -185,7 +207,7 @@ class Program:
             if binding.must_agree:
                 # A trusted plan's first run on a group agrees too: groups are
                 # created only once every rank is known to run this very plan.
-                base.hoisted = self._run_agreement.agree(inputs, base, binding.fingerprint)
+                base.hoisted = self._run_agreement.agree(inputs, base, binding.fingerprint, _who)
                 binding.agreed()
             else:
                 base.hoisted = []

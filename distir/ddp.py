@@ -1,0 +1,343 @@
+"""DDP communication hooks that aggregate gradients with distir programs.
+
+PyTorch's `DistributedDataParallel` hands each gradient bucket (a flat
+tensor) to a communication hook, `hook(state, bucket) -> Future[Tensor]`,
+and writes the future's value back into the bucket. Each hook here puts a
+distir program under that call, with distir's rules: the ranks agree on the
+program at every run, every collective has a deadline, a failure poisons the
+hook's process group and ends as a named error on every rank.
+
+    state = SumHookState()                       # collective: every rank
+    model = DistributedDataParallel(net)
+    model.register_comm_hook(state, sum_hook)    # drop-in for DDP's default
+
+- `sum_hook`: the bucket divided by the world size (where DDP's default
+  divides: before the sum) and summed by a native distir all-reduce; in fp32
+  at power-of-two world sizes, bit for bit what DDP computes without a hook.
+- `program_hook`: any distir program mapping the bucket to the aggregated
+  bucket (`ProgramHookState`), e.g. per-rank clipping then a sum, or
+  majority-vote signSGD.
+- `encrypted_hook`: the bucket packed into CKKS slots, encrypted under a
+  threshold collective key (generated once, in `EncryptedHookState`), summed
+  by the ciphertext all-reduce and decrypted collectively, then divided by
+  the world size.
+
+Every hook returns its future before its communication completes: programs
+are submitted with `Program.run_async` (one distir worker per group, in
+submission order, see `distir.runtime.concurrency`), and the encrypted hook
+runs on one thread of its own. Programs are compiled once per bucket size
+and dtype, so DDP's bucket rebuild after the first iteration only compiles
+the new sizes. Each state runs on its own process group (created by the
+state's constructor, a collective call), so the hook's exchanges can never
+be interleaved with DDP's or the training loop's own collectives on the
+default group.
+
+A rank that dies during `loss.backward()` ends, on every survivor, as an
+error from `backward()` within the deadline plus 2 s; the state keeps the
+named distir error (`state.failure`); `with state.named_errors():` around
+`backward()` raises it instead of DDP's RuntimeError. To go on
+without the lost rank, a training loop creates a new group of the survivors
+and a new state and DDP model on it (the recovery seam of `distir.recover`).
+"""
+
+# No `from __future__ import annotations`: DDP checks the hooks' annotations
+# against the real `dist.GradBucket` and `Future[Tensor]` objects.
+import concurrent.futures
+import contextlib
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distir.durations import Duration, seconds
+from distir.errors import DistirError
+from distir.runtime.program import Program, compile
+
+__all__ = [
+    "EncryptedHookState",
+    "HookState",
+    "ProgramHookState",
+    "encrypted_hook",
+    "element_type",
+    "SumHookState",
+    "program_hook",
+    "sum_hook",
+]
+
+#: torch dtype -> IR element type of the buckets a hook accepts
+ELEMENT_TYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+}
+
+
+def element_type(dtype: torch.dtype) -> str:
+    """The IR element type of a bucket dtype (a named error for others)."""
+    try:
+        return ELEMENT_TYPES[dtype]
+    except KeyError:
+        raise DistirError(
+            f"DDP hook: gradient buckets of dtype {dtype} are not supported "
+            f"(supported: {', '.join(str(d) for d in ELEMENT_TYPES)})"
+        ) from None
+
+
+@dataclass
+class HookTiming:
+    """When one hook call returned and when its future completed
+    (`time.perf_counter()` seconds)."""
+
+    bucket: int
+    called: float
+    returned: float
+    completed: float | None = None
+
+
+@dataclass
+class HookState:
+    """What every distir hook keeps: its process group, its programs (one
+    per bucket size and dtype), the first failure, and timings.
+
+    Constructing a state is collective: every rank of `group` (default: the
+    world) constructs it, in the same order, because it creates the hook's
+    own process group (`separate_group=False` runs on `group` itself, which
+    is only safe while nothing else communicates on it during backward).
+    """
+
+    group: Any = None
+    deadline: Duration = 60.0
+    separate_group: bool = True
+    record_timings: bool = False
+    failure: BaseException | None = field(default=None, init=False)
+    timings: list[HookTiming] = field(default_factory=list, init=False)
+    _programs: dict[tuple[int, torch.dtype], Program] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if not dist.is_initialized():
+            raise DistirError("DDP hook state: torch.distributed is not initialised")
+        self.deadline_s = seconds(self.deadline, "deadline")
+        ranks = dist.get_process_group_ranks(self.group or dist.group.WORLD)
+        if self.separate_group:
+            # Members only: survivors of a failed group can form one without the lost ranks.
+            self.group = dist.new_group(ranks, use_local_synchronization=True)
+        self.world_size = len(ranks)
+
+    def program(self, buffer: torch.Tensor) -> Program:
+        """The program for a bucket of this size and dtype (compiled once)."""
+        key = (buffer.numel(), buffer.dtype)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = self.compile(buffer.numel(), buffer.dtype)
+        return program
+
+    def compile(self, numel: int, dtype: torch.dtype) -> Program:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raises the first named error a hook of this state saw."""
+        if self.failure is not None:
+            raise self.failure
+
+    @contextlib.contextmanager
+    def named_errors(self) -> Iterator[None]:
+        """Turns DDP's RuntimeError around a failed hook into the named
+        distir error behind it::
+
+            with state.named_errors():
+                loss.backward()          # raises e.g. CollectiveFailed
+        """
+        try:
+            yield
+        except RuntimeError as e:
+            if self.failure is None:
+                raise
+            raise self.failure from e
+
+    def _track(self, bucket: Any, called: float, future: torch.futures.Future) -> Any:
+        """The future DDP gets: the result, with failures and timings kept."""
+        timing = None
+        if self.record_timings:
+            timing = HookTiming(bucket.index(), called, time.perf_counter())
+            self.timings.append(timing)
+
+        def settle(done: torch.futures.Future) -> torch.Tensor:
+            if timing is not None:
+                timing.completed = time.perf_counter()
+            try:
+                return done.value()
+            except BaseException as e:
+                if self.failure is None:
+                    self.failure = e
+                raise
+
+        return future.then(settle)
+
+
+def _sum_program_text(numel: int, element: str) -> str:
+    t = f"tensor<{numel}x{element}>"
+    return (
+        f"func.func @main(%g: {t}) -> {t} {{\n"
+        f"  %s = dist.all_reduce sum %g : {t}\n"
+        f"  func.return %s : {t}\n"
+        "}\n"
+    )
+
+
+@dataclass
+class SumHookState(HookState):
+    """State of `sum_hook`."""
+
+    def compile(self, numel: int, dtype: torch.dtype) -> Program:
+        return compile(_sum_program_text(numel, element_type(dtype)), deadline=self.deadline_s)
+
+
+def sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default aggregation through a distir program: the bucket is
+    divided by the world size, then summed (the future completes with the
+    mean gradient)."""
+    called = time.perf_counter()
+    buffer = bucket.buffer()
+    # Where DDP's default divides: before the sum (no overflow in fp16).
+    buffer.div_(state.world_size)
+    future = state.program(buffer).run_async(buffer, group=state.group, donate=True)
+    return state._track(bucket, called, future)
+
+
+#: what `ProgramHookState.source` may be: IR text or a module or a compiled
+#: program (for one bucket size), or a function of (numel, element type)
+#: returning one of them (for every bucket size)
+ProgramSourceFor = Any
+
+
+@dataclass
+class ProgramHookState(HookState):
+    """State of `program_hook`: `source` maps a bucket to the aggregated
+    bucket, `@main(tensor<N x T>) -> tensor<N x T>` for a bucket of N
+    elements of type T (f32, f16, bf16, f64). `source` is a compiled
+    `Program`, IR text or a module (for one bucket size), or a function
+    `(numel, element_type) -> Program | text | module`, called once per
+    bucket size and dtype. The program's value is the new bucket as is (no
+    division by the world size: a mean divides in the program)."""
+
+    source: ProgramSourceFor = None
+    pipeline: str = ""
+
+    def compile(self, numel: int, dtype: torch.dtype) -> Program:
+        source = self.source
+        if callable(source) and not isinstance(source, Program):
+            source = source(numel, element_type(dtype))
+        if isinstance(source, Program):
+            return source
+        if source is None:
+            raise DistirError("ProgramHookState: no program source given")
+        return compile(source, self.pipeline, deadline=self.deadline_s)
+
+
+def program_hook(
+    state: ProgramHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """The bucket aggregated by the state's distir program."""
+    called = time.perf_counter()
+    buffer = bucket.buffer()
+    program = state.program(buffer)
+    future = program.run_async(buffer, group=state.group, donate=True)
+    return state._track(bucket, called, future)
+
+
+# ---------------------------------------------------------------- encryption
+
+
+class _ThresholdKey:
+    """The one adapter between the encrypted hook and `distir.he.threshold`:
+    key generation, encryption, aggregation and collective decryption."""
+
+    def __init__(self, group: Any, deadline_s: float):
+        from distir.he import threshold as th
+
+        self.th = th
+        self.group = group
+        self.deadline_s = deadline_s
+        size = dist.get_world_size(group)
+        self.parameters = th.ThresholdParameters(parties=size)
+        # The common random polynomial is public: rank 0's seed, broadcast.
+        seed = [secrets.token_bytes(32)]
+        dist.broadcast_object_list(seed, src=dist.get_global_rank(group, 0), group=group)
+        crp = th.common_random_polynomial(self.parameters, seed[0])
+        self.secret = th.generate_secret_share(self.parameters)
+        key = th.collective_public_key(
+            th.public_key_share(self.secret, crp),
+            crp,
+            self.parameters,
+            group=group,
+            deadline=deadline_s,
+        )
+        self.context = th.encryption_context(key)
+        self.slots = self.parameters.poly_modulus_degree // 2
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of `values` (float64, at most `slots`), through
+        one encryption, one ciphertext all-reduce and one collective decryption."""
+        import tenseal as ts
+
+        th = self.th
+        encrypted = ts.ckks_vector(self.context, values.tolist())
+        total = th.aggregate(encrypted, group=self.group, deadline=self.deadline_s)
+        decrypted = th.collective_decrypt(
+            self.secret, total, group=self.group, deadline=self.deadline_s
+        )
+        return torch.tensor(decrypted[: values.numel()], dtype=torch.float64)
+
+
+@dataclass
+class EncryptedHookState(HookState):
+    """State of `encrypted_hook`: the threshold collective key (generated
+    here, once: collective) and the thread the hook's work runs on."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.key = _ThresholdKey(self.group, self.deadline_s)
+        # One thread, the same name on every rank: its runs pair by name
+        # (distir.runtime.concurrency), in submission order.
+        self._worker = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="distir-encrypted-hook"
+        )
+        self._lock = threading.Lock()
+
+    def encrypted_mean(self, buffer: torch.Tensor) -> torch.Tensor:
+        values = buffer.detach().to(torch.float64).reshape(-1)
+        slots = self.key.slots
+        parts = [self.key.sum(values[i : i + slots]) for i in range(0, values.numel(), slots)]
+        total = torch.cat(parts) if parts else values.clone()
+        return (total / self.world_size).to(buffer.dtype)
+
+    def close(self) -> None:
+        """Stops the hook's thread (after its queued work)."""
+        self._worker.shutdown(wait=True)
+
+
+def encrypted_hook(
+    state: EncryptedHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """The bucket's mean over ranks, computed under encryption: no rank ever
+    sees another rank's gradient, only the (decrypted) sum."""
+    called = time.perf_counter()
+    buffer = bucket.buffer()
+    future: torch.futures.Future = torch.futures.Future()
+
+    def work() -> None:
+        try:
+            result = state.encrypted_mean(buffer)
+        except BaseException as e:  # noqa: BLE001 - handed to the future
+            future.set_exception(e)
+        else:
+            future.set_result(result)
+
+    state._worker.submit(work)
+    return state._track(bucket, called, future)

@@ -1,0 +1,160 @@
+"""The thread model: one run per execution domain at a time, paired by thread.
+
+Two threads of one rank that ran programs on the same process group at the
+same time would interleave their exchanges: a run of one thread could be
+matched with a run of the other thread on a peer, and return the sum of
+different things without an error. distir rules it out in two parts.
+
+**Serialised per domain.** Every run on a domain (one process group) goes
+through the domain's `RunGate`:
+
+- a synchronous `Program.run` executes on the calling thread; while it is in
+  flight, a run or a submission from *another* thread on the same domain is
+  refused with `ConcurrentRun` (a named error, the domain is not poisoned:
+  nothing was exchanged);
+- `Program.run_async` queues the run and returns a `torch.futures.Future`
+  at once; one distir-owned worker thread per domain executes queued runs
+  one at a time, in submission order, under the same agreement, deadline
+  and poison rules as `run`. While runs of one thread are queued or in
+  flight, another thread's submission is refused with `ConcurrentRun`; a
+  synchronous run of the same thread waits for its queued runs and then
+  runs after them (submission order again). A synchronous run from a
+  future's callback (which runs on the worker) runs at once, inline. A
+  failure completes the run's future with the named error and poisons the
+  domain, so every run queued behind it completes with `Poisoned`.
+
+**Paired by thread and position.** Serialising locally does not stop rank
+0's thread A from being paired with rank 1's thread B when both run a
+program compiled from the same text, nor a rank whose run was refused from
+falling one run behind its peers. So the per-run agreement also covers
+*which* run this is: its position in the domain's sequence of runs (every
+attempt counts, refused ones included) and the name of the thread that
+submitted it (`threading.current_thread().name`: "MainThread" on every
+rank, and the same default name for the Nth thread a rank creates). A run
+is only ever paired with the run at the same position on every peer, from
+a thread of the same name, of the same program; otherwise every rank raises
+`ProgramMismatch` naming what differs. Name threads the same on every rank
+when they run programs (`threading.Thread(name="grads")`).
+
+With `agreement=False` ranks do not exchange anything before a run, so the
+pairing by thread is not checked: that mode trusts the caller. Positions
+count from 0 on every new group; after `reset_domain` on an old one, ranks
+go on in step only if they attempted the same number of runs there (else
+`ProgramMismatch` at the next run, never a wrong pairing): recovering on a
+new group is the way that always works.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from distir.errors import ConcurrentRun
+
+T = TypeVar("T")
+
+
+class RunGate:
+    """Who may run on one execution domain now, and its queue of async runs."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._lock = threading.Lock()
+        self._owner: threading.Thread | None = None  # the thread whose runs are in flight
+        self._in_flight = 0  # sync runs executing + async runs queued or executing
+        self._queue: deque[tuple[Callable[[], Any], torch.futures.Future]] = deque()
+        self._worker: threading.Thread | None = None
+        self._position = 0  # attempts so far, refused ones included
+
+    def _claim(self, what: str) -> str:
+        """Registers one more run of the calling thread (holding the lock)
+        and returns what the agreement compares: thread and position."""
+        me = threading.current_thread()
+        position = self._position
+        self._position += 1
+        if self._in_flight and self._owner is not me and me is not self._worker:
+            owner = self._owner.name if self._owner is not None else "?"
+            raise ConcurrentRun(
+                f"{what}: refused, thread {me.name!r} started a run on the execution "
+                f"domain of group {self.name} while runs of thread {owner!r} are in "
+                "flight there; one thread at a time runs programs on a process group "
+                "(wait for its runs, or use a separate group per thread)"
+            )
+        self._owner = me
+        self._in_flight += 1
+        return f"thread {me.name!r}, run {position}"
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._owner = None
+
+    def run(self, what: str, fn: Callable[[str], T]) -> T:
+        """Runs `fn(which run)` on this thread, or after this thread's
+        queued runs."""
+        with self._lock:
+            # On the worker itself (a future's callback), run inline: the
+            # worker waiting for its own queue would never return.
+            queued = self._worker is not None and self._worker is not threading.current_thread()
+            if not queued:
+                who = self._claim(what)
+        if queued:
+            # The thread's own async runs come first: they were submitted first.
+            return self.submit(what, fn).wait()
+        try:
+            return fn(who)
+        finally:
+            self._release()
+
+    def submit(self, what: str, fn: Callable[[str], Any]) -> torch.futures.Future:
+        """Queues `fn(which run)` for the domain's worker; its future
+        completes with `fn`'s result or exception."""
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            who = self._claim(what)
+            self._queue.append((functools.partial(fn, who), future))
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name=f"distir-runs-{self.name}", daemon=True
+                )
+                self._worker.start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    # Exit when idle: a domain holds no thread between bursts.
+                    self._worker = None
+                    return
+                fn, future = self._queue.popleft()
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                self._release()
+                future.set_exception(e)
+            else:
+                # Release before completing: whoever waits on the future may
+                # at once run from another thread.
+                self._release()
+                future.set_result(result)
+
+
+_gates: weakref.WeakKeyDictionary[Any, RunGate] = weakref.WeakKeyDictionary()
+_gates_lock = threading.Lock()
+
+
+def gate_for(domain: Any) -> RunGate:
+    """The gate of an execution domain (created on first use, released with it)."""
+    with _gates_lock:
+        gate = _gates.get(domain)
+        if gate is None:
+            gate = _gates[domain] = RunGate(getattr(domain, "key", "?"))
+        return gate
