@@ -44,7 +44,6 @@ and a new state and DDP model on it (the recovery seam of `distir.recover`).
 # against the real `dist.GradBucket` and `Future[Tensor]` objects.
 import concurrent.futures
 import contextlib
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -255,43 +254,33 @@ def program_hook(
 
 
 class _ThresholdKey:
-    """The one adapter between the encrypted hook and `distir.he.threshold`:
-    key generation, encryption, aggregation and collective decryption."""
+    """The one adapter between the encrypted hook and `distir.aggregation.threshold`:
+    key generation (t-of-N, once per hook state), encryption, aggregation
+    of committed ciphertexts and collective decryption (each spends one unit
+    of the key's decryption budget)."""
 
-    def __init__(self, group: Any, deadline_s: float):
-        from distir.he import threshold as th
+    def __init__(self, group: Any, deadline_s: float, threshold: int | None = None):
+        from distir.aggregation import threshold as ta
 
-        self.th = th
+        self.ta = ta
         self.group = group
         self.deadline_s = deadline_s
         size = dist.get_world_size(group)
-        self.parameters = th.ThresholdParameters(parties=size)
-        # The common random polynomial is public: rank 0's seed, broadcast.
-        seed = [secrets.token_bytes(32)]
-        dist.broadcast_object_list(seed, src=dist.get_global_rank(group, 0), group=group)
-        crp = th.common_random_polynomial(self.parameters, seed[0])
-        self.secret = th.generate_secret_share(self.parameters)
-        key = th.collective_public_key(
-            th.public_key_share(self.secret, crp),
-            crp,
-            self.parameters,
-            group=group,
-            deadline=deadline_s,
-        )
-        self.context = th.encryption_context(key)
+        self.parameters = ta.ThresholdParameters(parties=size, threshold=threshold)
+        self.share = ta.generate_keys(self.parameters, group=group, deadline=deadline_s)
+        self.context = self.share.public_key.context()
         self.slots = self.parameters.poly_modulus_degree // 2
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of `values` (float64, at most `slots`), through
-        one encryption, one ciphertext all-reduce and one collective decryption."""
+        one encryption, one committed ciphertext all-reduce and one
+        collective decryption."""
         import tenseal as ts
 
-        th = self.th
+        ta = self.ta
         encrypted = ts.ckks_vector(self.context, values.tolist())
-        total = th.aggregate(encrypted, group=self.group, deadline=self.deadline_s)
-        decrypted = th.collective_decrypt(
-            self.secret, total, group=self.group, deadline=self.deadline_s
-        )
+        total = ta.aggregate([encrypted], self.share, group=self.group, deadline=self.deadline_s)
+        decrypted = ta.decrypt(total, self.share, group=self.group, deadline=self.deadline_s)[0]
         return torch.tensor(decrypted[: values.numel()], dtype=torch.float64)
 
 

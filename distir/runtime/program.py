@@ -40,8 +40,8 @@ from distir.passes import apply_pipeline
 from distir.runtime import autograd
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
-from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
 from distir.runtime.concurrency import gate_for
+from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
 from distir.runtime.planning import Plan
 
 ProgramSource = ModuleOp | str | Path

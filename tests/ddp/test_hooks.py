@@ -256,9 +256,6 @@ def test_a_majority_vote_signsgd_hook_equals_plain_torch(three_ranks):
     _check_program_hook(three_ranks, "majority")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs arith.cmpf/arith.select in combine regions (helper combine's merge)"
-)
 def test_a_largest_magnitude_combine_hook_equals_plain_torch(three_ranks):
     _check_program_hook(three_ranks, "largest")
 
