@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
+from distir.backends.domain import group_alive
 from distir.backends.groups import (
     ProcessGroupResource,
     check_declarations,
@@ -57,6 +58,12 @@ class Binding:
     def ready(self) -> bool:
         return self.compiled is not None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the base group still exists (a destroyed one releases
+        this binding, its resources and its domain)."""
+        return group_alive(self.base.pg)
+
     def configure(self, deadline_s: float, agreement: bool) -> None:
         for resource in self.resources:
             resource.deadline_s = deadline_s
@@ -65,7 +72,8 @@ class Binding:
     def prepare(self, deadline_s: float) -> None:
         """Creates the declared groups and compiles the entry function."""
         plan = self.plan
-        check_declarations(plan.groups, plan.meshes, self.base.size)
+        size = self.base.size
+        check_declarations(plan.groups, plan.meshes, size)
         resources = create_declared_groups(plan.groups, self.base, deadline_s)
         live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
 

@@ -191,7 +191,11 @@ class Program:
             y = program.run(x, donate=True)   # x's memory may now hold y
         """
         binding = self._bindings.get(group)
-        if binding is None:
+        if binding is None or not binding.alive:
+            # Bindings on destroyed groups go: they hold the groups' threads
+            # and sockets.
+            for key in [k for k, b in self._bindings.items() if not b.alive]:
+                del self._bindings[key]
             binding = self._bindings[group] = Binding(self.plan, group)
         base = binding.base
         base.domain.check(f"@{self.entry}")
