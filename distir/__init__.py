@@ -4,6 +4,7 @@
     program = distir.compile("examples/all_reduce.mlir", pipeline="canonicalize")
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
+    distir.recover()                 # after a lost rank: agree on who is left, go on
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
 import torch.
@@ -14,10 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from distir.backends.membership import Membership, membership, recover
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
-__all__ = ["Program", "compile", "launch", "simulate"]
+__all__ = ["Membership", "Program", "compile", "launch", "membership", "recover", "simulate"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import program
 
         return getattr(program, name)
+    if name in ("Membership", "membership", "recover"):
+        from distir.backends import membership
+
+        return getattr(membership, name)
     if name == "launch":
         from distir.runtime.launch import launch
 

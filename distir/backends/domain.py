@@ -154,8 +154,10 @@ class ExecutionDomain:
         key = _STORE_PREFIX + self.key
 
         def read() -> tuple[str | None, DistirError | None]:
+            from distir.backends.membership import exclusion
+
             published = store.get(key).decode(errors="replace") if store.check([key]) else None
-            return published, None
+            return published, exclusion()
 
         try:
             return call_bounded(read, STORE_READ_BOUND_S, "reading a published failure")

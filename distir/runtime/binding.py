@@ -29,6 +29,7 @@ from distir.interpreters.invocation import Invocation
 from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import BroadcastOp
 from distir.runtime.planning import Plan
+from distir.runtime.requirements import WorldSizeError, check_world_size
 
 
 def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:
@@ -73,6 +74,15 @@ class Binding:
         """Creates the declared groups and compiles the entry function."""
         plan = self.plan
         size = self.base.size
+        try:
+            # The same on every rank: refused before any group is created.
+            check_world_size(plan.module, size, plan.entry)
+        except WorldSizeError as e:
+            raise WorldSizeError(
+                f"@{plan.entry} is refused on group {self.base.name}: {e}. Its meaning "
+                f"depends on the group size (this happens on the smaller group formed by "
+                f"distir.recover); compile it again for {size} ranks"
+            ) from None
         check_declarations(plan.groups, plan.meshes, size)
         resources = create_declared_groups(plan.groups, self.base, deadline_s)
         live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
