@@ -82,9 +82,9 @@ def _on_new_group(m: distir.Membership, size_before: int) -> dict:
     s, b = distir.compile(SMALL, deadline=DEADLINE_S).run(small_input(m.rank), group=m.group)
     out["sum"], out["bcast"] = s.tolist(), b.tolist()
     x = torch.tensor([2 * m.rank, 2 * m.rank + 1])
-    out["gather"] = distir.compile(gather_for(m.size), deadline=DEADLINE_S).run(
-        x, group=m.group
-    ).tolist()
+    out["gather"] = (
+        distir.compile(gather_for(m.size), deadline=DEADLINE_S).run(x, group=m.group).tolist()
+    )
     try:  # compiled for the old size: refused at bind time, on every rank
         distir.compile(gather_for(size_before), deadline=DEADLINE_S).run(x, group=m.group)
         out["old gather"] = "ran"
@@ -138,9 +138,7 @@ def _check_survivors(outcome: LaunchOutcome, survivors: list[int]) -> None:
 
 @pytest.mark.parametrize("victim", [2, 0])
 def test_a_rank_killed_mid_all_reduce_is_left_out_and_the_others_go_on(victim: int) -> None:
-    outcome = launch(
-        lose_one_mid_all_reduce, 4, victim, pass_context=True, tolerate=1, timeout=100
-    )
+    outcome = launch(lose_one_mid_all_reduce, 4, victim, pass_context=True, tolerate=1, timeout=100)
     assert isinstance(outcome, LaunchOutcome)
     assert outcome.lost == {victim: "killed by SIGKILL without a result"}
     survivors = [r for r in range(4) if r != victim]
@@ -165,9 +163,7 @@ def lose_two_in_turn(ctx, victims: tuple[int, int]) -> list:
 
 
 def test_two_failures_in_turn_shrink_four_ranks_to_two() -> None:
-    outcome = launch(
-        lose_two_in_turn, 4, (3, 1), pass_context=True, tolerate=2, timeout=100
-    )
+    outcome = launch(lose_two_in_turn, 4, (3, 1), pass_context=True, tolerate=2, timeout=100)
     assert set(outcome.lost) == {1, 3}
     for rank in (0, 2):
         three, two = outcome.results[rank]
@@ -265,7 +261,10 @@ def test_a_rank_killed_during_recovery_ends_in_one_clear_outcome() -> None:
     assert float(took_0) < RECOVER_S + 2 and float(took_2) < RECOVER_S + 2
     expected = sum(small_input(r) for r in (0, 1)).tolist()
     # Rank 1 joined before it died: the first round may have included it.
-    assert said_0 in (f"epoch 1 ranks (0, 2) sum {expected}", f"epoch 2 ranks (0, 2) sum {expected}")
+    assert said_0 in (
+        f"epoch 1 ranks (0, 2) sum {expected}",
+        f"epoch 2 ranks (0, 2) sum {expected}",
+    )
 
 
 def _tasks_and_fds() -> tuple[int, int]:
