@@ -10,6 +10,7 @@ reference simulator run on the survivors' inputs.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 import time
@@ -289,3 +290,74 @@ def test_fifty_recoveries_keep_threads_and_sockets_bounded() -> None:
         assert (epoch_5, epoch_50) == (5, 50)
         assert tasks_50 - tasks_5 <= 3, (tasks_5, tasks_50)
         assert fds_50 - fds_5 <= 6, (fds_5, fds_50)
+
+
+_DTYPES = {"i64": torch.int64, "f64": torch.float64, "i32": torch.int32}
+
+
+def _generated_cases(seed: int, count: int) -> list[str]:
+    """Programs whose meaning does not depend on the group size: a native
+    all-reduce, a broadcast from a root every group here has, and an
+    all-gather with a dynamic result type; element types and shapes drawn
+    from `seed`."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        kind = rng.choice(["sum", "max", "min", "prod"])
+        n, element = rng.randint(1, 5), rng.choice(sorted(_DTYPES))
+        t, gathered = f"tensor<{n}x{element}>", f"tensor<?x{element}>"
+        cases.append(
+            f"""
+func.func @main(%x: {t}) -> ({t}, {t}, {gathered}) {{
+  %r = dist.all_reduce {kind} %x : {t}
+  %b = dist.broadcast %x root {rng.randint(0, 1)} : {t}
+  %g = dist.all_gather %x axis 0 : {t} -> {gathered}
+  func.return %r, %b, %g : {t}, {t}, {gathered}
+}}
+"""
+        )
+    return cases
+
+
+def _case_input(program, seed: int, case: int, rank: int) -> torch.Tensor:
+    """Small integer values (exact in every element type and every order)."""
+    (t,) = program.input_types
+    generator = torch.Generator().manual_seed(seed * 1000 + case * 10 + rank)
+    values = torch.randint(-3, 4, tuple(t.get_shape()), generator=generator)
+    return values.to(_DTYPES[str(t.element_type)])
+
+
+def compiled_programs_survive(ctx, seed: int, count: int, victim: int) -> list:
+    programs = [distir.compile(src, deadline=DEADLINE_S) for src in _generated_cases(seed, count)]
+    for i, program in enumerate(programs):  # bound and run on the three ranks first
+        program.run(_case_input(program, seed, i, ctx.rank))
+    if ctx.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _until_failure(programs[0], _case_input(programs[0], seed, 0, ctx.rank))
+    m = distir.recover(deadline=RECOVER_S)
+    # The same compiled programs, not recompiled, on the two survivors.
+    return [
+        [r.tolist() for r in program.run(_case_input(program, seed, i, ctx.rank), group=m.group)]
+        for i, program in enumerate(programs)
+    ]
+
+
+def test_compiled_programs_run_on_the_survivors_as_the_reference_says() -> None:
+    seed, count, victim = 2026, 6, 1
+    outcome = launch(
+        compiled_programs_survive,
+        3,
+        seed,
+        count,
+        victim,
+        pass_context=True,
+        tolerate=1,
+        timeout=100,
+    )
+    survivors = [0, 2]
+    for i, src in enumerate(_generated_cases(seed, count)):
+        program = distir.compile(src)
+        reference = program.simulate([[_case_input(program, seed, i, r)] for r in survivors])
+        for new_rank, rank in enumerate(survivors):
+            got = outcome.results[rank][i]
+            assert got == [r.tolist() for r in reference[new_rank]], (src, rank)
