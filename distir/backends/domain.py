@@ -94,8 +94,6 @@ class ExecutionDomain:
         #: the first failure, when it must be raised again as itself (a
         #: fenced rank keeps hearing that it was excluded)
         self.sticky: DistirError | None = None
-        #: the process groups running in this domain (aborted when it breaks)
-        self.groups: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def check(self, what: str) -> None:
@@ -123,11 +121,6 @@ class ExecutionDomain:
             self.broken = isinstance(error, (DeadlineExceeded, CollectiveFailed, Excluded))
             if isinstance(error, Excluded):
                 self.sticky = error
-        if self.broken:
-            # Close this rank's connections: a peer still waiting in a
-            # collective on them fails at once instead of at its deadline.
-            for group in list(self.groups):
-                abort_group(group)
         store = self.store
         if store is not None:
             try:
@@ -222,14 +215,6 @@ def group_alive(pg: Any) -> bool:
     from torch.distributed import distributed_c10d as c10d
 
     return pg in c10d._world.pg_map
-
-
-def abort_group(group: Any) -> None:
-    """Closes a broken group's connections on this rank (local, at once)."""
-    try:
-        group.abort()
-    except Exception:  # already closed, or a backend without abort
-        pass
 
 
 def reset_domain(group: Any = None) -> None:

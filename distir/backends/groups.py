@@ -92,7 +92,6 @@ class ProcessGroupResource:
         self.inline = self.backend == "gloo"
         self._cached_options: dict[tuple, Any] = {}
         self.domain = domain if domain is not None else domain_for(group)
-        self.domain.groups.add(self.pg)
         #: where exchange rows live: NCCL only moves CUDA tensors
         self.device = (
             torch.device("cuda", torch.cuda.current_device())

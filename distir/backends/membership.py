@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distir.backends.domain import StoreUnavailable, abort_group, call_bounded, resolve_group
+from distir.backends.domain import StoreUnavailable, call_bounded, resolve_group
 from distir.errors import DistirError, Excluded, RecoveryFailed
 
 _PREFIX = "distir/membership/"
@@ -174,9 +174,10 @@ def recover(group: Any = None, *, deadline: float = 30.0, join_window: float | N
     destroyed.
 
     Give it a deadline longer than the collectives' deadline plus the time
-    to form a group: recovery closes the old group's connections, which
-    wakes most peers still inside a collective at once, but gloo may leave
-    a peer that waits on the lost rank itself until its own deadline.
+    to form a group: a survivor may still be inside a collective of the old
+    group, and gloo does not always wake it when a peer dies (nor can one
+    rank close another's connections: gloo's `abort` does nothing), so it
+    may join only at its own collective deadline.
 
         try:
             y = program.run(x, group=m.group)
@@ -199,9 +200,6 @@ def recover(group: Any = None, *, deadline: float = 30.0, join_window: float | N
     me = dist.get_rank()
     store = _store()
     previous = current
-    # The old group is done: closing it here wakes any peer still waiting in
-    # one of its collectives, so that it joins the recovery at once.
-    abort_group(current.group)
     failures: list[str] = []
     while True:
         epoch = current.epoch + 1
