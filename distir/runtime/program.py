@@ -225,12 +225,21 @@ class Program:
     # -- simulation -------------------------------------------------------------
 
     def simulate(
-        self, inputs_per_rank: Sequence[Sequence[torch.Tensor]], *, timeout: float = 30.0
+        self,
+        inputs_per_rank: Sequence[Sequence[torch.Tensor]],
+        *,
+        timeout: float = 30.0,
+        lost: Sequence[int] = (),
     ) -> list[Any]:
         """Runs the program for `len(inputs_per_rank)` ranks in this process
-        with the reference semantics, and returns every rank's results."""
+        with the reference semantics, and returns every rank's results.
+
+        `lost` drops those ranks first, as `distir.recover` does: the others
+        run as a group of the survivors, renumbered in order, and only their
+        results are returned (what a recovered group must compute)."""
         from distir.interpreters.reference import run_simulation
 
+        inputs_per_rank = [x for r, x in enumerate(inputs_per_rank) if r not in set(lost)]
         for inputs in inputs_per_rank:
             self.check_inputs(inputs)
         plan = self.plan

@@ -357,7 +357,21 @@ def test_compiled_programs_run_on_the_survivors_as_the_reference_says() -> None:
     survivors = [0, 2]
     for i, src in enumerate(_generated_cases(seed, count)):
         program = distir.compile(src)
-        reference = program.simulate([[_case_input(program, seed, i, r)] for r in survivors])
+        reference = program.simulate(
+            [[_case_input(program, seed, i, r)] for r in range(3)], lost=[victim]
+        )
         for new_rank, rank in enumerate(survivors):
             got = outcome.results[rank][i]
             assert got == [r.tolist() for r in reference[new_rank]], (src, rank)
+
+
+def test_the_reference_with_a_rank_dropped_is_the_reference_on_the_survivors() -> None:
+    program = distir.compile(SMALL)
+    inputs = [[small_input(r)] for r in range(4)]
+    dropped = program.simulate(inputs, lost=[0, 2])
+    survivors = program.simulate([inputs[1], inputs[3]])
+    assert len(dropped) == 2
+    for got, expected in zip(dropped, survivors):
+        assert [t.tolist() for t in got] == [t.tolist() for t in expected]
+    # rank 1 of the old group is rank 0 of the survivors: it is the root now
+    assert dropped[1][1].tolist() == small_input(1).tolist()
