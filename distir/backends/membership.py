@@ -291,6 +291,10 @@ def _bounded(fn: Any, timeout_s: float, step: str) -> Any:
         return call_bounded(fn, timeout_s, f"recover: {step}")
     except StoreUnavailable as e:
         raise RecoveryFailed(f"{e} (the rendezvous store does not answer)") from None
+    except (RuntimeError, dist.DistStoreError) as e:  # the store is gone
+        raise RecoveryFailed(
+            f"recover: {step}: the rendezvous store failed ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def _form(members: tuple[int, ...], epoch: int, me: int, end: float) -> Any:
