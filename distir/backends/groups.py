@@ -353,14 +353,18 @@ def check_declarations(
         if beyond:
             raise DistirError(
                 f"group @{decl.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks"
+                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks "
+                "(declare ranks of the group it runs on; after distir.recover, compile it "
+                "again for the new group size)"
             )
     for mesh in meshes:
         beyond = sorted(r for r in mesh.rank_list if r >= size)
         if beyond:
             raise DistirError(
                 f"mesh @{mesh.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks"
+                f"{', '.join(map(str, beyond))} but the program runs on {size} ranks "
+                "(declare ranks of the group it runs on; after distir.recover, compile it "
+                "again for the new group size)"
             )
 
 

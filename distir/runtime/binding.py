@@ -74,6 +74,7 @@ class Binding:
         """Creates the declared groups and compiles the entry function."""
         plan = self.plan
         size = self.base.size
+        check_declarations(plan.groups, plan.meshes, size)
         try:
             # The same on every rank: refused before any group is created.
             check_world_size(plan.module, size, plan.entry)
@@ -83,7 +84,6 @@ class Binding:
                 f"depends on the group size (this happens on the smaller group formed by "
                 f"distir.recover); compile it again for {size} ranks"
             ) from None
-        check_declarations(plan.groups, plan.meshes, size)
         resources = create_declared_groups(plan.groups, self.base, deadline_s)
         live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
 
