@@ -57,6 +57,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distir.backends.domain import StoreUnavailable, call_bounded, resolve_group
+from distir.durations import Duration, seconds
 from distir.errors import DistirError, Excluded, RecoveryFailed
 
 _PREFIX = "distir/membership/"
@@ -159,14 +160,15 @@ def _excluded(me: int, epoch: int, members: tuple[int, ...]) -> Excluded:
     )
 
 
-def recover(group: Any = None, *, deadline: float = 30.0, join_window: float | None = None
-            ) -> Membership:
+def recover(
+    group: Any = None, *, deadline: Duration = 30.0, join_window: Duration | None = None
+) -> Membership:
     """Agrees with the other survivors on who is left and forms a new group.
 
     Every survivor calls it after a failure, with the group that failed
     (None: the current membership's group, the default group at first). It
     returns the same `Membership` on every survivor, within `deadline`
-    seconds (plus at most 2 s), or raises `Excluded` (the others moved on
+    (seconds or a timedelta; plus at most 2 s), or raises `Excluded` (the others moved on
     without this rank) or `RecoveryFailed` (no agreement in time). Members
     that do not join within `join_window` seconds (default: half the
     deadline) are left out; ranks the launcher reports gone are not waited
@@ -185,11 +187,10 @@ def recover(group: Any = None, *, deadline: float = 30.0, join_window: float | N
             m = distir.recover()
     """
     global _current
-    if deadline <= 0:
-        raise ValueError(f"deadline must be positive, got {deadline!r}")
+    deadline = seconds(deadline, "deadline")
     start = time.monotonic()
     end = start + deadline
-    window = 0.6 * deadline if join_window is None else join_window
+    window = 0.6 * deadline if join_window is None else seconds(join_window, "join_window")
     current = membership()
     if group is not None and group is not current.group:
         raise DistirError(
@@ -219,7 +220,10 @@ def recover(group: Any = None, *, deadline: float = 30.0, join_window: float | N
                 )
             continue
         result = Membership(
-            epoch, members, formed, members.index(me),
+            epoch,
+            members,
+            formed,
+            members.index(me),
             tuple(r for r in previous.ranks if r not in members),
         )
         with _lock:
@@ -241,8 +245,9 @@ def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
             pass
 
 
-def _decide(store: Any, current: Membership, epoch: int, me: int, close: float,
-            end: float) -> tuple[int, ...]:
+def _decide(
+    store: Any, current: Membership, epoch: int, me: int, close: float, end: float
+) -> tuple[int, ...]:
     """The members of `epoch`: read, or proposed once every member of the
     current epoch joined or is gone, or the window closed."""
     key = _decision_key(epoch)
