@@ -5,6 +5,7 @@
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
     y = distir.all_reduce(x, "sum")                        # one collective, on a rank
+    distir.recover()                 # after a lost rank: agree on who is left, go on
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
 import torch.
@@ -15,11 +16,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from distir.backends.membership import Membership, membership, recover
     from distir.runtime.eager import all_reduce
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
-__all__ = ["Program", "all_reduce", "compile", "launch", "simulate"]
+__all__ = [
+    "Membership",
+    "Program",
+    "all_reduce",
+    "compile",
+    "launch",
+    "membership",
+    "recover",
+    "simulate",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime.eager import all_reduce
 
         return all_reduce
+    if name in ("Membership", "membership", "recover"):
+        from distir.backends import membership
+
+        return getattr(membership, name)
     if name == "launch":
         from distir.runtime.launch import launch
 

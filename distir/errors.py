@@ -53,9 +53,11 @@ class CollectiveFailed(OpError):
 class Poisoned(DistirError):
     """The execution domain already failed; nothing more runs on it.
 
-    `first_failure` is the error that poisoned it. Recover explicitly: create
-    a new process group (and programs run on it get a fresh domain) or call
-    `distir.backends.domain.reset_domain(group)` once every rank agrees.
+    `first_failure` is the error that poisoned it. After a backend failure
+    (a deadline, a lost peer) the group is gone: the survivors call
+    `distir.recover()` and go on with a new group. After a refusal that left
+    the group working (a rejected input), every rank may call
+    `distir.backends.domain.reset_domain(group)` instead.
     """
 
     def __init__(self, message: str, first_failure: str):
@@ -76,3 +78,19 @@ class ProgramMismatch(DistirError):
 class ConcurrentRun(DistirError):
     """Another thread's runs are in flight on the same process group (see
     `distir.runtime.concurrency`): nothing was exchanged, nothing poisoned."""
+
+
+class Excluded(DistirError):
+    """This rank was left out of the group's membership: the survivors moved
+    on to `epoch` without it (it was frozen, late or cut off) and it must
+    never take part in a collective of that epoch."""
+
+    def __init__(self, message: str, epoch: int):
+        super().__init__(message)
+        #: the epoch this rank missed
+        self.epoch = epoch
+
+
+class RecoveryFailed(DistirError):
+    """The survivors could not agree on a new membership within the deadline
+    (the store is unreachable, or every round lost another member)."""

@@ -27,7 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distir.backends.domain import ExecutionDomain, domain_for
+from distir.backends.domain import (
+    ExecutionDomain,
+    StoreUnavailable,
+    call_bounded,
+    domain_for,
+    group_alive,
+)
 from distir.errors import (
     CollectiveFailed,
     DeadlineExceeded,
@@ -119,13 +125,24 @@ class ProcessGroupResource:
         """A backend error as a named distir error (and the cause a peer
         published, if any)."""
         text = _backend_message(error)
-        # The failure path may read the store: did a peer fail and say why?
-        published = self.domain.published_failure()
+        # The failure path may read the store: did a peer fail and say why,
+        # and did the survivors move on without this rank?
+        published, excluded = self.domain.failure_evidence()
+        if excluded is not None:
+            return excluded
         cause = ""
         if published:
             who, _, why = published.partition(": ")
             cause = f"; {who} failed first: {why}"
         deadline = self.deadline_for(invocation)
+        if "pair closure" in text.lower():
+            # gloo closed every pair of this group when an earlier op timed out.
+            return CollectiveFailed(
+                invocation.description,
+                f"group {self.name} cannot run collectives any more: its connections were "
+                "closed when an earlier collective timed out (call distir.recover() on the "
+                f"survivors to form a new group){cause}",
+            )
         # A peer that gave up at its own deadline closes the connection just
         # before ours expires: the op did not complete within its deadline.
         if "timed out" in text.lower() or "timeout" in text.lower() or waited >= 0.95 * deadline:
@@ -337,33 +354,45 @@ def check_declarations(
         if beyond:
             raise DistirError(
                 f"group @{decl.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')}"
+                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')} "
+                "(declare ranks of the group it runs on; after distir.recover, compile it "
+                "again for the new group size)"
             )
     for mesh in meshes:
         beyond = sorted(r for r in mesh.rank_list if r >= size)
         if beyond:
             raise DistirError(
                 f"mesh @{mesh.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')}"
+                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')} "
+                "(declare ranks of the group it runs on; after distir.recover, compile it "
+                "again for the new group size)"
             )
 
 
-#: (base group identity, global rank lists) -> this rank's process group, or
-#: None on a rank in no subgroup
-_GROUP_CACHE: dict[tuple, dist.ProcessGroup | None] = {}
+#: base process group -> {global rank lists -> this rank's process group, or
+#: None on a rank in no subgroup}; the subgroups live as long as their base
+_GROUP_CACHE: dict[Any, dict[tuple, dist.ProcessGroup | None]] = {}
 _GROUP_CACHE_LOCK = threading.Lock()
-
-
-def _registered(pg: Any) -> bool:
-    """Whether a process group is still alive (not destroyed since)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    return pg in c10d._world.pg_map
 
 
 def cached_group_count() -> int:
     """How many declared groups this process holds (for leak tests)."""
-    return len(_GROUP_CACHE)
+    return sum(len(groups) for groups in _GROUP_CACHE.values())
+
+
+def release_dead_groups() -> None:
+    """Destroys the declared subgroups of base groups that were destroyed,
+    and forgets them (their threads and sockets go with them)."""
+    with _GROUP_CACHE_LOCK:
+        dead = [base for base in _GROUP_CACHE if not group_alive(base)]
+        released = [_GROUP_CACHE.pop(base) for base in dead]
+    for groups in released:
+        for pg in groups.values():
+            if pg is not None and group_alive(pg):
+                try:
+                    dist.destroy_process_group(pg)
+                except Exception:  # already broken: it is released anyway
+                    pass
 
 
 def create_declared_groups(
@@ -380,29 +409,66 @@ def create_declared_groups(
     deadline; groups already created for the same declaration are reused.
     """
     resources: dict[str | None, ProcessGroupResource | NonMemberResource] = {None: base}
-    base_ident = ("world", id(dist.group.WORLD)) if base.group is None else (
-        "group", id(base.group)
-    )
+    if declarations:
+        release_dead_groups()
     on_world = base.group is None
     timeout = timedelta(seconds=deadline_s)
     for decl in declarations:
         name = decl.sym_name.data
         parts = tuple(tuple(base.global_rank(r) for r in part) for part in decl.rank_lists)
-        key = (base_ident, parts)
         with _GROUP_CACHE_LOCK:
-            cached = _GROUP_CACHE.get(key, ...)
-            if cached is not ... and cached is not None and not _registered(cached):
+            cached = _GROUP_CACHE.get(base.pg, {}).get(parts, ...)
+            if cached is not ... and cached is not None and not group_alive(cached):
                 cached = ...
         if cached is ...:
             cached = _new_groups(parts, base, on_world, timeout, name)
             with _GROUP_CACHE_LOCK:
-                _GROUP_CACHE[key] = cached
+                _GROUP_CACHE.setdefault(base.pg, {})[parts] = cached
         resources[name] = (
             NonMemberResource(name, base.rank)
             if cached is None
             else ProcessGroupResource(cached, name, domain=base.domain)
         )
     return resources
+
+
+def create_group(global_ranks: Sequence[int], name: str, timeout: timedelta) -> Any:
+    """A process group over `global_ranks`, created by its members only.
+
+    `name` is the group's name and the prefix of its rendezvous keys in the
+    store, so it must be new in the store: torch's own name for a group
+    made by its members only (`use_local_synchronization`) repeats once an
+    earlier group of the same ranks was destroyed, and the new group then
+    reads the old group's addresses."""
+    ranks = list(global_ranks)
+    default = c10d._get_default_group()
+    backend, store = c10d._world.pg_map[default]
+    pg, _ = c10d._new_process_group_helper(
+        len(ranks),
+        ranks.index(default.rank()),
+        ranks,
+        backend,
+        store,
+        c10d.GroupName(name),
+        timeout=timeout,
+    )
+    c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
+    return pg
+
+
+#: the next group generation this process may use (see `_agreed_generation`)
+_next_generation = 0
+
+
+def _agreed_generation(base: ProcessGroupResource, step: Step) -> int:
+    """A number no earlier group created by distir on any of these ranks
+    used: the largest next generation of the base group's ranks (a group's
+    members all took part in creating any earlier group of the same ranks,
+    so their counters moved past its number)."""
+    global _next_generation
+    generation = max(row[0] for row in base.exchange_rows([_next_generation], step))
+    _next_generation = generation + 1
+    return generation
 
 
 def _new_groups(
@@ -413,22 +479,38 @@ def _new_groups(
     name: str,
 ) -> dist.ProcessGroup | None:
     me = base.global_rank(base.rank)
-    mine = None
     step = Step(f"creating group @{name}")
     start = time.monotonic()
-    try:
+    generation = None if on_world else _agreed_generation(base, step)
+
+    def create() -> dist.ProcessGroup | None:
+        mine = None
         for global_ranks in parts:
             member = me in global_ranks
             if on_world:
                 pg = dist.new_group(list(global_ranks), timeout=timeout)
             elif member:
-                pg = dist.new_group(
-                    list(global_ranks), timeout=timeout, use_local_synchronization=True
+                pg = create_group(
+                    global_ranks,
+                    f"distir-{generation}-{'_'.join(map(str, global_ranks))}",
+                    timeout,
                 )
             else:
                 continue
             if member:
                 mine = pg
+        return mine
+
+    # new_group reads the store, which may live in a frozen rank: bounded
+    # beyond the backend's own timeout.
+    try:
+        return call_bounded(create, timeout.total_seconds() + 1.0, f"creating group @{name}")
+    except StoreUnavailable:
+        raise DeadlineExceeded(
+            step.description,
+            f"did not complete within its {timeout.total_seconds():g} s deadline on group "
+            f"{base.name} (rank {base.rank} waited {time.monotonic() - start:.2f} s; the "
+            "rendezvous store does not answer: the rank hosting it may be frozen)",
+        ) from None
     except (RuntimeError, dist.DistStoreError) as e:
         raise base.failure(RuntimeError(str(e)), step, time.monotonic() - start) from None
-    return mine

@@ -56,6 +56,8 @@ class RunRequest:
     backend: str
     deadline: float
     keep_results: bool = False
+    #: with --tolerate: survivors recover and finish their runs on the new group
+    tolerate: int | None = None
 
 
 def checksum(t: Any) -> str:
@@ -208,10 +210,25 @@ def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
         inputs = [x.cuda() for x in inputs]
     times = []
     results: Any = None
-    for _ in range(request.repeat):
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        results = program.run(*inputs)
+    group = None
+    recovered: list[str] = []
+    while len(times) < request.repeat:
+        try:
+            torch.distributed.barrier(group=group)
+            start = time.perf_counter()
+            results = program.run(*inputs, group=group)
+        except (DistirError, RuntimeError):
+            if request.tolerate is None:
+                raise
+            # A peer was lost: agree on the survivors and finish the runs on them.
+            m = distir.recover(deadline=request.deadline + 10.0)
+            group = m.group
+            inputs = _rank_inputs(request, entry_function(module, request.entry), m.rank, m.size)
+            recovered.append(
+                f"recovered: epoch {m.epoch}, rank {m.rank} of {m.size} "
+                f"({_rank_list(m.ranks)}; lost {_rank_list(m.lost)})"
+            )
+            continue
         if request.backend == "nccl":
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
@@ -221,6 +238,7 @@ def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
         "rank": rank,
         "results": [summarize(r) for r in results],
         "times_ms": times,
+        "recovered": recovered,
     }
     if request.keep_results:
         report["values"] = [r.detach().cpu() for r in results]
@@ -256,6 +274,8 @@ def print_report(request: RunRequest, reports: Sequence[dict], where: str) -> No
             f"(first {times[0]:.3f} ms)"
         )
         print(f"rank {report['rank']}: run {timing}")
+        for line in report.get("recovered", ()):
+            print(f"  {line}")
         for i, line in enumerate(report["results"]):
             print(f"  result #{i}: {line}")
 
@@ -425,6 +445,14 @@ exit status: 0 success, 1 a bad program, input or a failed rank, 2 bad flags,
         "(default: %(default)g)",
     )
     parser.add_argument(
+        "--tolerate",
+        type=_at_least(0),
+        metavar="K",
+        help="go on while at most K ranks are lost: the survivors agree on who is left "
+        "(distir.recover), finish their runs on the new group and are reported with "
+        "each lost rank's cause (default: any lost rank ends the run)",
+    )
+    parser.add_argument(
         "--output",
         "-o",
         metavar="FILE.pt",
@@ -533,6 +561,8 @@ def _run(args: argparse.Namespace) -> int:
                 "not set, so this is no torchrun worker; starting local ranks"
             )
     nproc = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or DEFAULT_NPROC)
+    if args.tolerate is not None and args.tolerate >= nproc:
+        raise DistirError(f"--tolerate {args.tolerate} must be smaller than the {nproc} ranks")
 
     text, filename = read_program(args.program)
     request = RunRequest(
@@ -547,6 +577,7 @@ def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         deadline=args.deadline,
         keep_results=args.output is not None,
+        tolerate=args.tolerate,
     )
     if args.output is not None:
         _check_output_path(args.output)
@@ -583,7 +614,7 @@ def _run(args: argparse.Namespace) -> int:
             _save(args.output, gathered)
         return 0
 
-    reports = launch(
+    outcome = launch(
         _launched_rank,
         nproc,
         request,
@@ -591,9 +622,16 @@ def _run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         collective_timeout=max(60.0, args.deadline),
         pass_context=True,
+        tolerate=args.tolerate,
     )
+    lost: dict[int, str] = {}
+    if args.tolerate is not None:
+        lost, outcome = outcome.lost, [outcome.results[r] for r in sorted(outcome.results)]
+    reports = outcome
     values = [report.pop("values", None) for report in reports]
     print_report(request, reports, f"{nproc} local {args.backend} {'rank' if nproc == 1 else 'ranks'}")
+    for rank, why in sorted(lost.items()):
+        print(f"rank {rank}: lost ({why.removeprefix('DistirError: ')})")
     if args.output is not None:
         _save(args.output, values)
     return 0

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
+from distir.backends.domain import group_alive
 from distir.backends.groups import (
     ProcessGroupResource,
     check_declarations,
@@ -36,6 +37,7 @@ from distir.interpreters.checks import check_group_assumption, check_result_shap
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import BroadcastOp
 from distir.runtime.planning import Plan
+from distir.runtime.requirements import WorldSizeError, check_world_size
 
 
 def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:
@@ -75,6 +77,12 @@ class Binding:
         return self.compiled is not None
 
     @property
+    def alive(self) -> bool:
+        """Whether the base group still exists (a destroyed one releases
+        this binding, its resources and its domain)."""
+        return group_alive(self.base.pg)
+
+    @property
     def must_agree(self) -> bool:
         """Whether this run starts with the agreement exchange."""
         if self.plan.agreement:
@@ -100,7 +108,17 @@ class Binding:
     def prepare(self, deadline_s: float) -> None:
         """Creates the declared groups and compiles the entry function."""
         plan = self.plan
-        check_declarations(plan.groups, plan.meshes, self.base.size)
+        size = self.base.size
+        check_declarations(plan.groups, plan.meshes, size)
+        try:
+            # The same on every rank: refused before any group is created.
+            check_world_size(plan.module, size, plan.entry)
+        except WorldSizeError as e:
+            raise WorldSizeError(
+                f"@{plan.entry} is refused on group {self.base.name}: {e}. Its meaning "
+                f"depends on the group size (this happens on the smaller group formed by "
+                f"distir.recover); compile it again for {size} ranks"
+            ) from None
         resources = create_declared_groups(plan.groups, self.base, deadline_s)
         live = [r for r in resources.values() if isinstance(r, ProcessGroupResource)]
 

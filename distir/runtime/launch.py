@@ -16,6 +16,14 @@ order. Every wait is bounded and no rank outlives the call:
   dies (`PR_SET_PDEATHSIG`), so not even a SIGKILL of the parent leaves a
   rank behind.
 
+The rendezvous store lives in the launching process and the ranks connect
+to it as clients, so any rank, rank 0 included, may die while the others go
+on. With `tolerate=k` the launch survives up to k lost ranks: the launcher
+reports each rank whose process ended (or whose function returned or
+raised) in the store, the survivors' `distir.recover()` reads that as
+evidence, and `launch` returns the survivors' results with each lost rank's
+cause (`LaunchOutcome`).
+
 Under torchrun (`TORCHELASTIC_RUN_ID` set, as torchrun's elastic agent does
 for every worker, together with RANK, WORLD_SIZE, MASTER_ADDR, ...),
 `init_from_environment` joins the job as that rank instead, so the same
@@ -94,6 +102,16 @@ class LaunchError(DistirError):
         self.failures = failures
         #: rank -> result, for the ranks that finished
         self.results = results
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """What `launch(..., tolerate=k)` returns: the results of the ranks that
+    finished, and why each other rank was lost (its error, exit code or
+    signal)."""
+
+    results: dict[int, Any]
+    lost: dict[int, str]
 
 
 class BackendUnavailable(DistirError):
@@ -269,10 +287,17 @@ def _rank_entry(
 
         if threads is not None:
             torch.set_num_threads(threads)
+        from distir.backends.membership import set_job_store
+
         _set_cuda_device(backend, rank)
+        # The launching process hosts the store: it outlives every rank.
+        store = dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=collective_timeout)
+        )
+        set_job_store(store)
         dist.init_process_group(
             backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            store=store,
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=collective_timeout),
@@ -419,7 +444,8 @@ def launch(
     collective_timeout: Duration = 60.0,
     threads_per_rank: int | None = 1,
     pass_context: bool = False,
-) -> list[Any]:
+    tolerate: int | None = None,
+) -> Any:
     """Runs `fn(*args)` (or `fn(RankContext, *args)`) on `nproc` local ranks
     and returns their results in rank order.
 
@@ -439,6 +465,13 @@ def launch(
             program's `deadline`.
         threads_per_rank: torch intra-op threads per rank (None: torch's default).
         pass_context: pass a `RankContext` as the first argument.
+        tolerate: how many ranks may be lost (their process dies, or their
+            function raises) while the others go on and recover
+            (`distir.recover()`); the launch then returns a `LaunchOutcome`
+            with the survivors' results and each lost rank's cause, and
+            raises `LaunchError` only when more than `tolerate` are lost.
+            None (the default): any failure ends the launch, as a
+            `LaunchError`, and the results are a list.
 
     Ranks are started with the `spawn` method: each is a fresh interpreter
     that imports `fn`'s module, so module-level code of that module (and of
@@ -460,12 +493,17 @@ def launch(
     _refuse_launch_while_a_rank_starts()
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    if tolerate is not None and (
+        isinstance(tolerate, bool) or not isinstance(tolerate, int) or not 0 <= tolerate < nproc
+    ):
+        raise ValueError(f"tolerate must be an integer in [0, {nproc}), got {tolerate!r}")
     timeout_s = seconds(timeout, "timeout")
     collective_timeout_s = seconds(collective_timeout, "collective_timeout")
     _check_launchable(fn)
     check_backend(backend, nproc)
     ctx = mp.get_context("spawn")
-    port = free_port()
+    store = _host_store(collective_timeout_s)
+    port = store.port
     parent_pid = os.getpid()
     # One pipe per rank, not a shared queue: a rank that dies without a
     # result is seen at once (end of file), and no semaphore is left behind.
@@ -513,7 +551,16 @@ def launch(
                     outcomes[rank] = reader.recv()  # type: ignore[union-attr]
                 except EOFError:
                     exited_without_result.add(rank)
-                if rank in exited_without_result or not outcomes[rank][0]:
+                lost = rank in exited_without_result or not outcomes[rank][0]
+                if tolerate is not None:
+                    # Evidence for the survivors' recovery: this rank is gone.
+                    _report_gone(store, rank, procs[rank], outcomes.get(rank))
+                    losses = len(exited_without_result) + sum(
+                        not ok for ok, _ in outcomes.values()
+                    )
+                    if losses <= tolerate:
+                        continue
+                if lost:
                     # The group is broken: others will fail or time out on their
                     # own collective deadline; collect what arrives within a grace.
                     if time.monotonic() + grace < deadline:
@@ -544,7 +591,7 @@ def launch(
     failures: dict[int, str] = {}
     for r in range(nproc):
         if r in exited_without_result or (r not in outcomes and r not in stopped):
-            failures[r] = f"exited with code {procs[r].exitcode} without a result"
+            failures[r] = f"{_exit_cause(procs[r].exitcode)} without a result"
         elif r not in outcomes:
             failures[r] = (
                 f"did not finish in time (still running {grace:g} s after another rank "
@@ -554,6 +601,8 @@ def launch(
             )
         elif not outcomes[r][0]:
             failures[r] = outcomes[r][1]
+    if tolerate is not None and len(failures) <= tolerate:
+        return LaunchOutcome(_finished(outcomes), failures)
     if failures:
         lines = [f"{len(failures)} of {count(nproc, 'rank')} failed:"]
         for r, why in sorted(failures.items()):
@@ -578,6 +627,40 @@ def _refuse_launch_while_a_rank_starts() -> None:
     recognises instead, and the launcher says what to do in one line."""
     if getattr(mp.current_process(), "_inheriting", False):
         raise SystemExit(_NO_MAIN_GUARD_EXIT)
+
+
+def _host_store(timeout_s: float) -> Any:
+    """The job's rendezvous store, served by this process on a free port."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _exit_cause(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def _report_gone(store: Any, rank: int, proc: Any, outcome: tuple[bool, Any] | None) -> None:
+    """Tells the survivors (`distir.recover`) that `rank` will never join."""
+    from distir.backends.membership import GONE_KEY
+
+    if outcome is None:
+        proc.join(0.5)  # its pipe closed: it is exiting
+        cause = f"{_exit_cause(proc.exitcode)} without a result"
+    else:
+        cause = "finished" if outcome[0] else str(outcome[1]).splitlines()[-1]
+    try:
+        store.set(GONE_KEY.format(rank=rank), cause)
+    except Exception:  # the launcher's own store: only at shutdown
+        pass
 
 
 def _finished(outcomes: Mapping[int, tuple[bool, Any]]) -> dict[int, Any]:

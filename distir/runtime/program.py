@@ -192,7 +192,11 @@ class Program:
             y = program.run(x, donate=True)   # x's memory may now hold y
         """
         binding = self._bindings.get(group)
-        if binding is None:
+        if binding is None or not binding.alive:
+            # Bindings on destroyed groups go: they hold the groups' threads
+            # and sockets.
+            for key in [k for k, b in self._bindings.items() if not b.alive]:
+                del self._bindings[key]
             binding = self._bindings[group] = Binding(self.plan, group)
         base = binding.base
         base.domain.check(f"@{self.entry}")
@@ -228,12 +232,21 @@ class Program:
     # -- simulation -------------------------------------------------------------
 
     def simulate(
-        self, inputs_per_rank: Sequence[Sequence[torch.Tensor]], *, timeout: float = 30.0
+        self,
+        inputs_per_rank: Sequence[Sequence[torch.Tensor]],
+        *,
+        timeout: float = 30.0,
+        lost: Sequence[int] = (),
     ) -> list[Any]:
         """Runs the program for `len(inputs_per_rank)` ranks in this process
-        with the reference semantics, and returns every rank's results."""
+        with the reference semantics, and returns every rank's results.
+
+        `lost` drops those ranks first, as `distir.recover` does: the others
+        run as a group of the survivors, renumbered in order, and only their
+        results are returned (what a recovered group must compute)."""
         from distir.interpreters.reference import run_simulation
 
+        inputs_per_rank = [x for r, x in enumerate(inputs_per_rank) if r not in set(lost)]
         for inputs in inputs_per_rank:
             self.check_inputs(inputs)
         plan = self.plan

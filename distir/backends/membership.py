@@ -1,0 +1,352 @@
+"""Surviving a lost rank: the survivors agree on who is left and go on.
+
+After a failure (a peer's exit, a deadline, a rank that raised), every
+survivor calls `recover()`. It returns the same `Membership` on every
+survivor: the previous members that are still there, a new epoch number and
+a new process group over them, or raises a named error, within its deadline
+(plus the 2 s every failure path may take).
+
+The protocol runs on the rendezvous store, which outlives every rank (the
+launcher hosts it, or torchrun's agent). For the move from epoch e to e+1:
+
+1. Fencing first: if the decision for e+1 exists and leaves this rank out,
+   it raises `Excluded` (it was frozen or late while the others moved on).
+2. Join: the rank writes `join/<e+1>/<rank>`.
+3. Decide: the rank polls until every member of epoch e has joined or is
+   known to be gone (the launcher writes `gone/<rank>` with the cause when
+   a rank's process ends or its function returns or raises), or until the
+   join window closes. It then proposes the members that joined, with one
+   compare-and-set on `decision/<e+1>`: the first proposal wins, and every
+   rank reads that one.
+4. Form: the decided members create a process group named after the epoch
+   (its rendezvous keys are new in the store) and confirm it with one small
+   all-reduce. If a member died meanwhile, creation or confirmation fails on
+   every member, and they run the protocol again from the decided
+   membership (epoch e+2), where the dead member is gone or never joins.
+
+Why it is safe. The store is one server, so `compare_set` is a linearisable
+register: exactly one membership is decided per epoch and every rank reads
+the same one. A decision only names ranks that joined, i.e. that were
+running `recover` for that very epoch. A rank outside the decision cannot
+enter the new group (its rendezvous names only the decided members, by
+rank), and the failure path and `recover` check the decision before
+anything else, so a rank that wakes up after the others moved on hears
+`Excluded`, naming the epoch it missed, and never takes part in a collective
+of that epoch. Every wait is bounded: store reads (`call_bounded`), the
+join window, group creation and confirmation (backend timeouts); when the
+deadline passes, `RecoveryFailed` says which step did not finish.
+
+Liveness is what the evidence gives: with the launcher's `gone` reports a
+lost rank is known at once and recovery takes about the time of a group
+creation; without them (torchrun, or a frozen rank) the survivors wait for
+the join window. Compared with torchft's quorum (a lighthouse server that
+forms a quorum at every step from heartbeats), this runs only after a
+failure and needs no server besides the store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from distir.backends.domain import StoreUnavailable, call_bounded, resolve_group
+from distir.durations import Duration, seconds
+from distir.errors import DistirError, Excluded, RecoveryFailed
+
+_PREFIX = "distir/membership/"
+
+#: the key the launcher writes when a rank's process is gone (value: why)
+GONE_KEY = "distir/gone/{rank}"
+
+#: seconds between two looks at the store while waiting for joins
+_POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who runs together after `epoch` recoveries.
+
+    `ranks` are global ranks (sorted); `group` is the process group over
+    them (the default group at epoch 0); `rank` is this process's
+    rank in `group`; `lost` the ranks of the previous membership left out."""
+
+    epoch: int
+    ranks: tuple[int, ...]
+    group: Any = field(repr=False, compare=False)
+    rank: int
+    lost: tuple[int, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+_lock = threading.Lock()
+_current: Membership | None = None
+#: the launcher's store, where it reports gone ranks (None under torchrun)
+_job_store: Any = None
+
+
+def set_job_store(store: Any) -> None:
+    """The store the launcher hosts (it reports gone ranks there)."""
+    global _job_store
+    _job_store = store
+
+
+def membership() -> Membership:
+    """The current membership (epoch 0: the whole default group)."""
+    global _current
+    if not dist.is_initialized():
+        raise DistirError("torch.distributed is not initialised")
+    with _lock:
+        world = resolve_group(None)
+        if _current is None or (_current.epoch == 0 and _current.group is not world):
+            ranks = tuple(range(dist.get_world_size()))
+            _current = Membership(0, ranks, world, dist.get_rank())
+        return _current
+
+
+def _store() -> Any:
+    return c10d._get_default_store()
+
+
+def _decision_key(epoch: int) -> str:
+    return f"{_PREFIX}decision/{epoch}"
+
+
+def _join_key(epoch: int, rank: int) -> str:
+    return f"{_PREFIX}join/{epoch}/{rank}"
+
+
+def _parse(value: bytes) -> tuple[int, ...]:
+    return tuple(int(r) for r in value.decode().split(",") if r)
+
+
+def _read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:
+    key = _decision_key(epoch)
+    if not store.check([key]):
+        return None
+    return _parse(store.get(key))
+
+
+def exclusion() -> Excluded | None:
+    """`Excluded` if the survivors decided an epoch after this rank's
+    without it (reads the store: for failure paths only, unbounded: the
+    caller bounds it)."""
+    if not dist.is_initialized():
+        return None
+    current = membership()
+    me = dist.get_rank()
+    decided = _read_decision(_store(), current.epoch + 1)
+    if decided is None or me in decided:
+        return None
+    return _excluded(me, current.epoch + 1, decided)
+
+
+def _excluded(me: int, epoch: int, members: tuple[int, ...]) -> Excluded:
+    return Excluded(
+        f"rank {me} was excluded at epoch {epoch}: the survivors "
+        f"{', '.join(map(str, members))} moved on without it (it was frozen, late or cut "
+        "off for longer than their join window); it must not take part in their "
+        "collectives, so it stops here",
+        epoch,
+    )
+
+
+def recover(
+    group: Any = None, *, deadline: Duration = 30.0, join_window: Duration | None = None
+) -> Membership:
+    """Agrees with the other survivors on who is left and forms a new group.
+
+    Every survivor calls it after a failure, with the group that failed
+    (None: the current membership's group, the default group at first). It
+    returns the same `Membership` on every survivor, within `deadline`
+    (seconds or a timedelta; plus at most 2 s), or raises `Excluded` (the others moved on
+    without this rank) or `RecoveryFailed` (no agreement in time). Members
+    that do not join within `join_window` seconds (default: half the
+    deadline) are left out; ranks the launcher reports gone are not waited
+    for. Programs run on `membership.group` afterwards; the old group is
+    destroyed.
+
+    Give it a deadline longer than the collectives' deadline plus the time
+    to form a group: a survivor may still be inside a collective of the old
+    group, and gloo does not always wake it when a peer dies (nor can one
+    rank close another's connections: gloo's `abort` does nothing), so it
+    may join only at its own collective deadline.
+
+        try:
+            y = program.run(x, group=m.group)
+        except distir.errors.DistirError:
+            m = distir.recover()
+    """
+    global _current
+    deadline = seconds(deadline, "deadline")
+    start = time.monotonic()
+    end = start + deadline
+    window = 0.6 * deadline if join_window is None else seconds(join_window, "join_window")
+    current = membership()
+    if group is not None and group is not current.group:
+        raise DistirError(
+            "recover: the group given is not the current membership's group (epoch "
+            f"{current.epoch}, ranks {list(current.ranks)}); pass the group that "
+            "recover returned last, or None"
+        )
+    me = dist.get_rank()
+    store = _store()
+    previous = current
+    failures: list[str] = []
+    while True:
+        epoch = current.epoch + 1
+        members = _decide(store, current, epoch, me, min(end, time.monotonic() + window), end)
+        if me not in members:
+            _fence(previous, epoch, members)
+            raise _excluded(me, epoch, members)
+        formed = _form(members, epoch, me, end)
+        if isinstance(formed, str):
+            failures.append(f"epoch {epoch} over ranks {list(members)}: {formed}")
+            current = Membership(epoch, members, None, members.index(me))
+            if time.monotonic() >= end:
+                raise RecoveryFailed(
+                    f"recover: no membership agreed within {deadline:g} s ("
+                    + "; ".join(failures)
+                    + ")"
+                )
+            continue
+        result = Membership(
+            epoch,
+            members,
+            formed,
+            members.index(me),
+            tuple(r for r in previous.ranks if r not in members),
+        )
+        with _lock:
+            _current = result
+        _release(previous.group)
+        return result
+
+
+def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
+    """This rank is out: its old group's domain says so from now on."""
+    from distir.backends.domain import domain_for
+
+    if previous.group is not None and dist.is_initialized():
+        try:
+            domain_for(previous.group if previous.epoch else None).poison(
+                _excluded(dist.get_rank(), epoch, members)
+            )
+        except Exception:
+            pass
+
+
+def _decide(
+    store: Any, current: Membership, epoch: int, me: int, close: float, end: float
+) -> tuple[int, ...]:
+    """The members of `epoch`: read, or proposed once every member of the
+    current epoch joined or is gone, or the window closed."""
+    key = _decision_key(epoch)
+    bound = max(0.5, end - time.monotonic())
+
+    def first_look() -> tuple[int, ...] | None:
+        decided = _read_decision(store, epoch)
+        if decided is None:
+            store.set(_join_key(epoch, me), "1")
+        return decided
+
+    decided = _bounded(first_look, bound, "joining")
+    if decided is not None:
+        return decided
+    pending = [r for r in current.ranks if r != me]
+
+    def look() -> tuple[tuple[int, ...] | None, list[int]]:
+        decided = _read_decision(store, epoch)
+        if decided is not None:
+            return decided, []
+        joined = [r for r in current.ranks if store.check([_join_key(epoch, r)])]
+        gone = (
+            [r for r in current.ranks if _job_store.check([GONE_KEY.format(rank=r)])]
+            if _job_store is not None
+            else []
+        )
+        return None, [r for r in current.ranks if r in joined or r in gone]
+
+    while True:
+        decided, accounted = _bounded(look, max(0.5, end - time.monotonic()), "waiting for joins")
+        if decided is not None:
+            return decided
+        if set(pending) <= set(accounted) or time.monotonic() >= close:
+            break
+        time.sleep(_POLL_S)
+
+    def propose() -> tuple[int, ...]:
+        joined = sorted(r for r in current.ranks if store.check([_join_key(epoch, r)]))
+        return _parse(store.compare_set(key, "", ",".join(map(str, joined))))
+
+    return _bounded(propose, max(0.5, end - time.monotonic()), "proposing")
+
+
+def _bounded(fn: Any, timeout_s: float, step: str) -> Any:
+    try:
+        return call_bounded(fn, timeout_s, f"recover: {step}")
+    except StoreUnavailable as e:
+        raise RecoveryFailed(f"{e} (the rendezvous store does not answer)") from None
+    except (RuntimeError, dist.DistStoreError) as e:  # the store is gone
+        raise RecoveryFailed(
+            f"recover: {step}: the rendezvous store failed ({str(e).splitlines()[0]})"
+        ) from None
+
+
+def _form(members: tuple[int, ...], epoch: int, me: int, end: float) -> Any:
+    """The process group of `epoch`, confirmed by every member, or why not."""
+    left = end - time.monotonic()
+    if left <= 0:
+        return "no time left to form the group"
+    # A member that died before publishing its address makes creation wait
+    # for the whole timeout: a short one leaves time for another round.
+    timeout = timedelta(seconds=max(1.0, min(left, 2.0)))
+    from distir.backends.groups import create_group
+
+    try:
+        group = call_bounded(
+            lambda: create_group(members, f"distir-epoch-{epoch}", timeout),
+            timeout.total_seconds() + 1.0,
+            "creating the group",
+        )
+    except StoreUnavailable:
+        return "creating the group did not finish (the store does not answer)"
+    except (RuntimeError, ValueError, dist.DistStoreError) as e:
+        return f"creating the group failed ({str(e).splitlines()[0]})"
+    # Every member connected; one all-reduce shows every member is still there.
+    check = torch.tensor([epoch], dtype=torch.int64)
+    opts = dist.AllreduceOptions()
+    opts.timeout = timeout
+    try:
+        group.allreduce([check], opts).wait(timeout)
+    except RuntimeError as e:
+        _release(group)
+        return f"confirming the group failed ({str(e).splitlines()[0]})"
+    if check.item() != epoch * len(members):
+        _release(group)
+        return f"members disagree on the epoch ({check.item()} != {epoch * len(members)})"
+    return group
+
+
+def _release(group: Any) -> None:
+    """Destroys a group recovery replaced (never the default group: that
+    would end every group) and the declared groups made on it."""
+    from distir.backends.groups import release_dead_groups
+
+    if group is None or group is resolve_group(None):
+        return
+    try:
+        if group in c10d._world.pg_map:
+            call_bounded(lambda: dist.destroy_process_group(group), 2.0, "releasing a group")
+    except Exception:  # already broken: it is released anyway
+        pass
+    release_dead_groups()

@@ -1,0 +1,89 @@
+"""`distir-run --tolerate K`: a rank killed from outside is reported with
+its cause, and the survivors finish their runs on the group they agreed on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(120)]
+
+#: one run moves 16 MiB, so that the runs last long enough to kill a rank
+#: in the middle of them
+PROGRAM = """\
+func.func @main(%x: tensor<2097152xi64>) -> tensor<2097152xi64> {
+  %y = dist.all_reduce sum %x : tensor<2097152xi64>
+  func.return %y : tensor<2097152xi64>
+}
+"""
+
+
+def _children(pid: int) -> dict[str, int]:
+    """name -> pid of `pid`'s child processes."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                found[Path(f"/proc/{child}/comm").read_text().strip()] = int(child)
+            except OSError:
+                pass
+    return found
+
+
+def _sockets(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
+    program = tmp_path / "big_all_reduce.mlir"
+    program.write_text(PROGRAM)
+    command = [
+        sys.executable,
+        "-m",
+        "distir.cli.run",
+        str(program),
+        "--nproc",
+        "3",
+        "--tolerate",
+        "1",
+        "--repeat",
+        "150",
+        "--deadline",
+        "3",
+        "--timeout",
+        "100",
+    ]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = None
+        give_up = time.monotonic() + 60
+        # Rank 2 is connected to the store and to both peers: it is running.
+        while victim is None or _sockets(victim) < 3:
+            assert time.monotonic() < give_up and run.poll() is None, "rank 2 never started"
+            victim = _children(run.pid).get("distir-rank-2")
+            time.sleep(0.05)
+        time.sleep(1.5)
+        os.kill(victim, signal.SIGKILL)
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    lines = out.splitlines()
+    assert "rank 2: lost (killed by SIGKILL without a result)" in lines
+    for rank in (0, 1):
+        assert f"  recovered: epoch 1, rank {rank} of 2 (ranks 0-1; lost rank 2)" in lines, out
+    results = [line for line in lines if line.startswith("  result #0: int64[2097152] crc32")]
+    assert len(results) == 2 and results[0] == results[1], out
