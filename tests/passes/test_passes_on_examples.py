@@ -31,7 +31,8 @@ OPTIONS: dict[str, list[str]] = {
 }
 #: (pass, example) a pass refuses by design, naming the op (vjp: the custom
 #: combine has no derivative; tests/autodiff checks the message)
-REFUSED = {("vjp", "custom_combine")}
+# vjp refuses combines it cannot prove linear (a custom max, an abs-max)
+REFUSED = {("vjp", "custom_combine"), ("vjp", "abs_max")}
 CASES = [
     pytest.param(name + spec, path, id=f"{name}{spec}-{path.stem}")
     for name in DISTIR_PASSES
