@@ -86,11 +86,19 @@ def _scalar(t: torch.Tensor) -> object:
     return value
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A fresh stride-1 copy (a one-element view with stride 2 counts as
+    contiguous to torch, and `view(dtype)` refuses it)."""
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
 def same_elements(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Element-wise bit equality (NaN equals NaN whatever its payload)."""
     if a.dtype in FLOAT_DTYPES:
         width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        bits = a.contiguous().view(width) == b.contiguous().view(width)
+        bits = _dense(a).view(width) == _dense(b).view(width)
         return bits | (torch.isnan(a) & torch.isnan(b))
     if a.dtype in UNSIGNED_DTYPES[1:]:
         # Few torch kernels exist for uint16/32/64: compare as Python integers.

@@ -90,9 +90,15 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    return torch.equal(
-        a.reshape(-1).clone().view(torch.uint8), b.reshape(-1).clone().view(torch.uint8)
-    )
+    return torch.equal(dense_bytes(a), dense_bytes(b))
+
+
+def dense_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of `t`'s elements in order (a fresh, stride-1 buffer: even a
+    one-element view with stride 2 counts as contiguous to torch)."""
+    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat.copy_(t.reshape(-1))
+    return flat.view(torch.uint8)
 
 
 def run_case(case: Case, rank: int) -> Outcome:
