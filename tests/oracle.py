@@ -149,7 +149,7 @@ def float_trees(op: Callable, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """`op` over every full binary tree of the ranks' values (any order, any
     bracketing), each step rounded in the element type."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def trees(ranks: frozenset[int]) -> tuple[torch.Tensor, ...]:
         if len(ranks) == 1:
             return (xs[next(iter(ranks))],)
@@ -306,7 +306,7 @@ def generic_all_reduce(
 def _ordered_trees(op: Callable, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """`op` over every bracketing of x_0 … x_{P-1} in rank order."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def trees(lo: int, hi: int) -> tuple[torch.Tensor, ...]:
         if hi - lo == 1:
             return (xs[lo],)
@@ -378,7 +378,9 @@ def send_to_last(xs: Sequence[torch.Tensor]) -> list[list[Expected]]:
     return [[exact((xs[0] if r == world - 1 else xs[r]).clone())] for r in range(world)]
 
 
-def transfer_sharded_to_replicated(shards: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
+def transfer_sharded_to_replicated(
+    shards: Sequence[torch.Tensor], axis: int
+) -> list[list[Expected]]:
     """A tensor sharded along `axis` over a 1-d mesh of every rank, replicated."""
     return all_gather(shards, axis)
 

@@ -101,9 +101,7 @@ def elements(dtype: torch.dtype, finite: bool = False) -> st.SearchStrategy:
 
 
 @st.composite
-def tensors(
-    draw, dtype: torch.dtype, shape: tuple[int, ...], finite: bool = False
-) -> torch.Tensor:
+def tensors(draw, dtype: torch.dtype, shape: tuple[int, ...], finite: bool = False) -> torch.Tensor:
     n = math.prod(shape)
     values = draw(st.lists(elements(dtype, finite), min_size=n, max_size=n))
     if dtype == torch.bfloat16:  # drawn as float32, rounded once

@@ -122,5 +122,7 @@ def test_all_gather_of_a_zero_width_tensor(server):
     source = (f"func.func @main(%x: {t}) -> {to} {{\n  %y = dist.all_gather %x axis 0 : {t} -> {to}\n"
               f"  func.return %y : {to}\n}}\n")  # fmt: skip
     xs = [torch.zeros(2, 0, dtype=torch.int32) for _ in range(WORLD)]
-    case = strategies.DrawnCase("all_gather 2x0", source, [[x] for x in xs], oracle.all_gather(xs, 0))
+    case = strategies.DrawnCase(
+        "all_gather 2x0", source, [[x] for x in xs], oracle.all_gather(xs, 0)
+    )
     run_and_judge(server, case)

@@ -47,4 +47,3 @@ def test_the_simulator_equals_the_oracle_under_every_pipeline(family, data):
     world = data.draw(st.sampled_from([1, 2, 3, 4]), label="world size")
     case = data.draw(strategies.FAMILIES[family](world), label="case")
     simulate_against_oracle(case, world)
-
