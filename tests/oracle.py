@@ -411,3 +411,26 @@ def first_mismatch(
             if why is not None:
                 return f"rank {rank} result #{i}: {why}"
     return None
+
+
+def mesh_shard(
+    whole: torch.Tensor,
+    mesh_shape: Sequence[int],
+    mesh_ranks: Sequence[int],
+    dims: Sequence[int | None],
+    rank: int,
+) -> torch.Tensor:
+    """The block of `whole` that `rank` holds when tensor dim d is sharded
+    over mesh axis dims[d] (None: held whole): `torch.tensor_split` into
+    that axis's size, the chunk at the rank's row-major mesh coordinate."""
+    index = list(mesh_ranks).index(rank)
+    coord = []
+    for size in reversed(mesh_shape):
+        coord.append(index % size)
+        index //= size
+    coord.reverse()
+    out = whole
+    for d, axis in enumerate(dims):
+        if axis is not None:
+            out = out.tensor_split(mesh_shape[axis], dim=d)[coord[axis]]
+    return out
