@@ -21,8 +21,6 @@ from rank_server import apply_layout
 import distir
 from distir.errors import CompileError
 
-pytestmark = pytest.mark.fast
-
 
 def simulate_against_oracle(case: strategies.DrawnCase, world: int) -> None:
     inputs = [

@@ -12,6 +12,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
+pytestmark = pytest.mark.slow  # it starts processes (left out by --fast)
+
 
 def _lit_command() -> list[str]:
     # The lit package has no `__main__`; run its console entry point directly.

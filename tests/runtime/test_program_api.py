@@ -327,6 +327,7 @@ def test_a_dynamic_dimension_accepts_any_extent() -> None:
 # Program.run in this process on a one-rank world --------------------------------------
 
 
+@pytest.mark.slow
 def test_run_without_torch_distributed_is_a_clear_error() -> None:
     # A fresh interpreter: whatever this process initialised, this never skips.
     code = (
