@@ -41,6 +41,9 @@ class Case:
     layouts: list[list[str]]
     pipeline: str = ""
     implementations: tuple[tuple[str, str], ...] = ()
+    #: when given, every rank's inputs require grad and the rank runs the
+    #: backward of sum(result #0 * grad_weights[rank]), returning the grads
+    grad_weights: list[torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Outcome:
     error: str | None = None  # "<ErrorType>: <message>"
     compile_error: bool = False
     modified_inputs: tuple[int, ...] = ()
+    grads: tuple[torch.Tensor | None, ...] | None = None
 
 
 def dumps(value: Any) -> bytes:
@@ -97,7 +101,7 @@ def dense_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of `t`'s elements in order (a fresh, stride-1 buffer: even a
     one-element view with stride 2 counts as contiguous to torch)."""
     flat = torch.empty(t.numel(), dtype=t.dtype)
-    flat.copy_(t.reshape(-1))
+    flat.copy_(t.detach().reshape(-1))
     return flat.view(torch.uint8)
 
 
@@ -115,7 +119,9 @@ def run_case(case: Case, rank: int) -> Outcome:
     except CompileError as e:
         return Outcome(None, f"{type(e).__name__}: {e}", compile_error=True)
     inputs = [apply_layout(x, lay) for x, lay in zip(case.inputs[rank], case.layouts[rank])]
-    before = [x.clone() for x in inputs]
+    if case.grad_weights is not None:
+        inputs = [x.clone().requires_grad_() for x in inputs]
+    before = [x.detach().clone() for x in inputs]
     try:
         results = program.run(*inputs)
     except DistirError as e:
@@ -123,8 +129,19 @@ def run_case(case: Case, rank: int) -> Outcome:
     except Exception as e:  # not a named error: the test reports it as such
         return Outcome(None, f"unnamed {type(e).__name__}: {e}")
     results = results if isinstance(results, tuple) else (results,)
+    grads = None
+    if case.grad_weights is not None:
+        if not results[0].requires_grad:
+            return Outcome(None, "silently detached: result #0 does not require grad")
+        try:
+            (results[0] * case.grad_weights[rank]).sum().backward()
+        except Exception as e:
+            return Outcome(None, f"unnamed {type(e).__name__} in backward: {e}")
+        grads = tuple(None if x.grad is None else x.grad.clone() for x in inputs)
     modified = tuple(i for i, (x, b) in enumerate(zip(inputs, before)) if not same_bytes(x, b))
-    return Outcome(tuple(r.detach().clone() for r in results), modified_inputs=modified)
+    return Outcome(
+        tuple(r.detach().clone() for r in results), modified_inputs=modified, grads=grads
+    )
 
 
 def serve(ctx, host: str, port: int, first: int) -> int:

@@ -25,7 +25,7 @@ import strategies
 import torch
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from rank_server import Outcome, RankServer
+from rank_server import Case, Outcome, RankServer
 
 pytestmark = pytest.mark.multirank
 
@@ -126,3 +126,40 @@ def test_all_gather_of_a_zero_width_tensor(server):
         "all_gather 2x0", source, [[x] for x in xs], oracle.all_gather(xs, 0)
     )
     run_and_judge(server, case)
+
+
+# -- inputs that require grad --------------------------------------------------
+
+GRAD_PROGRAMS = {
+    # program, d(Σ_r <y_r, w_r>)/dx_s for every rank s
+    "all_reduce sum": (
+        "%y = dist.all_reduce sum %x : tensor<3xf32>",
+        lambda ws, s: sum(ws[1:], ws[0]),
+    ),
+    "broadcast root 1": (
+        "%y = dist.broadcast %x root 1 : tensor<3xf32>",
+        lambda ws, s: sum(ws[1:], ws[0]) if s == 1 else torch.zeros(3),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAD_PROGRAMS))
+def test_inputs_that_require_grad_get_the_true_gradient_or_a_named_error(server, name):
+    """Until programs are differentiable, a named error that says so; after,
+    the gradient of the global loss (the collective's transpose), never the
+    gradient of a collective treated as the identity."""
+    line, gradient = GRAD_PROGRAMS[name]
+    source = (f"func.func @main(%x: tensor<3xf32>) -> tensor<3xf32> {{\n  {line}\n"
+              "  func.return %y : tensor<3xf32>\n}\n")  # fmt: skip
+    xs = [torch.tensor([1.0, 2.0, 3.0]) * (r + 1) for r in range(WORLD)]
+    ws = [torch.tensor([1.0, 10.0, 100.0]) * (r + 1) for r in range(WORLD)]
+    case = Case(name, source, [[x] for x in xs], [["contiguous"]] * WORLD, grad_weights=ws)
+    outcomes = server.run(case)
+    for rank, o in enumerate(outcomes):
+        if o.error is not None:
+            named = not o.error.startswith(("unnamed", "silently"))
+            assert named and "grad" in o.error, f"rank {rank}: {o.error}"
+            continue
+        (grad,) = o.grads
+        want = gradient(ws, rank)
+        assert grad is not None and torch.equal(grad, want), (rank, grad, want)
