@@ -44,6 +44,8 @@ class Case:
     #: when given, every rank's inputs require grad and the rank runs the
     #: backward of sum(result #0 * grad_weights[rank]), returning the grads
     grad_weights: list[torch.Tensor] | None = None
+    #: indices of donated inputs (`run(..., donate=...)`)
+    donate: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,12 +120,15 @@ def run_case(case: Case, rank: int) -> Outcome:
         )
     except CompileError as e:
         return Outcome(None, f"{type(e).__name__}: {e}", compile_error=True)
-    inputs = [apply_layout(x, lay) for x, lay in zip(case.inputs[rank], case.layouts[rank])]
+    inputs = []
+    for x, lay in zip(case.inputs[rank], case.layouts[rank]):
+        # "alias:i": the very tensor passed as input i (its value equals x).
+        inputs.append(inputs[int(lay[6:])] if lay.startswith("alias:") else apply_layout(x, lay))
     if case.grad_weights is not None:
         inputs = [x.clone().requires_grad_() for x in inputs]
     before = [x.detach().clone() for x in inputs]
     try:
-        results = program.run(*inputs)
+        results = program.run(*inputs, donate=case.donate)
     except DistirError as e:
         return Outcome(None, f"{type(e).__name__}: {e}")
     except Exception as e:  # not a named error: the test reports it as such
@@ -138,7 +143,11 @@ def run_case(case: Case, rank: int) -> Outcome:
         except Exception as e:
             return Outcome(None, f"unnamed {type(e).__name__} in backward: {e}")
         grads = tuple(None if x.grad is None else x.grad.clone() for x in inputs)
-    modified = tuple(i for i, (x, b) in enumerate(zip(inputs, before)) if not same_bytes(x, b))
+    modified = tuple(
+        i
+        for i, (x, b) in enumerate(zip(inputs, before))
+        if i not in case.donate and not same_bytes(x, b)
+    )
     return Outcome(
         tuple(r.detach().clone() for r in results), modified_inputs=modified, grads=grads
     )

@@ -163,3 +163,48 @@ def test_inputs_that_require_grad_get_the_true_gradient_or_a_named_error(server,
         (grad,) = o.grads
         want = gradient(ws, rank)
         assert grad is not None and torch.equal(grad, want), (rank, grad, want)
+
+
+# -- aliased inputs --------------------------------------------------------------
+
+ALIASED = {
+    # program over (x, y) and every rank's expected results when y is x
+    "all_reduce sum and max of one tensor": (
+        "%a = dist.all_reduce sum %x : tensor<3xi64>\n"
+        "  %b = dist.all_reduce max %y : tensor<3xi64>",
+        lambda xs: [oracle.native_all_reduce("sum", xs)[r] + oracle.native_all_reduce("max", xs)[r]
+                    for r in range(WORLD)],
+    ),
+    "broadcast and all_reduce of one tensor": (
+        "%a = dist.broadcast %x root 2 : tensor<3xi64>\n"
+        "  %b = dist.all_reduce sum %y : tensor<3xi64>",
+        lambda xs: [oracle.broadcast(xs, 2)[r] + oracle.native_all_reduce("sum", xs)[r]
+                    for r in range(WORLD)],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("donate", [(), (0,)], ids=["none-donated", "first-donated"])
+@pytest.mark.parametrize("name", sorted(ALIASED))
+def test_the_same_tensor_passed_twice_gives_the_reference_and_stays_unmodified(
+    server, name, donate
+):
+    """`run(t, t)` or `run(t, t, donate=(0,))`: results as if two copies were
+    passed, and `t`, which is also the non-donated input #1, untouched (or a
+    named error refusing the aliasing on every rank)."""
+    body, expected = ALIASED[name]
+    t = "tensor<3xi64>"
+    source = (f"func.func @main(%x: {t}, %y: {t}) -> ({t}, {t}) {{\n  {body}\n"
+              f"  func.return %a, %b : {t}, {t}\n}}\n")  # fmt: skip
+    xs = [torch.tensor([5, -1, 7]) * (r + 1) for r in range(WORLD)]
+    case = Case(
+        name, source, [[x, x] for x in xs], [["contiguous", "alias:0"]] * WORLD, donate=donate
+    )
+    outcomes = server.run(case)
+    if all(o.error is not None and not o.error.startswith("unnamed") for o in outcomes):
+        return  # refused, with a named error on every rank
+    for rank, o in enumerate(outcomes):
+        assert o.error is None, f"rank {rank}: {o.error}"
+        assert not o.modified_inputs, f"rank {rank} modified inputs {o.modified_inputs}"
+    why = oracle.first_mismatch(expected(xs), [o.results for o in outcomes])
+    assert why is None, why
