@@ -54,11 +54,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not config.getoption("--fast"):
-        return
-    if "HYPOTHESIS_PROFILE" not in os.environ:
+    if config.getoption("--fast") and "HYPOTHESIS_PROFILE" not in os.environ:
         settings.load_profile("dev")
-    # For the whole session, fixtures included: starting a process fails.
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_in_the_fast_subset(request: pytest.FixtureRequest):
+    """Under --fast, from the first test on (fixtures of every scope set up
+    after this one), starting a process fails naming the marker to add."""
+    if not request.config.getoption("--fast"):
+        yield
+        return
     import multiprocessing.process
     import subprocess
 
@@ -68,8 +74,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "`multirank` when it starts ranks) so that --fast stays process-free"
         )
 
+    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
     subprocess.Popen.__init__ = refuse  # type: ignore[method-assign]
     multiprocessing.process.BaseProcess.start = refuse  # type: ignore[method-assign]
+    yield
+    subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
 
 
 def _no_cuda_reason() -> str | None:
