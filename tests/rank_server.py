@@ -192,6 +192,7 @@ class RankServer:
         self.launches = 0
         self._thread: threading.Thread | None = None
         self._launch_error: BaseException | None = None
+        self._ending = False
 
     def _start(self) -> None:
         import distir
@@ -213,6 +214,12 @@ class RankServer:
 
     def run(self, case: Case) -> list[Outcome]:
         """Every rank's outcome of `case`, in rank order."""
+        if self._thread is not None and self._ending:
+            # The ranks end their launch after a run-time failure: wait for
+            # it (teardown is slow on a loaded machine), then start afresh.
+            self._thread.join(timeout=120)
+            assert not self._thread.is_alive(), "the previous launch did not end in 120 s"
+            self._ending = False
         if self._thread is None or not self._thread.is_alive():
             self._start()
         i = self.next_case
@@ -234,12 +241,12 @@ class RankServer:
                 time.sleep(0.01)
             outcomes.append(loads(self.store.get(key)))
         if any(o.error is not None and not o.compile_error for o in outcomes):
-            # The ranks end this launch; wait for it so the next case starts fresh.
-            assert self._thread is not None
-            self._thread.join(timeout=30)
+            self._ending = True  # the ranks end this launch; the next case starts a fresh one
         return outcomes
 
     def close(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread is not None and self._ending:
+            self._thread.join(timeout=120)
+        elif self._thread is not None and self._thread.is_alive():
             self.store.set(f"case/{self.next_case}", b"stop")
             self._thread.join(timeout=30)
