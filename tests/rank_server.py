@@ -166,9 +166,14 @@ def serve(ctx, host: str, port: int, first: int) -> int:
         if data == b"stop":
             return i
         outcome = run_case(loads(data), ctx.rank)
+        failed = outcome.error is not None and not outcome.compile_error
+        store.set(f"failed/{i}/{ctx.rank}", b"1" if failed else b"0")
         store.set(f"outcome/{i}/{ctx.rank}", dumps(outcome))
+        # Every rank ends the launch if any rank failed at run time, so that
+        # no rank waits alone for a next case.
+        flags = [store.get(f"failed/{i}/{r}") for r in range(ctx.world_size)]
         i += 1
-        if outcome.error is not None and not outcome.compile_error:
+        if b"1" in flags:
             return i
 
 
