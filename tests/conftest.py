@@ -4,11 +4,81 @@ The markers themselves (`cuda`, `multirank`) are declared in pyproject.toml;
 here tests marked `cuda` are skipped, with the reason spelled out, on a
 machine where torch sees no CUDA device. Select or drop the slow multi-rank
 tests with `-m multirank` / `-m "not multirank"`.
+
+`--fast` runs the process-free development subset: it drops tests marked
+`multirank`, `slow` or `cuda`, loads the `dev` hypothesis profile (unless
+HYPOTHESIS_PROFILE says otherwise) and fails any remaining test that starts
+a process (a subprocess or a multiprocessing child), naming the marker it
+lacks, so that the subset stays process-free as tests are added.
+
+Hypothesis profiles, chosen by the environment variable HYPOTHESIS_PROFILE:
+`ci` (the default: hypothesis's 100 examples, derandomized, so a run is
+reproducible and its failures are the same on every machine) and `dev`
+(10 examples, random, for a quick loop). Tests that scale their example
+count do so through `strategies.examples`.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev",
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+_NOT_FAST = ("multirank", "slow", "cuda")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="the process-free development subset (no multirank, slow or cuda tests; "
+        "hypothesis profile dev)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--fast") and "HYPOTHESIS_PROFILE" not in os.environ:
+        settings.load_profile("dev")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_in_the_fast_subset(request: pytest.FixtureRequest):
+    """Under --fast, from the first test on (fixtures of every scope set up
+    after this one), starting a process fails naming the marker to add."""
+    if not request.config.getoption("--fast"):
+        yield
+        return
+    import multiprocessing.process
+    import subprocess
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            "a test (or its fixture) starts a process under --fast: mark it `slow` (or "
+            "`multirank` when it starts ranks) so that --fast stays process-free"
+        )
+
+    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+    subprocess.Popen.__init__ = refuse  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = refuse  # type: ignore[method-assign]
+    yield
+    subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
 
 
 def _no_cuda_reason() -> str | None:
@@ -27,6 +97,10 @@ def _no_cuda_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--fast"):
+        kept = [i for i in items if not any(i.get_closest_marker(m) for m in _NOT_FAST)]
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
     cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not cuda_items:
         return  # torch is not even imported for suites without CUDA tests

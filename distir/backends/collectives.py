@@ -231,7 +231,7 @@ class AllGatherImplementation(Implementation):
         if len(inputs) == 1:
             stacked = gather_stacked(x, resources, invocation)
             if axis == 0:
-                return (stacked.reshape(-1, *x.shape[1:]) if x.dim() else stacked,)
+                return (stacked.flatten(0, 1) if x.dim() else stacked,)
             return (torch.cat(stacked.unbind(0), dim=axis),)
         counts = pre.decoded["counts"]
         # gloo has no uneven all-gather: pad every part to the largest, gather, slice.

@@ -4,16 +4,16 @@ with the secret key kept by the data owner, outside the group."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tenseal as ts  # the `test` extra installs it: never skipped
 import torch
 
 import distir
-
-ts = pytest.importorskip("tenseal")
 from distir.he.seal import _bytes_fields, ckks_to_limbs, limbs_to_ckks  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
@@ -93,8 +93,60 @@ def test_the_secure_aggregation_example_runs_and_reports_bit_exactness():
         capture_output=True, text=True, timeout=230, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
+    # What the owner decrypted is the plaintext sum, to the digits printed.
+    decrypted = re.findall(r"owner decrypted aggregate\[:4\] = (\[.*\])", proc.stdout)
+    plain = re.findall(r"plaintext sum\[:4\]             = (\[.*\])", proc.stdout)
+    assert len(decrypted) == len(plain) == 2 and decrypted == plain, proc.stdout
+    relative = [float(x) for x in re.findall(r"\(relative ([0-9.e+-]+)\)", proc.stdout)]
+    assert len(relative) == 2 and max(relative) < 1e-5, proc.stdout
     assert proc.stdout.count("bit-exact with SEAL: yes") == 2
     assert proc.stdout.count("every rank holds the same limbs: yes") == 2
     assert proc.stdout.count("owner decrypted aggregate") == 2
     assert "secret key on any rank: no" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def own_ciphertext_and_sums(ctx, public: bytes, size: int) -> dict:
+    """Worker: this rank's encrypted update (as limbs) and what distir's two
+    lowerings of the example program return for it."""
+    from distir.he.seal import ckks_to_limbs
+
+    example = _load_example()
+    context = ts.context_from(public)
+    encrypted = ts.ckks_vector(context, example.private_update(ctx.rank, size).tolist())
+    limbs, moduli = ckks_to_limbs(encrypted)
+    sums = {name: distir.compile(PROGRAM, pipeline).run(limbs, moduli)
+            for name, pipeline in example.LOWERINGS.items()}  # fmt: skip
+    return {"limbs": limbs, "moduli": moduli, "sums": sums}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_the_example_program_on_three_ranks_equals_seal_and_python_integers():
+    """Judged outside the example: every rank's sum equals the per-limb
+    modular sum in Python integers (tests/oracle.py) and SEAL's own
+    addition of the ranks' ciphertexts, and the owner decrypts the
+    plaintext sum."""
+    import oracle
+
+    from distir.he.seal import ckks_to_limbs, limbs_to_ckks
+
+    example = _load_example()
+    owner = example.make_owner_context()
+    size, nproc = 64, 3
+    reports = distir.launch(own_ciphertext_and_sums, nproc, example.public_context(owner), size,
+                            pass_context=True, timeout=230)  # fmt: skip
+    cts = [r["limbs"] for r in reports]
+    moduli = reports[0]["moduli"].tolist()
+    (want,) = oracle.ciphertext_sum(cts, moduli)[0]
+    template = ts.ckks_vector(owner, [0.0] * size)
+    seal_sum = limbs_to_ckks(cts[0], template)
+    for ct in cts[1:]:
+        seal_sum = seal_sum + limbs_to_ckks(ct, template)
+    assert want.mismatch(ckks_to_limbs(seal_sum)[0]) is None  # the oracle agrees with SEAL
+    plain = sum(example.private_update(r, size) for r in range(nproc))
+    for name in example.LOWERINGS:
+        for rank, report in enumerate(reports):
+            assert want.mismatch(report["sums"][name]) is None, (name, rank)
+        decrypted = torch.tensor(limbs_to_ckks(reports[0]["sums"][name], template).decrypt())
+        assert (decrypted.double() - plain).abs().max().item() < 1e-6, name

@@ -69,6 +69,8 @@ func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
 }
 """
 
+pytestmark = pytest.mark.slow  # it starts processes (left out by --fast)
+
 
 # Generic form: an all-reduce with neither a kind nor a combine region, which
 # the custom printer cannot print (it reads the region's block).

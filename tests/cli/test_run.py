@@ -33,6 +33,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.mlir"))
 RUN_TIMEOUT_S = 150
 multirank = pytest.mark.multirank
 
+pytestmark = pytest.mark.slow  # it starts processes (left out by --fast)
+
 
 def smallest_world_size(path: Path) -> int:
     """The smallest world size an example runs on, at least 2 (one rank

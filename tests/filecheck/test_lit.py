@@ -12,6 +12,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
+pytestmark = pytest.mark.slow  # it starts processes (left out by --fast)
+
 
 def _lit_command() -> list[str]:
     # The lit package has no `__main__`; run its console entry point directly.
@@ -19,13 +21,13 @@ def _lit_command() -> list[str]:
         return [sys.executable, "-c", "import sys; from lit.main import main; sys.exit(main())"]
     lit = shutil.which("lit")
     if lit is None:
-        pytest.skip("lit is not installed (pip install -e '.[test]')")
+        pytest.fail("lit is not installed (pip install -e '.[test]' installs it)")
     return [lit]
 
 
 def test_filecheck_suite_passes() -> None:
     if shutil.which("filecheck") is None or shutil.which("distir-opt") is None:
-        pytest.skip("filecheck or distir-opt is not on PATH (pip install -e '.[test]')")
+        pytest.fail("filecheck or distir-opt is not on PATH (pip install -e '.[test]')")
     tests = sorted(p.relative_to(HERE).as_posix() for p in HERE.rglob("*.mlir"))
     assert tests, "no .mlir tests found"
     done = subprocess.run(

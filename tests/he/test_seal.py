@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import tenseal as ts  # the `test` extra installs it: never skipped
+import tenseal.sealapi  # noqa: E402, F401
 import torch
-
-ts = pytest.importorskip("tenseal")
-pytest.importorskip("tenseal.sealapi")
-pytest.importorskip("zstandard")
+import zstandard  # noqa: E402, F401
 
 from distir.he.rns import TorchRNSBackend, prepare_ciphertext_add_combine  # noqa: E402
 from distir.he.seal import (  # noqa: E402

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tenseal as ts  # the `test` extra installs it: never skipped
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-ts = pytest.importorskip("tenseal")
 
 sys.path.insert(0, str(Path(__file__).parent))
 import threshold_reference as reference  # noqa: E402

@@ -103,7 +103,8 @@ def _run_scenario(scenario: str, nproc: int = 2) -> tuple[dict[int, dict], dict[
 
 def _assert_poisoned_after(report: dict) -> None:
     assert report["second"]["error"] == "Poisoned", report
-    assert report["second"]["seconds"] < 0.5, report
+    # A retry that entered a collective would wait for its whole deadline.
+    assert report["second"]["seconds"] < DEADLINE_S, report
 
 
 def test_a_rank_that_exits_fails_its_peers_fast():

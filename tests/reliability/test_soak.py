@@ -52,18 +52,30 @@ def _usage() -> dict[str, int]:
     }
 
 
+def soak_expectations(world_size: int) -> list[torch.Tensor]:
+    """What every rank must get from each of PROGRAMS when rank r passes
+    arange(16) * (r + 1): the sum, rank 1's input, the rank-order
+    concatenation, and the largest (the last rank's, as all are >= 0)."""
+    inputs = [torch.arange(16) * (r + 1) for r in range(world_size)]
+    return [
+        torch.arange(16) * (world_size * (world_size + 1) // 2),
+        inputs[1],
+        torch.cat(inputs),
+        inputs[-1],
+    ]
+
+
 def soak_worker(ctx, runs: int, warmup: int) -> dict:
     programs = [distir.compile(text) for text in PROGRAMS]
     x = torch.arange(16) * (ctx.rank + 1)
-    expected_sum = torch.arange(16) * sum(range(1, ctx.world_size + 1))
+    expected = soak_expectations(ctx.world_size)
     for i in range(warmup):
         programs[i % len(programs)].run(x)
     before = _usage()
     wrong = 0
     for i in range(runs - warmup):
-        program = programs[i % len(programs)]
-        result = program.run(x)
-        if program is programs[0] and not torch.equal(result, expected_sum):
+        k = i % len(programs)
+        if not torch.equal(programs[k].run(x), expected[k]):
             wrong += 1
     after = _usage()
     return {"before": before, "after": after, "wrong": wrong}

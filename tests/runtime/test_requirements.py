@@ -174,6 +174,7 @@ func.func @other(%x: tensor<1xf32>) -> tensor<3xf32> {
     assert world_size_range(module, "other") == (3, 3)
 
 
+@pytest.mark.slow
 def test_the_requirements_module_imports_no_torch() -> None:
     code = (
         "import sys, distir.runtime.requirements as r; "

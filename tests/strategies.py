@@ -1,0 +1,444 @@
+"""Hypothesis strategies over the whole value domain, and the differential
+cases built from them.
+
+A drawn `DrawnCase` is a program (IR text written here, from the dialect's
+syntax), every rank's inputs, how each input is laid out in memory, and what
+every rank must hold afterwards according to `tests/oracle.py`. The same
+draws run in the simulator (tests/differential/test_simulator_vs_oracle.py)
+and on real gloo ranks (tests/differential/test_ranks_vs_oracle.py).
+
+Values: NaN, ±Inf, -0.0, the smallest subnormal and the largest finite
+value of each float type, the extremes of each integer type, empty and
+zero-width dimensions, zero counts; layouts: contiguous, strided (every
+other element of a larger buffer), transposed and stride-0 (expanded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import oracle
+import torch
+from hypothesis import strategies as st
+from rank_server import Case
+from rank_server import apply_layout as apply_layout
+
+#: IR element type -> torch dtype: every element type the README lists.
+ELEMENT_TYPES: dict[str, torch.dtype] = {
+    "i1": torch.bool,
+    "i8": torch.int8,
+    "i16": torch.int16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "si8": torch.int8,
+    "si16": torch.int16,
+    "si32": torch.int32,
+    "si64": torch.int64,
+    "ui8": torch.uint8,
+    "ui16": torch.uint16,
+    "ui32": torch.uint32,
+    "ui64": torch.uint64,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "f64": torch.float64,
+}
+FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
+SIGNLESS_INT_TYPES = ("i8", "i16", "i32", "i64")
+INT_TYPES = tuple(t for t in ELEMENT_TYPES if t not in FLOAT_TYPES and t != "i1")
+NATIVE_KINDS = ("sum", "prod", "min", "max", "band", "bor", "bxor")
+BITWISE_KINDS = ("band", "bor", "bxor")
+
+#: Pipelines every drawn case is re-run under: a pass never changes a result.
+PIPELINES = (
+    "",
+    "recognize-native-reductions",
+    "select-all-reduce-algorithm{group-size=3}",
+    "bucket-all-reduces",
+    "lower-ciphertext-add",
+    "defer-modular-reduction{max-group-size=8}",
+    "canonicalize,cse",
+)
+#: Implementations a generic all-reduce may be bound to.
+GENERIC_ALGORITHMS = ("", "gather-fold", "ring", "halving-doubling", "recursive-doubling")
+
+
+def tensor_type(shape: tuple[int | None, ...], element: str) -> str:
+    return "tensor<" + "".join(("?" if d is None else str(d)) + "x" for d in shape) + element + ">"
+
+
+# -- values -------------------------------------------------------------------
+
+
+def float_specials(dtype: torch.dtype) -> list[float]:
+    info = torch.finfo(dtype)
+    return [math.nan, math.inf, -math.inf, -0.0, 0.0, info.max, -info.max, info.tiny,
+            info.smallest_normal / 2 ** (info.bits // 4), 1.0, -1.0, 0.5]  # fmt: skip
+
+
+def int_extremes(dtype: torch.dtype) -> list[int]:
+    if dtype == torch.bool:
+        return [0, 1]
+    info = torch.iinfo(dtype)
+    return [info.min, info.max, 0, 1, -1 if info.min < 0 else 2, info.min + 1, info.max - 1]
+
+
+def elements(dtype: torch.dtype, finite: bool = False) -> st.SearchStrategy:
+    """One element of `dtype`, its specials drawn often."""
+    if dtype == torch.bool:
+        return st.booleans()
+    if dtype.is_floating_point:
+        specials = [v for v in float_specials(dtype) if not finite or math.isfinite(v)]
+        width = 16 if dtype == torch.float16 else 32 if dtype != torch.float64 else 64
+        info = torch.finfo(dtype)
+        plain = st.floats(
+            -info.max, info.max, width=width, allow_nan=False, allow_infinity=False
+        ) | st.integers(-8, 8).map(float)
+        return st.sampled_from(specials) | plain
+    info = torch.iinfo(dtype)
+    return st.sampled_from(int_extremes(dtype)) | st.integers(info.min, info.max)
+
+
+@st.composite
+def tensors(draw, dtype: torch.dtype, shape: tuple[int, ...], finite: bool = False) -> torch.Tensor:
+    n = math.prod(shape)
+    values = draw(st.lists(elements(dtype, finite), min_size=n, max_size=n))
+    if dtype == torch.bfloat16:  # drawn as float32, rounded once
+        return torch.tensor(values, dtype=torch.float32).to(dtype).reshape(shape)
+    return torch.tensor(values, dtype=dtype).reshape(shape)
+
+
+def shapes(min_dims: int = 1, max_dims: int = 2, max_side: int = 3) -> st.SearchStrategy:
+    """Static shapes, zero-width dimensions included."""
+    return st.lists(st.integers(0, max_side), min_size=min_dims, max_size=max_dims).map(tuple)
+
+
+LAYOUTS = ("contiguous", "strided", "transposed", "expanded")
+
+
+@st.composite
+def laid_out(draw, value: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """A layout for `value`; "expanded" (stride 0 along dim 0) also makes the
+    value uniform along that dim, so the oracle sees what the rank builds."""
+    options = ["contiguous", "strided"]
+    if value.dim() >= 2:
+        options.append("transposed")
+    if value.dim() >= 1 and value.shape[0] >= 2:
+        options.append("expanded")
+    layout = draw(st.sampled_from(options))
+    if layout == "expanded":
+        value = value[:1].expand(value.shape).clone()
+    return value, layout
+
+
+# -- cases --------------------------------------------------------------------
+
+
+@dataclass
+class DrawnCase:
+    """A program, every rank's inputs and layouts, every rank's expectation."""
+
+    name: str
+    source: str
+    inputs: list[list[torch.Tensor]]
+    expected: list[list[oracle.Expected]]
+    layouts: list[list[str]] = field(default_factory=list)
+    implementations: tuple[tuple[str, str], ...] = ()
+    #: pipelines that apply to this case (the rest are run too: no-ops)
+    pipelines: tuple[str, ...] = PIPELINES
+
+    def case(self, pipeline: str = "") -> Case:
+        return Case(
+            name=self.name,
+            source=self.source,
+            inputs=self.inputs,
+            layouts=self.layouts or [["contiguous"] * len(x) for x in self.inputs],
+            pipeline=pipeline,
+            implementations=self.implementations,
+        )
+
+
+def _func(args: list[str], results: list[str], body: list[str], header: str = "") -> str:
+    signature = ", ".join(f"%a{i}: {t}" for i, t in enumerate(args))
+    lines = [header] if header else []
+    lines.append(f"func.func @main({signature}) -> ({', '.join(results)}) {{")
+    lines += ["  " + line for line in body]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def per_rank_inputs(draw, world: int, dtype: torch.dtype, shape: tuple[int, ...], finite=False):
+    """Every rank's value and layout for one argument."""
+    values, layouts = [], []
+    for _ in range(world):
+        value, layout = draw(laid_out(draw(tensors(dtype, shape, finite))))
+        values.append(value)
+        layouts.append(layout)
+    return values, layouts
+
+
+def _transpose(rows: list[list]) -> list[list]:
+    return [list(r) for r in zip(*rows)]
+
+
+def query_cases(world: int) -> st.SearchStrategy[DrawnCase]:
+    body = ["%r = dist.rank : index", "%n = dist.group_size : index",
+            "func.return %r, %n : index, index"]  # fmt: skip
+    expected = [r + n for r, n in zip(oracle.rank(world), oracle.group_size(world))]
+    return st.just(DrawnCase("rank/group_size", _func([], ["index", "index"], body),
+                             [[] for _ in range(world)], expected))  # fmt: skip
+
+
+@st.composite
+def broadcast_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    dtype = ELEMENT_TYPES[element]
+    shape = draw(shapes())
+    root = draw(st.integers(0, world - 1))
+    xs, layouts = draw(per_rank_inputs(world, dtype, shape))
+    t = tensor_type(shape, element)
+    body = [f"%y = dist.broadcast %a0 root {root} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"broadcast root {root} {t}", _func([t], [t], body),
+                     [[x] for x in xs], oracle.broadcast(xs, root), [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def native_all_reduce_cases(draw, world: int, kinds=NATIVE_KINDS) -> DrawnCase:
+    kind = draw(st.sampled_from(kinds))
+    candidates = [e for e in ELEMENT_TYPES if kind not in BITWISE_KINDS or e not in FLOAT_TYPES]
+    element = draw(st.sampled_from(candidates))
+    dtype = ELEMENT_TYPES[element]
+    shape = draw(shapes())
+    xs, layouts = draw(per_rank_inputs(world, dtype, shape))
+    t = tensor_type(shape, element)
+    body = [f"%y = dist.all_reduce {kind} %a0 : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"all_reduce {kind} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.native_all_reduce(kind, xs), [[lay] for lay in layouts])  # fmt: skip
+
+
+_COMBINE_TYPES = {
+    "addi": SIGNLESS_INT_TYPES, "muli": SIGNLESS_INT_TYPES, "maxsi": SIGNLESS_INT_TYPES,
+    "minsi": SIGNLESS_INT_TYPES, "maxui": SIGNLESS_INT_TYPES, "minui": SIGNLESS_INT_TYPES,
+    "andi": SIGNLESS_INT_TYPES + ("i1",), "ori": SIGNLESS_INT_TYPES + ("i1",),
+    "xori": SIGNLESS_INT_TYPES + ("i1",), "addf": FLOAT_TYPES, "mulf": FLOAT_TYPES,
+    "maximumf": FLOAT_TYPES, "minimumf": FLOAT_TYPES,
+    "first": ("i64", "f32", "i1"), "last": ("i64", "f64", "i8"),
+}  # fmt: skip
+
+
+@st.composite
+def generic_all_reduce_cases(draw, world: int) -> DrawnCase:
+    combine = draw(st.sampled_from(sorted(oracle.GENERIC_COMBINES)))
+    element = draw(st.sampled_from(_COMBINE_TYPES[combine]))
+    dtype = ELEMENT_TYPES[element]
+    _, commutative_op = oracle.GENERIC_COMBINES[combine]
+    commutative = commutative_op and draw(st.booleans())
+    algorithm = draw(st.sampled_from(GENERIC_ALGORITHMS))
+    shape = draw(shapes())
+    xs, layouts = draw(per_rank_inputs(world, dtype, shape))
+    t = tensor_type(shape, element)
+    if combine == "first":
+        region = [f"  dist.yield %lhs : {t}"]
+    elif combine == "last":
+        region = [f"  dist.yield %rhs : {t}"]
+    else:
+        region = [f"  %c = arith.{combine} %lhs, %rhs : {t}", f"  dist.yield %c : {t}"]
+    marker = " commutative" if commutative else ""
+    body = [f"%y = dist.all_reduce %a0{marker} : {t} combine(%lhs, %rhs) {{", *region, "}",
+            f"func.return %y : {t}"]  # fmt: skip
+    impls = (("dist.all_reduce", algorithm),) if algorithm else ()
+    return DrawnCase(
+        f"generic {combine}{marker} {t} [{algorithm or 'default'}]",
+        _func([t], [t], body), [[x] for x in xs],
+        oracle.generic_all_reduce(combine, xs, commutative), [[lay] for lay in layouts],
+        implementations=impls,
+    )  # fmt: skip
+
+
+@st.composite
+def ciphertext_cases(draw, world: int) -> DrawnCase:
+    limbs = draw(st.integers(1, 3))
+    coeffs = draw(st.integers(0, 4))
+    batch = draw(st.integers(1, 2))
+    bits = draw(st.sampled_from([None, 60]))
+    top = (1 << 60) if bits else (1 << 62)
+    moduli = draw(st.lists(st.sampled_from([2, 3, top - 1, top - 93]) | st.integers(2, top - 1),
+                           min_size=limbs, max_size=limbs))  # fmt: skip
+    shape = (batch, limbs, coeffs)
+    cts = []
+    for _ in range(world):
+        flat = []
+        for _b in range(batch):
+            for q in moduli:
+                flat += draw(st.lists(st.sampled_from([0, q - 1]) | st.integers(0, q - 1),
+                                      min_size=coeffs, max_size=coeffs))  # fmt: skip
+        cts.append(torch.tensor(flat, dtype=torch.int64).reshape(shape))
+    t, tq = tensor_type(shape, "i64"), tensor_type((limbs,), "i64")
+    attr = f" max_modulus_bits {bits}" if bits else ""
+    body = [f"%y = dist.all_reduce_add_ciphertext %a0, %a1{attr} : {t}, {tq}",
+            f"func.return %y : {t}"]  # fmt: skip
+    q = torch.tensor(moduli, dtype=torch.int64)
+    return DrawnCase(f"ciphertext sum {t}{attr}", _func([t, tq], [t], body),
+                     [[ct, q.clone()] for ct in cts], oracle.ciphertext_sum(cts, moduli))  # fmt: skip
+
+
+@st.composite
+def all_gather_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    dtype = ELEMENT_TYPES[element]
+    uneven = draw(st.booleans())
+    if not uneven:
+        shape = draw(shapes(1, 3))
+        axis = draw(st.integers(0, len(shape) - 1))
+        xs, layouts = draw(per_rank_inputs(world, dtype, shape))
+        t = tensor_type(shape, element)
+        out = list(shape)
+        out[axis] *= world
+        to = tensor_type(tuple(out), element)
+        body = [f"%y = dist.all_gather %a0 axis {axis} : {t} -> {to}", f"func.return %y : {to}"]
+        return DrawnCase(f"all_gather axis {axis} {t}", _func([t], [to], body), [[x] for x in xs],
+                         oracle.all_gather(xs, axis), [[lay] for lay in layouts])  # fmt: skip
+    width = draw(st.integers(0, 2))
+    counts = draw(st.lists(st.integers(0, 3), min_size=world, max_size=world))
+    xs, layouts = [], []
+    for r in range(world):
+        x, layout = draw(laid_out(draw(tensors(dtype, (counts[r], width)))))
+        xs.append(x)
+        layouts.append(layout)
+    t = tensor_type((None, width), element)
+    tc = tensor_type((world,), "i64")
+    c = torch.tensor(counts, dtype=torch.int64)
+    body = [f"%y = dist.all_gather %a0 counts(%a1 : {tc}) axis 0 : {t} -> {t}",
+            f"func.return %y : {t}"]  # fmt: skip
+    return DrawnCase(f"all_gather counts {counts} {t}", _func([t, tc], [t], body),
+                     [[x, c.clone()] for x in xs], oracle.all_gather(xs, 0),
+                     [[lay, "contiguous"] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def all_to_all_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    dtype = ELEMENT_TYPES[element]
+    width = draw(st.integers(0, 2))
+    sends = [draw(st.lists(st.integers(0, 2), min_size=world, max_size=world))
+             for _ in range(world)]  # fmt: skip
+    xs, layouts = [], []
+    for r in range(world):
+        x, layout = draw(laid_out(draw(tensors(dtype, (sum(sends[r]), width)))))
+        xs.append(x)
+        layouts.append(layout)
+    t = tensor_type((None, width), element)
+    tc = tensor_type((world,), "i64")
+    body = [f"%y, %rc = dist.variable_all_to_all %a0, %a1 axis 0 : {t}, {tc} -> {t}",
+            f"func.return %y, %rc : {t}, {tc}"]  # fmt: skip
+    inputs = [[x, torch.tensor(s, dtype=torch.int64)] for x, s in zip(xs, sends)]
+    return DrawnCase(f"variable_all_to_all {sends} {t}", _func([t, tc], [t, tc], body), inputs,
+                     oracle.variable_all_to_all(xs, sends, 0),
+                     [[lay, "contiguous"] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def p2p_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    dtype = ELEMENT_TYPES[element]
+    shape = draw(shapes())
+    xs, layouts = draw(per_rank_inputs(world, dtype, shape))
+    t = tensor_type(shape, element)
+    if draw(st.booleans()):
+        body = ["%n = dist.group_size : index", "%r = dist.rank : index",
+                "%one = arith.constant 1 : index", "%r1 = arith.addi %r, %one : index",
+                "%next = arith.remui %r1, %n : index", "%rn = arith.addi %r, %n : index",
+                "%rm = arith.subi %rn, %one : index", "%prev = arith.remui %rm, %n : index",
+                f"%y = dist.sendrecv %a0 to %next from %prev : {t} -> {t}",
+                f"func.return %y : {t}"]  # fmt: skip
+        expected, name = oracle.ring_shift(xs), f"sendrecv ring {t}"
+    else:
+        last = world - 1
+        body = ["%r = dist.rank : index", "%zero = arith.constant 0 : index",
+                f"%last = arith.constant {last} : index",
+                "%is0 = arith.cmpi eq, %r, %zero : index",
+                "%islast = arith.cmpi eq, %r, %last : index",
+                f"%y = scf.if %is0 -> ({t}) {{", f"  dist.send %a0 to {last} : {t}",
+                f"  scf.yield %a0 : {t}", "} else {", f"  %z = scf.if %islast -> ({t}) {{",
+                f"    %got = dist.recv from 0 : {t}", f"    scf.yield %got : {t}",
+                "  } else {", f"    scf.yield %a0 : {t}", "  }", f"  scf.yield %z : {t}", "}",
+                f"func.return %y : {t}"]  # fmt: skip
+        expected, name = oracle.send_to_last(xs), f"send 0 -> {last} {t}"
+    return DrawnCase(name, _func([t], [t], body), [[x] for x in xs], expected,
+                     [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def wave_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(["i8", "i32", "i64", "f32", "f64", "ui8"]))
+    dtype = ELEMENT_TYPES[element]
+    shape = draw(shapes())
+    xs, layouts = draw(per_rank_inputs(world, dtype, shape))
+    t = tensor_type(shape, element)
+    body = ["%s, %m = dist.wave {", f"  %0 = dist.all_reduce sum %a0 : {t}",
+            f"  %1 = dist.all_reduce max %a0 : {t}", f"  dist.yield %0, %1 : {t}, {t}",
+            f"}} : {t}, {t}", f"func.return %s, %m : {t}, {t}"]  # fmt: skip
+    sums = oracle.native_all_reduce("sum", xs)
+    maxes = oracle.native_all_reduce("max", xs)
+    return DrawnCase(f"wave sum+max {t}", _func([t], [t, t], body), [[x] for x in xs],
+                     [a + b for a, b in zip(sums, maxes)], [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def transfer_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(["i32", "i64", "f32", "f64"]))
+    dtype = ELEMENT_TYPES[element]
+    kind = draw(st.sampled_from(["gather", "scatter", "partial"]))
+    rows, cols = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    ranks = ", ".join(str(r) for r in range(world))
+    header = f"dist.mesh @m [{world}] ranks [{ranks}]"
+    t = tensor_type((None, None), element)
+    finite = kind == "partial"  # sums: the native family covers the specials
+    if kind == "gather":  # rows sharded -> replicated
+        shape = (rows, cols)
+        xs, layouts = draw(per_rank_inputs(world, dtype, shape, finite))
+        layout_text = f"from @m [0, *] to @m [*, *] global [{rows * world}, {cols}]"
+        expected = oracle.transfer_sharded_to_replicated(xs, 0)
+    elif kind == "scatter":  # replicated -> columns sharded
+        full, layout = draw(laid_out(draw(tensors(dtype, (rows, cols * world)))))
+        xs, layouts = [full.clone() for _ in range(world)], [layout] * world
+        layout_text = f"from @m [*, *] to @m [*, 0] global [{rows}, {cols * world}]"
+        expected = oracle.transfer_replicated_to_sharded(full, world, 1)
+    else:  # partial sums -> replicated
+        shape = (rows, cols)
+        xs = [draw(tensors(dtype, shape, finite=True).map(lambda v: v.clamp(-1000, 1000).round()))
+              for _ in range(world)]  # fmt: skip
+        layouts = ["contiguous"] * world
+        layout_text = f"from @m [*, *] partial [0] to @m [*, *] global [{rows}, {cols}]"
+        expected = oracle.transfer_partial_to_replicated(xs)
+    body = [f"%y = dist.transfer %a0 {layout_text} : {t} -> {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"transfer {layout_text} {element}", _func([t], [t], body, header),
+                     [[x] for x in xs], expected, [[lay] for lay in layouts])  # fmt: skip
+
+
+FAMILIES = {
+    "queries": query_cases,
+    "broadcast": broadcast_cases,
+    "native": native_all_reduce_cases,
+    "generic": generic_all_reduce_cases,
+    "ciphertext": ciphertext_cases,
+    "all_gather": all_gather_cases,
+    "all_to_all": all_to_all_cases,
+    "p2p": p2p_cases,
+    "wave": wave_cases,
+    "transfer": transfer_cases,
+}
+
+
+def any_case(world: int) -> st.SearchStrategy[DrawnCase]:
+    return st.one_of(*(family(world) for family in FAMILIES.values()))
+
+
+def examples(fraction: float) -> int:
+    """`fraction` of the active hypothesis profile's example count (at least
+    one): profiles `ci` (the default) and `dev` are set in tests/conftest.py."""
+    from hypothesis import settings
+
+    return max(1, round(settings.default.max_examples * fraction))
