@@ -559,3 +559,14 @@ def test_parsing_diagnostics_show_no_control_characters(
     main([str(path), "--parsing-diagnostics"])
     out = capsys.readouterr().out
     assert "Unexpected character" in out and not CONTROL.search(out)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "// only a comment\n"])
+def test_an_empty_or_comment_only_file_is_an_empty_module(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As mlir-opt: nothing but comments is an empty module, not a parse error."""
+    path = tmp_path / "empty.mlir"
+    path.write_text(text)
+    main([str(path)])
+    assert capsys.readouterr().out == "builtin.module {\n}\n\n"  # as for any module
