@@ -74,9 +74,7 @@ def _unsigned(x: torch.Tensor, width: int) -> torch.Tensor:
 # functions decide ties by the sign bit, so every order gives the same bits.
 
 
-def _zero_tie(
-    fn: Callable[..., torch.Tensor], larger: bool
-) -> Callable[..., torch.Tensor]:
+def _zero_tie(fn: Callable[..., torch.Tensor], larger: bool) -> Callable[..., torch.Tensor]:
     def combine(
         a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -91,7 +89,7 @@ def _zero_tie(
             return torch.where(a == b, tie, picked)
         return torch.where(a == b, tie, picked, out=out)
 
-    combine.__name__ = fn.__name__
+    combine.__name__ = f"ieee_{'max' if larger else 'min'}_{fn.__name__}"
     return combine
 
 

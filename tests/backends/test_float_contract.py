@@ -199,7 +199,9 @@ def test_order_keys_order_floats_as_ieee_maximum_and_round_trip(data):
     for kind, op in (("max", "maximumf"), ("min", "minimumf")):
         keys = collectives.to_order_keys(x.clone(), kind)
         chosen = keys.max() if kind == "max" else keys.min()
-        got = collectives.from_order_keys(chosen.reshape(1).clone(), torch.empty(1, dtype=dtype)).item()
+        got = collectives.from_order_keys(
+            chosen.reshape(1).clone(), torch.empty(1, dtype=dtype)
+        ).item()
         assert contract_error(op, x.tolist(), got, dtype) is None, (kind, x.tolist(), got)
         finite = ~x.isnan()
         back = collectives.from_order_keys(keys, torch.empty_like(x))

@@ -36,7 +36,9 @@ N = 64
 def expressions(draw, element: str, depth: int = 3) -> str:
     """A region body as nested (op, lhs, rhs) tuples over "a", "b" and constants."""
     if depth == 0 or draw(st.integers(0, 3)) == 0:
-        return draw(st.sampled_from(["a", "b", ("const", draw(st.sampled_from(CONSTANTS[element])))]))
+        return draw(
+            st.sampled_from(["a", "b", ("const", draw(st.sampled_from(CONSTANTS[element])))])
+        )
     op = draw(st.sampled_from(OPS[element]))
     return (op, draw(expressions(element, depth - 1)), draw(expressions(element, depth - 1)))
 
@@ -131,13 +133,22 @@ def test_a_region_symmetric_by_construction_is_never_refused(data):
     more = [line.replace("%v", "%w") for line in more]
     right = right.replace("%v", "%w")
     t = f"tensor<{N}x{element}>"
-    source = program([*lines, *more, f"%s = arith.{join} {left}, {right} : {t}"], "%s", element, True)
+    source = program(
+        [*lines, *more, f"%s = arith.{join} {left}, {right} : {t}"], "%s", element, True
+    )
     assert refusal(source) is None
 
 
 @pytest.mark.parametrize(
-    "op, element", [("subf", "f32"), ("subi", "i64"), ("divf", "f32"), ("subi", "ui8"),
-                    ("divf", "bf16"), ("subf", "f64")]  # fmt: skip
+    "op, element",
+    [
+        ("subf", "f32"),
+        ("subi", "i64"),
+        ("divf", "f32"),
+        ("subi", "ui8"),
+        ("divf", "bf16"),
+        ("subf", "f64"),
+    ],  # fmt: skip
 )
 def test_the_issue_examples_are_refused(op, element):
     """Before, `commutative` on these compiled and the ring folded them in
