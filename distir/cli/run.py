@@ -540,12 +540,6 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.output is not None:
         _check_output_path(args.output)
-    if args.inputs is None:
-        from distir.runtime.inputs import MAX_SEED
-
-        if args.random_inputs > MAX_SEED:
-            raise DistirError(f"--random-inputs {args.random_inputs}: the seed must be at most "
-                              f"{MAX_SEED}")  # fmt: skip
 
     # Everything a rank would find wrong with the program, found once, here.
     module = parse_program(text, filename)
@@ -559,6 +553,12 @@ def _run(args: argparse.Namespace) -> int:
     check_world_size(program.module, nproc, args.entry)  # what the passes assumed
     if args.inputs:
         _check_inputs_file(request, entry_function(module, args.entry), nproc)
+    else:
+        from distir.runtime.inputs import MAX_SEED
+
+        if args.random_inputs > MAX_SEED:
+            raise DistirError(f"--random-inputs {args.random_inputs}: the seed must be at most "
+                              f"{MAX_SEED}")  # fmt: skip
     check_backend(args.backend, None if torchrun else nproc)
 
     if torchrun:
