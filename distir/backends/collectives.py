@@ -45,6 +45,18 @@ C10D_REDUCTIONS = {
 }
 
 
+#: i1 sums and products as or and and: gloo adds booleans as bytes (three
+#: ranks' True make a bool holding 3, and 256 wrap to False)
+_BOOLEAN_REDUCTIONS = {"sum": dist.ReduceOp.MAX, "prod": dist.ReduceOp.MIN}
+
+
+def c10d_reduction(kind: str, dtype: torch.dtype) -> dist.ReduceOp:
+    """The c10d reduction that computes native `kind` on `dtype` exactly."""
+    if dtype == torch.bool and kind in _BOOLEAN_REDUCTIONS:
+        return _BOOLEAN_REDUCTIONS[kind]
+    return C10D_REDUCTIONS[kind]
+
+
 #: how IR spells each dtype gloo reduces, for messages
 _ELEMENT_TYPE_NAMES = {
     torch.bool: "i1", torch.int8: "i8", torch.uint8: "ui8", torch.int32: "i32",
@@ -188,7 +200,7 @@ class NativeAllReduceImplementation(Implementation):
             keys = to_order_keys(y, kind)
             resources.all_reduce(keys, C10D_REDUCTIONS[kind], invocation, True)
             return (from_order_keys(keys, y),)
-        resources.all_reduce(y, C10D_REDUCTIONS[kind], invocation, True)
+        resources.all_reduce(y, c10d_reduction(kind, y.dtype), invocation, True)
         return (y,)
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
@@ -204,7 +216,7 @@ class NativeAllReduceImplementation(Implementation):
                 return (from_order_keys(keys, y),)
 
             return decode
-        work = resources.all_reduce(y, C10D_REDUCTIONS[kind], invocation)
+        work = resources.all_reduce(y, c10d_reduction(kind, y.dtype), invocation)
         return _awaiting(resources, work, invocation, (y,))
 
 
