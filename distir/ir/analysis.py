@@ -291,8 +291,9 @@ def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
             return env[op.operands[0]]
         if isinstance(op, arith.ConstantOp):
             attr = op.value
-            if isinstance(attr, DenseIntOrFPElementsAttr) and attr.is_splat():
-                value = attr.get_values()[0]
+            values = attr.get_values() if isinstance(attr, DenseIntOrFPElementsAttr) else ()
+            if values and values.count(values[0]) == len(values):  # a splat (not empty)
+                value = values[0]
             elif isinstance(attr, IntegerAttr | FloatAttr):
                 value = attr.value.data
             else:
@@ -334,7 +335,7 @@ def non_commutative_witness(block: Block) -> tuple[int, int, Fraction, Fraction]
     for a, b in _WITNESSES:
         try:
             forward, backward = _evaluate(block, a, b), _evaluate(block, b, a)
-        except _Unknown:
+        except (_Unknown, ArithmeticError, ValueError):  # inf/nan constants, huge shifts
             continue
         if forward != backward:
             return a, b, forward, backward

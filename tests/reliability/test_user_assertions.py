@@ -211,3 +211,23 @@ def test_every_option_accepts_exactly_its_declared_values(data):
             parse_pipeline(spec)
         with pytest.raises(CompileError, match=f"option '{option}' must be"):
             distir.compile("func.func @main() {\n  func.return\n}", spec)
+
+
+@pytest.mark.parametrize(
+    "t, constant",
+    [("tensor<0xi64>", "dense<> : tensor<0xi64>"), ("tensor<4xf32>", "dense<0x7F800000> : tensor<4xf32>"),
+     ("tensor<4xf32>", "dense<0x7FC00000> : tensor<4xf32>"), ("tensor<4xi64>", "dense<64> : tensor<4xi64>")],
+)  # fmt: skip
+def test_regions_the_evaluator_cannot_decide_are_trusted_not_crashed_on(t, constant):
+    """Empty tensors, infinite and NaN constants, shifts past the width."""
+    op = "addf" if "f32" in t else "shli"
+    source = (
+        f"func.func @main(%x: {t}) -> {t} {{\n"
+        f"  %y = dist.all_reduce %x commutative : {t} combine(%a, %b) {{\n"
+        f"    %c = arith.constant {constant}\n"
+        f"    %s = arith.{op} %a, %c : {t}\n"
+        f"    %r = arith.{'addf' if 'f32' in t else 'addi'} %s, %b : {t}\n"
+        f"    dist.yield %r : {t}\n  }}\n  func.return %y : {t}\n}}"
+    )
+    why = refusal(source)
+    assert why is None or "is marked commutative but its combine is not" in why, why
