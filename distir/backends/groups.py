@@ -53,6 +53,27 @@ DEFAULT_DEADLINE_S = 60.0
 #: the precondition of an op that needs no agreement
 NOTHING_TO_CHECK = Precondition()
 
+#: Element types gloo's collectives take (measured on torch 2.13: any other,
+#: int16, uint16, uint32 or uint64, raises "Invalid scalar type" inside the
+#: collective). Reductions are limited to these (native all-reduces of other
+#: types are refused at compile time); data moves send other types as bytes.
+COLLECTIVE_DTYPES = frozenset(
+    {
+        torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64,
+        torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    }
+)  # fmt: skip
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of a type gloo cannot move, as the uint8 view of
+    its rows (dim 0 keeps its length, so row splits stay valid); others
+    unchanged. Broadcast, gather and all-to-all only move bytes."""
+    if t.dtype in COLLECTIVE_DTYPES:
+        return t
+    rows = t.shape[0] if t.dim() else 1
+    return t.reshape(rows, t.numel() // rows if rows else 0).view(torch.uint8)
+
 
 
 class Step:
@@ -209,12 +230,14 @@ class ProcessGroupResource:
     ) -> Any:
         """`root` is a rank of this group."""
         opts = self._options(dist.BroadcastOptions, invocation, wait, rootRank=root, rootTensor=0)
+        tensor = as_bytes(tensor)
         return self._run(lambda o: self.pg.broadcast([tensor], o), opts, invocation, wait)
 
     def all_gather(
         self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False
     ) -> Any:
         opts = self._options(c10d.AllgatherOptions, invocation, wait)
+        out, tensor = as_bytes(out), as_bytes(tensor)
         return self._run(lambda o: self.pg.all_gather_single(out, tensor, o), opts, invocation,
                          wait)
 
@@ -224,6 +247,7 @@ class ProcessGroupResource:
     ) -> Any:
         opts = self._options(c10d.AllToAllOptions, invocation, wait)
         outs, ins = list(out_splits), list(in_splits)
+        out, tensor = as_bytes(out), as_bytes(tensor)
         return self._run(lambda o: self.pg.all_to_all_single(out, tensor, outs, ins, o), opts,
                          invocation, wait)
 

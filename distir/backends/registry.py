@@ -16,6 +16,10 @@ Choosing among several implementations of one op is deterministic:
    `algorithm` property) is used, or compilation fails naming the candidates;
 2. otherwise, among the implementations whose `matches(op)` holds, the one
    with the highest `priority` wins; on a tie, the one contributed first.
+
+The chosen implementation's `unsupported(op)` then has the last word: what
+it declares it cannot run (an element type gloo does not reduce) fails
+compilation, naming the op, its location and the reason.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ class Implementation:
     def matches(self, op: Operation) -> bool:
         """Whether this implementation can execute this particular op."""
         return isinstance(op, self.operation_types)
+
+    def unsupported(self, op: Operation) -> str | None:
+        """Why this implementation cannot run `op` (an element type, an
+        option it lacks), or None: asked when a program is compiled, so what
+        the backend cannot run is refused then, naming the op."""
+        return None
 
     def execute(
         self,
@@ -86,7 +96,7 @@ class ImplementationRegistry:
         if requested is not None:
             for impl in candidates:
                 if impl.name == requested and impl.matches(op):
-                    return impl
+                    return self._runnable(impl, op)
             raise UnsupportedOpError(
                 op,
                 f"no implementation named {requested!r} can execute this op "
@@ -98,4 +108,11 @@ class ImplementationRegistry:
                 op, f"no registered implementation can execute this op (candidates: {names})"
             )
         best = max(c.priority for c in matching)
-        return next(c for c in matching if c.priority == best)
+        return self._runnable(next(c for c in matching if c.priority == best), op)
+
+    @staticmethod
+    def _runnable(impl: Implementation, op: Operation) -> Implementation:
+        reason = impl.unsupported(op)
+        if reason is not None:
+            raise UnsupportedOpError(op, reason)
+        return impl

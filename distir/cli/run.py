@@ -478,7 +478,9 @@ def _check_output_path(output: str) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise DistirError(f"--output {output}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
+    if path.exists() and not os.access(path, os.W_OK):
+        raise DistirError(f"--output {output} is not writable")
+    if not path.exists() and not os.access(parent, os.W_OK):
         raise DistirError(f"--output {output}: directory {parent} is not writable")
 
 
@@ -595,6 +597,12 @@ def _run(args: argparse.Namespace) -> int:
     _check_point_to_point(program.module, args.entry, nproc)
     if args.inputs:
         _check_inputs_file(request, entry_function(module, args.entry), nproc)
+    else:
+        from distir.runtime.inputs import MAX_SEED
+
+        if args.random_inputs > MAX_SEED:
+            raise DistirError(f"--random-inputs {args.random_inputs}: the seed must be at most "
+                              f"{MAX_SEED}")  # fmt: skip
     check_backend(args.backend, None if torchrun else nproc)
 
     if torchrun:
@@ -638,9 +646,22 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _save(output: str, per_rank: Any) -> None:
+    """Writes the results; a write that fails (a full disk, /dev/full) is a
+    one-line error. Serialised first, so the file is written by Python's own
+    I/O, whose failures are OSErrors (torch's writer raises RuntimeErrors)."""
+    import io
+
     import torch
 
-    torch.save(per_rank, output)
+    from distir.errors import DistirError
+
+    data = io.BytesIO()
+    torch.save(per_rank, data)
+    try:
+        with open(output, "wb") as f:
+            f.write(data.getbuffer())
+    except OSError as e:
+        raise DistirError(f"cannot write --output {output}: {e.strerror or e}") from None
     _note(f"saved every rank's results to {output}")
 
 

@@ -65,14 +65,49 @@ def _unsigned(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 # Integer and float arithmetic ------------------------------------------------
+#
+# The float contract (README, "Float contract"): `maximumf`/`minimumf` and the
+# native `max`/`min` are IEEE 754-2019 maximum/minimum: NaN if either operand
+# is NaN, and -0.0 orders below +0.0. `maxnumf`/`minnumf` return the other
+# operand when one is NaN, and order zeros the same way. torch.maximum and
+# torch.fmax return their first operand on a tie of zeros, which would make
+# the result depend on the fold order (and so on the algorithm); these
+# functions decide ties by the sign bit, so every order gives the same bits.
+
+
+def _zero_tie(fn: Callable[..., torch.Tensor], larger: bool) -> Callable[..., torch.Tensor]:
+    def combine(
+        a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if not (a.is_floating_point() or b.is_floating_point()):
+            return fn(a, b, out=out) if out is not None else fn(a, b)
+        # On a == b only zeros can differ (in sign): max keeps the one
+        # without the sign bit, min the one with it.
+        a_negative = torch.signbit(a)
+        tie = torch.where(a_negative, b, a) if larger else torch.where(a_negative, a, b)
+        picked = fn(a, b)
+        if out is None:
+            return torch.where(a == b, tie, picked)
+        return torch.where(a == b, tie, picked, out=out)
+
+    combine.__name__ = f"ieee_{'max' if larger else 'min'}_{fn.__name__}"
+    return combine
+
+
+#: IEEE 754-2019 maximum / minimum (arith.maximumf / minimumf, native max / min)
+maximum = _zero_tie(torch.maximum, larger=True)
+minimum = _zero_tie(torch.minimum, larger=False)
+#: IEEE 754-2019 maximumNumber / minimumNumber (arith.maxnumf / minnumf)
+maximum_number = _zero_tie(torch.fmax, larger=True)
+minimum_number = _zero_tie(torch.fmin, larger=False)
 
 #: The fold of each native reduction kind, element by element: the one table
 #: the reference interpreter and the point-to-point algorithms share.
 NATIVE_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "sum": torch.add,
     "prod": torch.mul,
-    "min": torch.minimum,
-    "max": torch.maximum,
+    "min": minimum,
+    "max": maximum,
     "band": torch.bitwise_and,
     "bor": torch.bitwise_or,
     "bxor": torch.bitwise_xor,
@@ -95,10 +130,10 @@ BINARY_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     arith.SubfOp: torch.sub,
     arith.MulfOp: torch.mul,
     arith.DivfOp: torch.div,
-    arith.MaximumfOp: torch.maximum,
-    arith.MinimumfOp: torch.minimum,
-    arith.MaxnumfOp: torch.fmax,
-    arith.MinnumfOp: torch.fmin,
+    arith.MaximumfOp: maximum,
+    arith.MinimumfOp: minimum,
+    arith.MaxnumfOp: maximum_number,
+    arith.MinnumfOp: minimum_number,
 }
 for _op, _fn in BINARY_TORCH_OPS.items():
     LOCAL_KERNELS[_op] = _binary(_fn)

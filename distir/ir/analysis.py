@@ -10,6 +10,8 @@ never disagree about what a region is.
 - `single_op`: the region is one binary op on (lhs, rhs), which a backend
   runs in place;
 - `native_kind`: the region is one commutative op a native collective has;
+- `non_commutative_witness`: operands on which the region's result depends
+  on their order (the verifier refutes a `commutative` marker with it);
 - `is_modular_add_region`: the region is `lower-ciphertext-add`'s modular
   addition; the pass records it as the `known_combine = "modular-add"`
   attribute and the verifier holds the region to it;
@@ -22,19 +24,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from xdsl.dialects import arith, tensor
 from xdsl.dialects.builtin import (
+    AnyFloat,
+    BFloat16Type,
     DenseIntOrFPElementsAttr,
+    FloatAttr,
     IndexType,
     IntegerAttr,
     IntegerType,
+    Signedness,
     StringAttr,
     TensorType,
     i64,
 )
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
 from distir.ir.elementwise import ELEMENTWISE_OPS
@@ -179,6 +186,160 @@ def native_kind(block: Block) -> ReductionKind | None:
     if kind is None or (op_type in _NOT_NATIVE_ON_I1 and element == IntegerType(1)):
         return None
     return kind
+
+
+# Commutativity --------------------------------------------------------------------
+#
+# A user's `commutative` marker lets the ring reorder the fold; on a region
+# whose result depends on the order that is a wrong result, not a slower
+# one. The verifier refutes the marker where the region is elementwise and
+# evaluating it exactly, on a few small witnesses, gives
+# combine(a, b) != combine(b, a) with every intermediate value exactly
+# representable in its type: a proof, so a region is never rejected
+# wrongly. Regions the evaluator does not know stay trusted.
+
+#: (lhs, rhs) witnesses: small, non-negative (valid for unsigned and i8 and
+#: every float type), and results of the ops below on them stay small
+_WITNESSES = ((2, 5), (0, 3), (1, 2), (6, 3), (1, 0))
+
+#: significand bits of each float type's element (its width -> bits)
+_SIGNIFICAND_BITS = {16: 11, 32: 24, 64: 53}
+
+
+class _Unknown(Exception):
+    """The evaluator cannot decide this region on this witness exactly."""
+
+
+def _element_type(value: SSAValue) -> Attribute:
+    t = value.type
+    return t.element_type if isinstance(t, TensorType) else t
+
+
+def _exact(value: Fraction, element: Attribute) -> Fraction:
+    """`value` when it is exactly representable in `element`, else _Unknown."""
+    if isinstance(element, IntegerType | IndexType):
+        if value.denominator != 1:
+            raise _Unknown
+        width = element.width.data if isinstance(element, IntegerType) else 64
+        unsigned = isinstance(element, IntegerType) and element.signedness.data == Signedness.UNSIGNED
+        if width == 1:  # i1 is a torch bool: no wrap-around to model
+            if value not in (0, 1):
+                raise _Unknown
+            return value
+        # Two's complement wrap-around, as arith defines it and torch runs it.
+        wrapped = int(value) % (1 << width)
+        if not unsigned and wrapped >> (width - 1):
+            wrapped -= 1 << width
+        return Fraction(wrapped)
+    bits = _SIGNIFICAND_BITS.get(getattr(element, "bitwidth", 0))
+    if isinstance(element, BFloat16Type):
+        bits = 8
+    if bits is None or not isinstance(element, AnyFloat):
+        raise _Unknown
+    if value == 0:
+        return value
+    numerator, denominator = abs(value.numerator), value.denominator
+    if denominator & (denominator - 1) or numerator.bit_length() > bits or abs(value) > 2**15:
+        raise _Unknown  # rounded, or near f16's range: not exact in every float type
+    return value
+
+
+def _int_op(op: Operation, a: Fraction, b: Fraction) -> Fraction:
+    if isinstance(op, arith.AddiOp | arith.AddfOp):
+        return a + b
+    if isinstance(op, arith.SubiOp | arith.SubfOp):
+        return a - b
+    if isinstance(op, arith.MuliOp | arith.MulfOp):
+        return a * b
+    if isinstance(op, arith.DivfOp):
+        if b == 0:
+            raise _Unknown
+        return a / b
+    if isinstance(op, arith.DivSIOp | arith.DivUIOp | arith.RemSIOp | arith.RemUIOp):
+        if b == 0:
+            raise _Unknown
+        quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # truncated
+        return Fraction(quotient if isinstance(op, arith.DivSIOp | arith.DivUIOp)
+                        else a - b * quotient)  # fmt: skip
+    if isinstance(op, arith.MaxSIOp | arith.MaxUIOp | arith.MaximumfOp | arith.MaxnumfOp):
+        return max(a, b)
+    if isinstance(op, arith.MinSIOp | arith.MinUIOp | arith.MinimumfOp | arith.MinnumfOp):
+        return min(a, b)
+    if isinstance(op, arith.AndIOp | arith.OrIOp | arith.XOrIOp):
+        if a < 0 or b < 0:
+            raise _Unknown
+        x, y = int(a), int(b)
+        return Fraction(x & y if isinstance(op, arith.AndIOp) else
+                        x | y if isinstance(op, arith.OrIOp) else x ^ y)  # fmt: skip
+    raise _Unknown
+
+
+_CMP = {0: lambda a, b: a == b, 1: lambda a, b: a != b, 2: lambda a, b: a < b,
+        3: lambda a, b: a <= b, 4: lambda a, b: a > b, 5: lambda a, b: a >= b}  # fmt: skip
+#: cmpf's ordered predicates (no NaN among the witnesses) -> cmpi's
+_CMPF_AS_CMPI = {1: 0, 2: 4, 3: 5, 4: 2, 5: 3, 6: 1, 8: 0, 9: 4, 10: 5, 11: 2, 12: 3, 13: 1}
+
+
+def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
+    """The region's yielded element on witnesses (lhs, rhs), exactly."""
+    env: dict[SSAValue, Fraction] = {
+        block.args[0]: _exact(Fraction(lhs), _element_type(block.args[0])),
+        block.args[1]: _exact(Fraction(rhs), _element_type(block.args[1])),
+    }
+    for op in block.ops:
+        if op.name == "dist.yield":
+            return env[op.operands[0]]
+        if isinstance(op, arith.ConstantOp):
+            attr = op.value
+            values = attr.get_values() if isinstance(attr, DenseIntOrFPElementsAttr) else ()
+            if values and values.count(values[0]) == len(values):  # a splat (not empty)
+                value = values[0]
+            elif isinstance(attr, IntegerAttr | FloatAttr):
+                value = attr.value.data
+            else:
+                raise _Unknown
+            env[op.result] = Fraction(value)
+            continue
+        if any(v not in env for v in op.operands) or len(op.results) != 1:
+            raise _Unknown  # an extra, a size, an op the evaluator does not know
+        args = [env[v] for v in op.operands]
+        result = op.results[0]
+        if isinstance(op, tensor.SplatOp):
+            value = args[0]
+        elif isinstance(op, arith.NegfOp):
+            value = -args[0]
+        elif isinstance(op, arith.SelectOp):
+            value = args[1] if args[0] else args[2]
+        elif isinstance(op, arith.CmpiOp) and op.predicate.value.data in _CMP:
+            value = Fraction(_CMP[op.predicate.value.data](*args))
+        elif isinstance(op, arith.CmpfOp) and op.predicate.value.data in _CMPF_AS_CMPI:
+            value = Fraction(_CMP[_CMPF_AS_CMPI[op.predicate.value.data]](*args))
+        elif len(args) == 2:
+            if isinstance(op, arith.MaxUIOp | arith.MinUIOp | arith.DivUIOp | arith.RemUIOp) and (
+                args[0] < 0 or args[1] < 0
+            ):
+                raise _Unknown
+            value = _int_op(op, *args)
+        else:
+            raise _Unknown
+        env[result] = _exact(value, _element_type(result))
+    raise _Unknown
+
+
+def non_commutative_witness(block: Block) -> tuple[int, int, Fraction, Fraction] | None:
+    """(a, b, combine(a, b), combine(b, a)) proving that an elementwise
+    combine region depends on the order of its operands, or None when no
+    witness proves it (it may still be non-commutative)."""
+    if len(block.args) < 2 or not is_elementwise_region(block):
+        return None
+    for a, b in _WITNESSES:
+        try:
+            forward, backward = _evaluate(block, a, b), _evaluate(block, b, a)
+        except (_Unknown, ArithmeticError, ValueError):  # inf/nan constants, huge shifts
+            continue
+        if forward != backward:
+            return a, b, forward, backward
+    return None
 
 
 def _owner(value: SSAValue, op_type: type[Operation]) -> Operation | None:

@@ -41,7 +41,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from distir.ir.analysis import known_combine_error
+from distir.ir.analysis import known_combine_error, non_commutative_witness
 from distir.ir.attributes import (
     CollectiveEffect,
     RaisesEffect,
@@ -287,6 +287,15 @@ class AllReduceOp(CollectiveOp):
                 "'dist.all_reduce' combine must yield one value of type "
                 f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
             )
+        if self.commutative is not None:
+            witness = non_commutative_witness(block)
+            if witness is not None:
+                a, b, forward, backward = witness
+                raise VerifyException(
+                    f"'dist.all_reduce' is marked commutative but its combine is not: "
+                    f"combine({a}, {b}) = {forward} while combine({b}, {a}) = {backward} "
+                    f"(a reordered fold, e.g. the ring's, would give another result)"
+                )
         # Backends run a recorded combine instead of the region: hold the
         # region to it.
         error = known_combine_error(self)

@@ -184,6 +184,10 @@ class LocatedParser(Parser):
         self._region_depth = 0
 
     def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
+        if allow_implicit_module and self._current_token.kind == MLIRTokenKind.EOF:
+            # Nothing but whitespace and comments: an empty module, as mlir-opt
+            # reads it (xDSL calls it a parse error).
+            return ModuleOp([])
         frames = _FRAMES_PER_LEVEL * (MAX_NESTING_DEPTH + 1) + _FRAMES_SLACK
         with _recursion_headroom(frames):
             try:

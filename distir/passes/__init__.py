@@ -8,7 +8,9 @@ lazily so that listing passes stays cheap.
 `build_pipeline` turns a pipeline spec into passes and reports every mistake
 with the names users type (`max-group-size`, not the field `max_group_size`)
 as a `PipelineError`; `pass_options` describes a pass's options for help
-texts.
+texts. A pass declares the values an option accepts on its field
+(`option(default, minimum=..., choices=...)`); `check_options` enforces
+them, for pipelines and for passes built in Python.
 """
 
 from __future__ import annotations
@@ -118,6 +120,45 @@ class PassOption:
     """The field's docstring (the string literal after the field), if any."""
 
 
+#: field metadata keys of the option constraints `option` declares
+_MINIMUM = "distir.minimum"
+_CHOICES = "distir.choices"
+
+
+def option(default: Any, *, minimum: int | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A pass option's field with the values it accepts declared beside it:
+    integers at least `minimum`, or one of `choices`. `check_options`
+    enforces them for pipelines (`build_pass`) and for passes constructed
+    from Python (their `__post_init__`)."""
+    metadata: dict[str, Any] = {}
+    if minimum is not None:
+        metadata[_MINIMUM] = minimum
+    if choices:
+        metadata[_CHOICES] = tuple(choices)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_options(instance: ModulePass) -> None:
+    """Raises ValueError naming the first option of `instance` whose value
+    its field does not accept (`option(minimum=..., choices=...)`)."""
+    for f in _option_fields(type(instance)):
+        value = getattr(instance, f.name)
+        if value is None:
+            continue
+        least = f.metadata.get(_MINIMUM)
+        if least is not None and (not isinstance(value, int) or value < least):
+            raise ValueError(
+                f"{instance.name}: option '{kebab(f.name)}' must be an integer >= {least}, "
+                f"got {_spelled(value)}"
+            )
+        choices = f.metadata.get(_CHOICES)
+        if choices and value not in choices:
+            raise ValueError(
+                f"{instance.name}: option '{kebab(f.name)}' must be one of "
+                f"{', '.join(choices)}, got '{_spelled(value)}'"
+            )
+
+
 def kebab(name: str) -> str:
     return name.replace("_", "-")
 
@@ -193,7 +234,7 @@ def pass_options(cls: type[ModulePass]) -> list[PassOption]:
             default = _spelled(f.default_factory())
         else:
             default = None
-        option_type = _type_name(hints[f.name])
+        option_type = "|".join(f.metadata.get(_CHOICES, ())) or _type_name(hints[f.name])
         doc = docs.get(f.name)
         options.append(PassOption(kebab(f.name), option_type, default, f.name in required, doc))
     return options
@@ -260,8 +301,10 @@ def build_pass(name: str, cls: type[ModulePass], spec: ArgSpec) -> ModulePass:
                 f"pass '{name}': option '{written}' expects {_an(option.type)}, got {got}"
             )
     try:
-        return cls.from_spec(spec)
-    except ValueError as e:  # the pass's own checks of its options
+        built = cls.from_spec(spec)
+        check_options(built)  # also for passes whose __post_init__ does not
+        return built
+    except ValueError as e:  # the declared constraints and the pass's own checks
         message = str(e)
         prefix = f"{name}: "
         message = message[len(prefix) :] if message.startswith(prefix) else message

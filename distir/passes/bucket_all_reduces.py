@@ -66,6 +66,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from distir.ir.dialect import AllReduceOp, CollectiveOp, WaveOp
+from distir.passes import check_options, option
 from distir.passes._rewrite_utils import with_location
 
 
@@ -213,23 +214,17 @@ class BucketAllReducesPass(ModulePass):
 
     name = "bucket-all-reduces"
 
-    max_op_bytes: int = 256 << 10
+    max_op_bytes: int = option(256 << 10, minimum=1)
     """Largest all-reduce (bytes) that joins a bucket."""
 
-    bucket_bytes: int = 4 << 20
+    bucket_bytes: int = option(4 << 20, minimum=1)
     """Largest packed buffer (bytes)."""
 
-    min_ops: int = 2
+    min_ops: int = option(2, minimum=2)
     """Fewest members worth a bucket."""
 
     def __post_init__(self) -> None:
-        for option, value, least in (
-            ("max-op-bytes", self.max_op_bytes, 1),
-            ("bucket-bytes", self.bucket_bytes, 1),
-            ("min-ops", self.min_ops, 2),
-        ):
-            if value < least:
-                raise ValueError(f"bucket-all-reduces: {option} must be >= {least}, got {value}")
+        check_options(self)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(

@@ -65,6 +65,7 @@ from distir.ir.dialect import (
     ReductionKind,
 )
 from distir.ir.parsing import format_location
+from distir.passes import check_options, option
 from distir.passes._rewrite_utils import broadcast_moduli, with_location
 
 
@@ -187,17 +188,14 @@ class DeferModularReductionPass(ModulePass):
 
     name = "defer-modular-reduction"
 
-    max_group_size: int | None = None
+    max_group_size: int | None = option(None, minimum=1)
     """Upper bound on the group size, used where the IR does not prove one."""
 
     remarks: bool = False
     """Print one line per op to stderr: rewritten or kept, and why."""
 
     def __post_init__(self) -> None:
-        if self.max_group_size is not None and self.max_group_size < 1:
-            raise ValueError(
-                f"defer-modular-reduction: max-group-size must be >= 1, got {self.max_group_size}"
-            )
+        check_options(self)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(

@@ -61,10 +61,12 @@ from xdsl.pattern_rewriter import (
 )
 
 from distir.ir.analysis import (
+    candidate_algorithms,
     default_algorithm,
     elementwise_combine,
 )
 from distir.ir.dialect import AllReduceOp
+from distir.passes import check_options, option
 
 
 @dataclass(frozen=True)
@@ -110,17 +112,20 @@ class SelectAllReduceAlgorithmPass(ModulePass):
 
     name = "select-all-reduce-algorithm"
 
-    commutative: str | None = None
+    commutative: str | None = option(None, choices=candidate_algorithms(True, True))
     """Algorithm for commutative elementwise combines (default: by cost)."""
 
-    ordered: str | None = None
+    ordered: str | None = option(None, choices=candidate_algorithms(True, False))
     """Algorithm for elementwise combines that are not commutative (default: by cost)."""
 
-    whole: str | None = None
+    whole: str | None = option(None, choices=candidate_algorithms(False, False))
     """Algorithm for combines that are not elementwise (default: by cost)."""
 
-    group_size: int | None = None
+    group_size: int | None = option(None, minimum=1)
     """Group size to choose for where the IR does not declare one."""
+
+    def __post_init__(self) -> None:
+        check_options(self)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         choice = AlgorithmChoice(self.commutative, self.ordered, self.whole, self.group_size)

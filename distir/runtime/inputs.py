@@ -70,11 +70,18 @@ def _axis(op: Operation) -> int:
     return axis.value.data if axis is not None else 0  # type: ignore[attr-defined]
 
 
+#: the largest seed: rank r's generator is seeded with seed * 1000 + r
+#: (999 for values every rank shares), which torch takes below 2^64
+MAX_SEED = (2**64 - 1000) // 1000
+
+
 def synthesize_inputs(
     function: func.FuncOp, rank: int, world_size: int, seed: int = 0, dynamic_size: int = 4
 ) -> list[torch.Tensor]:
     """Inputs of `function` for `rank` of `world_size` ranks that keep every
     op's contract (see the module docstring); deterministic in `seed`."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in [0, {MAX_SEED}], got {seed}")
     types: list[Attribute] = list(function.function_type.inputs.data)
     shapes: list[list[int | None]] = [list(static_shape(t)) for t in types]
     fixed: dict[int, torch.Tensor] = {}

@@ -445,10 +445,34 @@ def test_a_huge_line_is_shown_as_a_window_around_the_error(
             "bucket-all-reduces{min-ops}",
             "pass 'bucket-all-reduces': option 'min-ops' expects an int, got no value",
         ),
-        ("bucket-all-reduces{min-ops=1}", "pass 'bucket-all-reduces': min-ops must be >= 2, got 1"),
+        (
+            "bucket-all-reduces{min-ops=1}",
+            "pass 'bucket-all-reduces': option 'min-ops' must be an integer >= 2, got 1",
+        ),
         (
             "defer-modular-reduction{max-group-size=0}",
-            "pass 'defer-modular-reduction': max-group-size must be >= 1, got 0",
+            "pass 'defer-modular-reduction': option 'max-group-size' must be an integer >= 1, "
+            "got 0",
+        ),
+        (
+            "select-all-reduce-algorithm{commutative=bogus}",
+            "pass 'select-all-reduce-algorithm': option 'commutative' must be one of ring, "
+            "halving-doubling, recursive-doubling, gather-fold, got 'bogus'",
+        ),
+        (
+            "select-all-reduce-algorithm{ordered=ring}",  # the ring would reorder the fold
+            "pass 'select-all-reduce-algorithm': option 'ordered' must be one of "
+            "halving-doubling, recursive-doubling, gather-fold, got 'ring'",
+        ),
+        (
+            "select-all-reduce-algorithm{group-size=0}",
+            "pass 'select-all-reduce-algorithm': option 'group-size' must be an integer >= 1, "
+            "got 0",
+        ),
+        (
+            "select-all-reduce-algorithm{group-size=-4}",
+            "pass 'select-all-reduce-algorithm': option 'group-size' must be an integer >= 1, "
+            "got -4",
         ),
         ("lower-ciphertext-add{fast=true}", "pass 'lower-ciphertext-add' has no option 'fast'"),
         (
@@ -537,3 +561,14 @@ def test_parsing_diagnostics_show_no_control_characters(
     main([str(path), "--parsing-diagnostics"])
     out = capsys.readouterr().out
     assert "Unexpected character" in out and not CONTROL.search(out)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "// only a comment\n"])
+def test_an_empty_or_comment_only_file_is_an_empty_module(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As mlir-opt: nothing but comments is an empty module, not a parse error."""
+    path = tmp_path / "empty.mlir"
+    path.write_text(text)
+    main([str(path)])
+    assert capsys.readouterr().out == "builtin.module {\n}\n\n"  # as for any module

@@ -25,6 +25,7 @@ import distir
 from distir.cli import run as cli
 from distir.cli.run import checksum, summarize
 from distir.ir.parsing import parse_file
+from distir.runtime import inputs as cli_inputs
 from distir.runtime.inputs import synthesize_inputs
 from distir.runtime.requirements import world_size_range
 
@@ -595,6 +596,51 @@ def test_an_output_file_in_a_missing_directory(tmp_path, capsys, no_launch) -> N
     status, err = run_here(capsys, "examples/all_reduce.mlir", "--nproc", "2", "-o", str(target))
     assert status == 1
     assert f"directory {target.parent} does not exist" in err
+
+
+@multirank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_an_output_whose_write_fails_is_one_line_after_the_results() -> None:
+    proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "--output", "/dev/full")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "rank 1:" in proc.stdout  # the run itself completed and was reported
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "distir-run: error: cannot write --output /dev/full: No space left on device"
+    )
+
+
+@pytest.mark.parametrize("seed", [str(10**30), str(2**64), str(cli_inputs.MAX_SEED + 1)])
+def test_a_seed_beyond_the_generators_is_refused_before_any_rank_starts(
+    capsys, no_launch, seed
+) -> None:
+    status, err = run_here(capsys, "examples/all_reduce.mlir", "--random-inputs", seed)
+    assert (status, err) == (
+        1,
+        f"distir-run: error: --random-inputs {seed}: the seed must be at most "
+        f"{cli_inputs.MAX_SEED}\n",
+    )
+
+
+def test_the_largest_seed_synthesises_inputs() -> None:
+    function = next(iter(parse_file(ROOT / "examples/all_reduce.mlir").ops))
+    for rank in range(4):
+        synthesize_inputs(function, rank, 4, seed=cli_inputs.MAX_SEED)
+    with pytest.raises(ValueError, match="seed must be in"):
+        synthesize_inputs(function, 0, 4, seed=cli_inputs.MAX_SEED + 1)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "// only a comment\n", "  // a\n// b"])
+def test_an_empty_or_comment_only_file_is_an_empty_module_without_main(
+    tmp_path, capsys, no_launch, text
+) -> None:
+    program = tmp_path / "empty.mlir"
+    program.write_text(text)
+    status, err = run_here(capsys, str(program), "--nproc", "2")
+    assert (status, err) == (1, "distir-run: error: the module has no entry function @main\n")
+    for source in (program, str(program), text):
+        with pytest.raises(distir.errors.CompileError, match="^the module has no entry function @main$"):
+            distir.compile(source)
 
 
 TWO_ENTRIES = """\

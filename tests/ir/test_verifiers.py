@@ -152,6 +152,17 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.all_reduce' combine region must take 2 arguments (lhs, rhs, 0 extra), got 3",
     ),
+    "all_reduce_commutative_marker_refuted": (
+        _func(
+            X4,
+            "%y = dist.all_reduce %x commutative : tensor<4xf32> combine(%a, %b) {\n"
+            "  %d = arith.subf %a, %b : tensor<4xf32>\n"
+            "  dist.yield %d : tensor<4xf32>\n"
+            "}\nfunc.return",
+        ),
+        "'dist.all_reduce' is marked commutative but its combine is not: combine(2, 5) = -3 "
+        "while combine(5, 2) = 3",
+    ),
     "all_reduce_combine_argument_type": (
         _func(
             f"{X4}, %m: tensor<4xi64>",

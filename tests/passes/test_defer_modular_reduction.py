@@ -209,7 +209,7 @@ def test_non_positive_constant_moduli_keep_the_op():
 def test_the_option_parses_from_a_pipeline_and_must_be_positive():
     (p,) = parse_pipeline("defer-modular-reduction{max-group-size=8 remarks=true}").passes
     assert p == DeferModularReductionPass(max_group_size=8, remarks=True)
-    with pytest.raises(ValueError, match="max-group-size must be >= 1"):
+    with pytest.raises(ValueError, match="max-group-size. must be an integer >= 1"):
         DeferModularReductionPass(max_group_size=0)
 
 

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -196,15 +197,49 @@ def test_distir_run_reports_failures_and_exits_nonzero(tmp_path):
         "  func.return %y : tensor<4xi64>\n"
         "}\n"
     )
+    # Ranks inherit the environment: the marker finds this run's own ranks
+    # (even once re-parented), never another job's.
+    marker = f"distir-test-{uuid.uuid4().hex}"
     proc = subprocess.run(
         [sys.executable, "-m", "distir.cli.run", str(program), "--nproc", "2", "--timeout", "60"],
         capture_output=True,
         text=True,
         timeout=90,
+        env={**os.environ, "DISTIR_TEST_MARKER": marker},
     )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "2 of 2 ranks failed" in proc.stderr
     assert f"'dist.broadcast' at {program}:2:3: root 3 is outside the group (size 2)" in proc.stderr
-    leftover = subprocess.run(["pgrep", "distir-rank"], capture_output=True, text=True)
-    assert leftover.stdout.strip() == "", "a rank of distir-run survived"
+    assert processes_with_marker(marker) == [], "a rank of distir-run survived"
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """Live processes whose environment holds DISTIR_TEST_MARKER=marker."""
+    wanted = f"DISTIR_TEST_MARKER={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if wanted in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+    return found
+
+
+def test_the_leftover_check_sees_a_marked_process_and_only_it():
+    marker = f"distir-test-{uuid.uuid4().hex}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"],
+        env={**os.environ, "DISTIR_TEST_MARKER": marker},
+    )
+    try:
+        assert processes_with_marker(marker) == [child.pid]
+        assert processes_with_marker(marker + "x") == []
+    finally:
+        child.kill()
+        child.wait()
+    assert processes_with_marker(marker) == []
