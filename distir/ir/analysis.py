@@ -356,11 +356,12 @@ def _is_constant(value: SSAValue, number: int) -> bool:
     attr = owner.value
     if isinstance(attr, IntegerAttr):
         return attr.value.data == number
-    return (
-        isinstance(attr, DenseIntOrFPElementsAttr)
-        and attr.is_splat()
-        and attr.get_values()[0] == number
-    )
+    if not isinstance(attr, DenseIntOrFPElementsAttr):
+        return False
+    values = attr.get_values()
+    # An empty constant (a zero-sized dimension) holds `number` everywhere,
+    # vacuously; xDSL's is_splat() fails on it.
+    return not values or (attr.is_splat() and values[0] == number)
 
 
 def _pair(op: Operation, a: SSAValue, b: SSAValue) -> bool:
