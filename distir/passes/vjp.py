@@ -66,6 +66,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
+    i64,
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
@@ -86,6 +87,7 @@ from distir.ir.dialect import (
 )
 from distir.ir.mesh import TransferOp
 from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ir import tensor_arith
 from distir.ir.parsing import describe_op
 from distir.passes._rewrite_utils import with_location
 
@@ -489,23 +491,30 @@ def _divf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [da, t.emit(arith.NegfOp(db)).results[0]]
 
 
-@transpose_rule(arith.SelectOp)
+@transpose_rule(arith.SelectOp, tensor_arith.SelectOp)
 def _select(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
-    condition = op.operands[0]
-    if isinstance(condition.type, TensorType):
-        raise NotDifferentiable(f"{describe_op(op)}: only a scalar condition has a derivative here")
+    """The cotangent goes to the operand picked (as a whole for a scalar
+    condition, element by element for a tensor one)."""
     (ct,) = cts
     assert ct is not None
-    c = t.primal(condition)
+    c = t.primal(op.operands[0])
     zeros = t.zeros_like(ct, primal=False)
     return [
         None,
-        t.emit(arith.SelectOp(c, ct, zeros)).results[0],
-        t.emit(arith.SelectOp(c, zeros, ct)).results[0],
+        t.emit(tensor_arith.SelectOp(c, ct, zeros)).results[0],
+        t.emit(tensor_arith.SelectOp(c, zeros, ct)).results[0],
     ]
 
 
-@transpose_rule(arith.CmpfOp, arith.FPToSIOp, tensor.DimOp, AssertUniformOp)
+@transpose_rule(
+    arith.CmpfOp,
+    tensor_arith.CmpfOp,
+    arith.FPToSIOp,
+    tensor_arith.FPToSIOp,
+    tensor_arith.FPToUIOp,
+    tensor.DimOp,
+    AssertUniformOp,
+)
 def _no_gradient(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [None] * len(op.operands)  # piecewise constant, or no result
 
@@ -515,11 +524,12 @@ def _cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [cts[0]]  # `accumulate` casts back to the operand's type
 
 
-@transpose_rule(arith.ExtFOp, arith.TruncFOp)
+@transpose_rule(arith.ExtFOp, arith.TruncFOp, tensor_arith.ExtFOp, tensor_arith.TruncFOp)
 def _float_cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
-    back = arith.TruncFOp if isinstance(op, arith.ExtFOp) else arith.ExtFOp
+    widening = isinstance(op, arith.ExtFOp | tensor_arith.ExtFOp)
+    back = tensor_arith.TruncFOp if widening else tensor_arith.ExtFOp
     return [t.emit(back(ct, op.operands[0].type)).results[0]]
 
 
@@ -642,14 +652,35 @@ def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
 
 
 def _extremum(t: _Transposer, op: AllReduceOp, ct: SSAValue) -> SSAValue:
-    # The gradient is the summed cotangent masked to the (lowest) rank holding
-    # the extremum; that mask needs an elementwise tensor comparison, which
-    # the local ops cannot express (xDSL's arith.cmpf is scalar only).
-    raise NotDifferentiable(
-        f"{describe_op(op)}: the native {op.kind.data.value} "  # type: ignore[union-attr]
-        "reduction has no derivative here (its gradient needs an elementwise mask of the "
-        "rank holding the extremum, which distir's local ops cannot express)"
-    )
+    """y = max_r x_r (or min): the summed cotangent goes, element by element,
+    to the lowest rank whose x equals y (where y is NaN: whose x is NaN), and
+    zeros to every other rank. That rank is found by a min all-reduce of
+    (this rank where it holds y, else INT64_MAX): every rank agrees on it, so
+    ties give the whole gradient to one rank, never a share to each."""
+    x, y = t.primal(op.operands[0]), t.primal(op.results[0])
+    me = t.emit(RankOp(op.group)).results[0]
+    me64 = t.emit(arith.IndexCastOp(me, i64)).results[0]
+    nobody = t.emit(arith.ConstantOp(IntegerAttr(2**63 - 1, i64))).results[0]
+    x_type = x.type
+    if isinstance(x_type, TensorType):
+        dynamic = [d for d in t.shape_of(op.operands[0], primal=True) if isinstance(d, SSAValue)]
+        ranks = TensorType(i64, x_type.get_shape())
+        me64 = t.emit(tensor.SplatOp(me64, dynamic, ranks)).results[0]
+        nobody = t.emit(tensor.SplatOp(nobody, dynamic, ranks)).results[0]
+
+    def pick(condition: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return t.emit(tensor_arith.SelectOp(condition, a, b)).results[0]
+
+    def compare(a: SSAValue, b: SSAValue, predicate: str) -> SSAValue:
+        return t.emit(tensor_arith.CmpfOp(a, b, predicate)).results[0]
+
+    holds = pick(compare(x, y, "oeq"), me64, nobody)
+    nan_holder = pick(compare(x, x, "uno"), me64, nobody)
+    holds = pick(compare(y, y, "uno"), nan_holder, holds)
+    lowest = t.emit(AllReduceOp(holds, kind=ReductionKind.MIN, group=op.group)).results[0]
+    chosen = t.emit(tensor_arith.CmpiOp(lowest, me64, "eq")).results[0]
+    total = t.all_reduce_sum(ct, op.group)
+    return pick(chosen, total, t.zeros_like(ct, primal=False))
 
 
 @transpose_rule(BroadcastOp)

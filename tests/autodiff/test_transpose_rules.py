@@ -273,12 +273,42 @@ func.func @main(%x: {ta}, %y: {tb}) -> ({tc}, index) {{
     return text, [[x.double() for x in xs] for xs in inputs]
 
 
+def extremum(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """max/min all-reduce (continuous draws: no ties, where the derivative
+    exists; ties and NaN are checked exactly below)."""
+    shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=2))
+    kind = draw(st.sampled_from(["max", "min"]))
+    t = _t(shape)
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> {t} {{
+  %p = arith.mulf %x, %w : {t}
+  %y = dist.all_reduce {kind} %p : {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r), _floats(shape, seed + 40 + r)] for r in range(P)]
+
+
+def elementwise_select(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    shape = draw(st.lists(st.integers(0, 4), min_size=1, max_size=2))
+    t, b = _t(shape), _t(shape, "i1")
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> {t} {{
+  %s = dist.all_reduce sum %x : {t}
+  %c = arith.cmpf olt, %s, %w : {t}
+  %y = arith.select %c, %s, %w : {b}, {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r), _floats(shape, seed + 60 + r)] for r in range(P)]
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
-        slices,
+        slices, extremum, elementwise_select,
     )
 }  # fmt: skip
 
@@ -319,7 +349,6 @@ def test_float_types_carry_gradients_and_integers_do_not():
 
 
 REFUSED = {
-    "native max": ("dist.all_reduce max %x : tensor<3xf64>", "native max reduction"),
     "native prod": ("dist.all_reduce prod %x : tensor<3xf64>", "native prod reduction"),
     "generic max": (
         "dist.all_reduce %x : tensor<3xf64> combine(%a, %b) {\n"
@@ -362,3 +391,40 @@ func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {{
             assert words in str(e) and "'dist.all_reduce' at <program>:3:" in str(e), (name, e)
         else:
             raise AssertionError(f"{name}: no NotDifferentiable")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(["max", "min"]),
+    values=st.integers(2, 5).flatmap(
+        lambda P: st.lists(
+            st.lists(st.sampled_from([0.0, 1.0, 2.0, float("nan")]), min_size=4, max_size=4),
+            min_size=P,
+            max_size=P,
+        )
+    ),
+)
+def test_an_extremum_gradient_goes_to_the_lowest_rank_holding_it(kind, values):
+    """Ties (frequent here) give the whole summed cotangent to the lowest
+    rank whose input equals the result; where the result is NaN (the
+    reference propagates NaN), to the lowest rank whose input is NaN."""
+    P = len(values)
+    text = f"""
+func.func @main(%x: tensor<4xf64>) -> tensor<4xf64> {{
+  %y = dist.all_reduce {kind} %x : tensor<4xf64>
+  func.return %y : tensor<4xf64>
+}}"""
+    xs = [[torch.tensor(v, dtype=torch.float64)] for v in values]
+    dys = [[torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64) * (r + 1)] for r in range(P)]
+    _, gradients = simulate_vjp(distir.compile(text), xs, dys)
+    total = sum(dy[0] for dy in dys)
+    for i in range(4):
+        column = [v[i] for v in values]
+        if any(c != c for c in column):
+            holder = next(r for r, c in enumerate(column) if c != c)
+        else:
+            best = max(column) if kind == "max" else min(column)
+            holder = column.index(best)
+        for r in range(P):
+            expected = float(total[i]) if r == holder else 0.0
+            assert float(gradients[r][0][i]) == expected, (i, r, column)
