@@ -72,6 +72,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from distir.errors import NotDifferentiable
+from distir.ir import tensor_arith
 from distir.ir.analysis import native_kind
 from distir.ir.collectives import CollectiveOp
 from distir.ir.dialect import (
@@ -87,7 +88,6 @@ from distir.ir.dialect import (
 )
 from distir.ir.mesh import TransferOp
 from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
-from distir.ir import tensor_arith
 from distir.ir.parsing import describe_op
 from distir.passes._rewrite_utils import with_location
 
