@@ -56,6 +56,7 @@ from xdsl.dialects import arith, func, scf, tensor
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     BFloat16Type,
+    DenseArrayBase,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -68,12 +69,15 @@ from xdsl.dialects.builtin import (
     TensorType,
     i64,
 )
+from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
+from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
+from xdsl.dialects.linalg.ops import YieldOp as LinalgYieldOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from distir.errors import NotDifferentiable
 from distir.ir import tensor_arith
-from distir.ir.analysis import native_kind
+from distir.ir.analysis import is_sum_reduction, native_kind
 from distir.ir.collectives import CollectiveOp
 from distir.ir.dialect import (
     AllGatherOp,
@@ -594,6 +598,64 @@ def _extract_slice(t: _Transposer, op: tensor.ExtractSliceOp, cts: list[SSAValue
             tensor.ConcatOp([pieces[0], padded, pieces[1]], axis, result_type)  # type: ignore[arg-type]
         ).results[0]
     return [padded, *([None] * (len(op.operands) - 1))]
+
+
+@transpose_rule(LinalgBroadcastOp)
+def _linalg_broadcast(t: _Transposer, op: LinalgBroadcastOp, cts: list[SSAValue | None]):
+    """The sum of the cotangent over the added dimensions (a `linalg.reduce`
+    of `arith.addf` into zeros of the input's shape); `outs` only gives the
+    shape and gets no gradient."""
+    (ct,) = cts
+    assert ct is not None
+    x = op.operands[0]
+    x_type = x.type
+    assert isinstance(x_type, TensorType)
+    element = x_type.element_type
+    init = _zeros(t, t.shape_of(x, primal=True), element)
+    return [_sum_over(t, ct, op.dimensions.get_values(), init), None]
+
+
+@transpose_rule(tensor.SplatOp)
+def _splat(t: _Transposer, op: tensor.SplatOp, cts: list[SSAValue | None]):
+    """The scalar gets the sum of the cotangent over every dimension."""
+    if isinstance(op.operands[0].owner, arith.ConstantOp):
+        return [None] * len(op.operands)  # a constant: no gradient to compute
+    (ct,) = cts
+    assert ct is not None
+    ct_type = ct.type
+    assert isinstance(ct_type, TensorType)
+    element = ct_type.element_type
+    total = _sum_over(t, ct, range(ct_type.get_num_dims()), _zeros(t, [], element))
+    scalar = t.emit(tensor.ExtractOp(total, [], element)).results[0]
+    return [scalar, *([None] * (len(op.operands) - 1))]
+
+
+def _sum_over(t: _Transposer, value: SSAValue, dims: Sequence[int], init: SSAValue) -> SSAValue:
+    """init + the sum of `value` over `dims` (a `linalg.reduce` of `arith.addf`)."""
+    element = init.type.element_type  # type: ignore[attr-defined]
+    body = Block(arg_types=[element, element])
+    total = arith.AddfOp(body.args[0], body.args[1])
+    body.add_ops([total, LinalgYieldOp(total.result)])
+    dimensions = DenseArrayBase.from_list(i64, list(dims))
+    return t.emit(LinalgReduceOp(value, init, dimensions, Region(body))).results[0]
+
+
+@transpose_rule(LinalgReduceOp)
+def _linalg_reduce(t: _Transposer, op: LinalgReduceOp, cts: list[SSAValue | None]):
+    """A sum reduction: its input gets the cotangent broadcast back over the
+    reduced dimensions, its init the cotangent itself."""
+    if not is_sum_reduction(op) or not is_float(op.operands[0].type):
+        raise NotDifferentiable(
+            f"{describe_op(op)}: only a 'linalg.reduce' summing with arith.addf has a derivative"
+        )
+    (ct,) = cts
+    assert ct is not None
+    x = op.operands[0]
+    sizes = t.shape_of(x, primal=True)
+    dynamic = [d for d in sizes if isinstance(d, SSAValue)]
+    empty = t.emit(tensor.EmptyOp(dynamic, x.type)).results[0]
+    spread = LinalgBroadcastOp(ct, empty, op.dimensions, x.type)
+    return [t.emit(spread).results[0], ct]
 
 
 def _minus(t: _Transposer, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:

@@ -303,12 +303,44 @@ func.func @main(%x: {t}, %w: {t}) -> {t} {{
     return text, [[_floats(shape, seed + r), _floats(shape, seed + 60 + r)] for r in range(P)]
 
 
+def broadcast_and_reduce(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`linalg.broadcast` (transpose: a sum over the added dimensions),
+    `linalg.reduce` summing (transpose: a broadcast) and `tensor.splat` of a
+    float (transpose: a sum over every dimension)."""
+    rank = draw(st.integers(1, 3))
+    full = draw(st.lists(st.integers(0, 3), min_size=rank, max_size=rank))
+    added = sorted(draw(st.sets(st.integers(0, rank - 1), max_size=rank)))
+    kept = [d for i, d in enumerate(full) if i not in added]
+    dims = ", ".join(map(str, added))
+    t, k = _t(full), _t(kept)
+    text = f"""
+func.func @main(%x: {k}, %w: {t}, %a: f64) -> ({k}, {t}) {{
+  %e = tensor.empty() : {t}
+  %b = linalg.broadcast ins(%x : {k}) outs(%e : {t}) dimensions = [{dims}]
+  %m = arith.mulf %b, %w : {t}
+  %s = dist.all_reduce sum %m : {t}
+  %i = tensor.splat %a : {k}
+  %r = linalg.reduce ins(%s : {t}) outs(%i : {k}) dimensions = [{dims}]
+    (%p: f64, %q: f64) {{
+      %y = arith.addf %p, %q : f64
+      linalg.yield %y : f64
+    }}
+  %o = arith.mulf %r, %x : {k}
+  func.return %o, %m : {k}, {t}
+}}"""
+    inputs = [
+        [_floats(kept, seed + r), _floats(full, seed + 70 + r), _floats([], seed + 90 + r)]
+        for r in range(P)
+    ]
+    return text, inputs
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
-        slices, extremum, elementwise_select,
+        slices, extremum, elementwise_select, broadcast_and_reduce,
     )
 }  # fmt: skip
 
