@@ -134,9 +134,10 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
     names = (f"{entry}_fwd", f"{entry}_bwd")
     if any(isinstance(op, func.FuncOp) and op.sym_name.data in names for op in module.ops):
         raise NotDifferentiable(f"@{entry} already has {names[0]} or {names[1]}")
-    transposer = _Transposer(function)
+    working = _loops_unrolled(function)
+    transposer = _Transposer(working)
     backward = transposer.backward(names[1])
-    forward = _forward(function, names[0], transposer.residuals)
+    forward = _forward(working, names[0], transposer.residuals)
     module.body.block.insert_op_after(forward, function)
     module.body.block.insert_op_after(backward, forward)
     return VJPFunctions(
@@ -146,6 +147,71 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
         float_inputs=tuple(transposer.float_inputs),
         float_results=tuple(transposer.float_results),
     )
+
+
+#: the most ops that unrolling the loops of one function may create
+MAX_UNROLLED_OPS = 100_000
+
+
+def _loops_unrolled(function: func.FuncOp) -> func.FuncOp:
+    """`function`, or a copy of it whose `scf.for` loops that gradients flow
+    through are unrolled (then `@main_fwd` is that copy).
+
+    A loop's backward is the loop's body transposes in reverse iteration
+    order, each reading the residuals of its own iteration. Unrolling gives
+    exactly that with the straight-line machinery (each iteration's residuals
+    are distinct values), and keeps the backward's collectives a fixed
+    sequence, the same on every rank. It needs a static trip count and costs
+    program size linear in it (capped by MAX_UNROLLED_OPS); a reverse
+    `scf.for` over stacked residuals would not, at the price of tensor
+    stacking ops distir's local dialects do not have."""
+    if not any(isinstance(op, scf.ForOp) and _needs_rule(op) for op in function.walk()):
+        return function
+    working = function.clone()
+    budget = [MAX_UNROLLED_OPS]
+    # innermost first (a pre-order walk, reversed)
+    for loop in reversed([op for op in working.walk() if isinstance(op, scf.ForOp)]):
+        if _needs_rule(loop):
+            _unroll(loop, budget)
+    return working
+
+
+def _unroll(loop: scf.ForOp, budget: list[int]) -> None:
+    bounds = []
+    for value in (loop.lb, loop.ub, loop.step):
+        owner = value.owner
+        if not (isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr)):
+            raise NotDifferentiable(
+                f"{describe_op(loop)}: 'scf.for' has no derivative here unless its bounds and "
+                "step are constants (a static trip count: its backward is unrolled)"
+            )
+        bounds.append(owner.value.value.data)
+    lower, upper, step = bounds
+    body = loop.body.block
+    trips = range(lower, upper, step) if step > 0 else range(0)
+    budget[0] -= len(trips) * len(body.ops)
+    if budget[0] < 0:
+        raise NotDifferentiable(
+            f"{describe_op(loop)}: 'scf.for' unrolled for its backward would exceed "
+            f"{MAX_UNROLLED_OPS} ops"
+        )
+    parent = loop.parent_block()
+    assert parent is not None
+    carried = list(loop.iter_args)
+    for i in trips:
+        index = arith.ConstantOp(IntegerAttr(i, body.args[0].type))  # type: ignore[arg-type]
+        with_location([index], loop.location)  # type: ignore[arg-type]
+        parent.insert_op_before(index, loop)
+        mapping: dict[SSAValue, SSAValue] = {body.args[0]: index.result}
+        mapping.update(zip(body.args[1:], carried))
+        for op in body.ops:
+            if isinstance(op, scf.YieldOp):
+                carried = [mapping.get(v, v) for v in op.operands]
+                break
+            parent.insert_op_before(op.clone(value_mapper=mapping), loop)
+    for result, value in zip(loop.results, carried):
+        result.replace_all_uses_with(value)
+    parent.erase_op(loop)
 
 
 def _forward(function: func.FuncOp, name: str, residuals: Sequence[SSAValue]) -> func.FuncOp:

@@ -20,7 +20,7 @@ from spmd_gradcheck import Inputs, check_gradients
 from spmd_gradcheck import floats as _floats
 
 import distir
-from distir.errors import NotDifferentiable
+from distir.errors import NotDifferentiable, UnsupportedOpError
 from distir.passes.vjp import is_float
 from distir.runtime.autograd import simulate_vjp
 from distir.runtime.inputs import synthesize_inputs
@@ -335,12 +335,47 @@ func.func @main(%x: {k}, %w: {t}, %a: f64) -> ({k}, {t}) {{
     return text, inputs
 
 
+def static_loop(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`scf.for` of a static trip count (zero included), its induction
+    variable read, a collective per iteration and an outer loop around it."""
+    lower, trips, step = draw(st.integers(0, 2)), draw(st.integers(0, 3)), draw(st.integers(1, 2))
+    outer = draw(st.integers(1, 2))
+    t = _t([3])
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> {t} {{
+  %lo = arith.constant {lower} : index
+  %hi = arith.constant {lower + trips * step} : index
+  %step = arith.constant {step} : index
+  %three = arith.constant 3 : index
+  %zero = arith.constant 0 : index
+  %one = arith.constant 1 : index
+  %n = arith.constant {outer} : index
+  %z = scf.for %k = %zero to %n step %one iter_args(%c = %x) -> ({t}) {{
+    %y = scf.for %i = %lo to %hi step %step iter_args(%acc = %c) -> ({t}) {{
+      %j = arith.remui %i, %three : index
+      %e = tensor.extract %w[%j] : {t}
+      %v = tensor.splat %e : {t}
+      %m = arith.mulf %acc, %v : {t}
+      %s = dist.all_reduce sum %m : {t}
+      %q = arith.addf %s, %acc : {t}
+      scf.yield %q : {t}
+    }}
+    scf.yield %y : {t}
+  }}
+  %o = arith.mulf %z, %w : {t}
+  func.return %o : {t}
+}}"""
+    return text, [
+        [_floats([3], seed + r, -0.5, 0.5), _floats([3], seed + 80 + r)] for r in range(P)
+    ]
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
-        slices, extremum, elementwise_select, broadcast_and_reduce,
+        slices, extremum, elementwise_select, broadcast_and_reduce, static_loop,
     )
 }  # fmt: skip
 
@@ -390,11 +425,11 @@ REFUSED = {
 }
 
 
-def test_a_loop_carrying_floats_is_named():
+def test_a_loop_carrying_floats_without_a_static_trip_count_is_named():
     text = """
 func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {
+  %hi = dist.group_size : index
   %lo = arith.constant 0 : index
-  %hi = arith.constant 2 : index
   %step = arith.constant 1 : index
   %y = scf.for %i = %lo to %hi step %step iter_args(%acc = %x) -> (tensor<3xf64>) {
     %s = dist.all_reduce sum %acc : tensor<3xf64>
@@ -403,9 +438,23 @@ func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {
   func.return %y : tensor<3xf64>
 }"""
     program = distir.compile(text)
-    x = [[torch.ones(3)] for _ in range(2)]
-    with pytest.raises(NotDifferentiable, match=r"'scf.for' at <program>:6:.*no derivative"):
+    x = [[torch.ones(3, dtype=torch.float64)] for _ in range(2)]
+    with pytest.raises(NotDifferentiable, match=r"'scf.for' at <program>:6:.*static trip count"):
         simulate_vjp(program, x, x)
+
+
+def test_a_reduce_other_than_a_sum_has_no_kernel_and_is_named():
+    text = """
+func.func @main(%x: tensor<2x3xf64>, %i: tensor<3xf64>) -> tensor<3xf64> {
+  %r = linalg.reduce ins(%x : tensor<2x3xf64>) outs(%i : tensor<3xf64>) dimensions = [0]
+    (%a: f64, %b: f64) {
+      %m = arith.mulf %a, %b : f64
+      linalg.yield %m : f64
+    }
+  func.return %r : tensor<3xf64>
+}"""
+    with pytest.raises(UnsupportedOpError, match=r"'linalg.reduce' at <program>:3:.*arith.addf"):
+        distir.compile(text)
 
 
 def test_ops_without_derivative_are_named_with_their_location():
