@@ -509,3 +509,26 @@ func.func @main(%x: tensor<4xf64>) -> tensor<4xf64> {{
         for r in range(P):
             expected = float(total[i]) if r == holder else 0.0
             assert float(gradients[r][0][i]) == expected, (i, r, column)
+
+
+@pytest.mark.parametrize("dims", [[], [0], [1], [0, 2], [0, 1, 2]])
+def test_a_sum_reduce_adds_the_listed_dimensions_into_its_init(dims):
+    full = [2, 3, 4]
+    kept = [d for i, d in enumerate(full) if i not in dims]
+    t, k = _t(full), _t(kept)
+    text = f"""
+func.func @main(%x: {t}, %i: {k}) -> {k} {{
+  %r = linalg.reduce ins(%x : {t}) outs(%i : {k}) dimensions = [{", ".join(map(str, dims))}]
+    (%a: f64, %b: f64) {{
+      %s = arith.addf %b, %a : f64
+      linalg.yield %s : f64
+    }}
+  func.return %r : {k}
+}}"""
+    x = torch.arange(24, dtype=torch.float64).reshape(full)
+    init = torch.full(kept, 0.5, dtype=torch.float64)
+    (got,) = distir.compile(text).simulate([[x, init]])
+    expected = init + (x.sum(dim=dims) if dims else x)
+    assert torch.equal(got, expected) and torch.equal(
+        init, torch.full(kept, 0.5, dtype=torch.float64)
+    )
