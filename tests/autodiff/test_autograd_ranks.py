@@ -287,7 +287,8 @@ def test_a_rank_failing_during_backward_is_named_on_its_peer(scenario):
         assert late["distir"] and late["seconds"] < DEADLINE_S + 2, late
 
 
-# -- five ranks: zero counts, partial transfers, point-to-point in branches --------
+# -- five ranks: zero counts, partial transfers, point-to-point in branches, loops,
+# linalg.broadcast/reduce, min --------------------------------------------------------
 
 
 class _Drawn:
@@ -311,6 +312,9 @@ def _five_rank_cases() -> dict[str, tuple[str, list[list[torch.Tensor]]]]:
         "uneven all_gather": families.gather_uneven(_Drawn([2, 0, 1, 0, 3], 2), P5, 12),
         "transfer": families.transfer(_Drawn(5, 3, "[*, *] partial [0] to @m [0, *]"), P5, 13),
         "send_recv": families.send_recv_in_branches(_Drawn(), P5, 14),
+        "static loop": families.static_loop(_Drawn(1, 3, 2, 2), P5, 15),
+        "broadcast and reduce": families.broadcast_and_reduce(_Drawn(2, [2, 3], {1}), P5, 16),
+        "min": families.extremum(_Drawn([2, 3], "min"), P5, 17),
     }
 
 
