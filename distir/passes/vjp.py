@@ -17,9 +17,11 @@ none makes the pass raise `NotDifferentiable` naming it.
 Collective rules (JAX's transposes, written with distir's own ops):
 
     all_reduce sum x (or a combine recognised as a sum)  ->  all_reduce sum dy
-    all_reduce max/min    ->  refused (NotDifferentiable): the gradient goes
-                              to the rank holding the extremum, a mask that
-                              needs an elementwise tensor comparison
+    all_reduce max/min x  ->  all_reduce min (this rank where x == y, else
+                              INT64_MAX; where y is NaN: where x is NaN),
+                              then all_reduce sum dy kept where that lowest
+                              holder is this rank (ties: the lowest rank
+                              gets it all)
     broadcast x root k    ->  all_reduce sum dy, kept on rank k (others get 0)
     all_gather x [counts] ->  all_reduce sum dy, then this rank's slice
                               (offset rank*rows, or the sum of the counts
@@ -33,6 +35,13 @@ Collective rules (JAX's transposes, written with distir's own ops):
                               the destination replicates (a partial source
                               receives the replicated cotangent)
     wave                  ->  a wave of its ops' transposes
+
+Local rules: arith (addf, subf, mulf, divf, negf, select with a scalar or
+elementwise condition, extf, truncf), tensor (extract, insert, splat,
+extract_slice of unit strides, concat, cast), `linalg.broadcast` (a sum
+`linalg.reduce` over the added dimensions), a sum `linalg.reduce` (a
+broadcast back), `scf.if` (branch by branch) and `scf.for` of a static trip
+count (unrolled in `@main_fwd`, see `_loops_unrolled`).
 
 The reduce-scatter of an all-gather's cotangent and the reduce-to-root of a
 broadcast are an all-reduce then a local selection: distir has no
