@@ -207,17 +207,23 @@ def _unroll(loop: scf.ForOp, budget: list[int]) -> None:
     parent = loop.parent_block()
     assert parent is not None
     carried = list(loop.iter_args)
-    for i in trips:
-        index = arith.ConstantOp(IntegerAttr(i, body.args[0].type))  # type: ignore[arg-type]
-        with_location([index], loop.location)  # type: ignore[arg-type]
-        parent.insert_op_before(index, loop)
-        mapping: dict[SSAValue, SSAValue] = {body.args[0]: index.result}
+    for n, i in enumerate(trips):
+        mapping: dict[SSAValue, SSAValue] = {}
+        if body.args[0].uses:
+            index = arith.ConstantOp(IntegerAttr(i, body.args[0].type))  # type: ignore[arg-type]
+            with_location([index], loop.location)  # type: ignore[arg-type]
+            parent.insert_op_before(index, loop)
+            mapping[body.args[0]] = index.result
         mapping.update(zip(body.args[1:], carried))
         for op in body.ops:
             if isinstance(op, scf.YieldOp):
                 carried = [mapping.get(v, v) for v in op.operands]
                 break
-            parent.insert_op_before(op.clone(value_mapper=mapping), loop)
+            clone = op.clone(value_mapper=mapping)
+            for result in clone.results:  # each iteration's values named apart
+                if result.name_hint:
+                    result.name_hint = f"{result.name_hint}_iter{n}"
+            parent.insert_op_before(clone, loop)
     for result, value in zip(loop.results, carried):
         result.replace_all_uses_with(value)
     parent.erase_op(loop)
