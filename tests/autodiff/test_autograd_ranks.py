@@ -314,7 +314,7 @@ def _five_rank_cases() -> dict[str, tuple[str, list[list[torch.Tensor]]]]:
         "send_recv": families.send_recv_in_branches(_Drawn(), P5, 14),
         "static loop": families.static_loop(_Drawn(1, 3, 2, 2), P5, 15),
         "broadcast and reduce": families.broadcast_and_reduce(_Drawn(2, [2, 3], {1}), P5, 16),
-        "min": families.extremum(_Drawn([2, 3], "min"), P5, 17),
+        "min and max in a wave": families.extremum(_Drawn([2, 3], "min", True), P5, 17),
     }
 
 

@@ -274,17 +274,28 @@ func.func @main(%x: {ta}, %y: {tb}) -> ({tc}, index) {{
 
 
 def extremum(draw, P: int, seed: int) -> tuple[str, Inputs]:
-    """max/min all-reduce (continuous draws: no ties, where the derivative
-    exists; ties and NaN are checked exactly below)."""
+    """max/min all-reduce, alone or in a wave with the other (continuous
+    draws: no ties, where the derivative exists; ties and NaN are checked
+    exactly below)."""
     shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=2))
     kind = draw(st.sampled_from(["max", "min"]))
+    other = "min" if kind == "max" else "max"
     t = _t(shape)
+    reduce = (
+        f"""%y, %v = dist.wave {{
+    %a = dist.all_reduce {kind} %p : {t}
+    %b = dist.all_reduce {other} %w : {t}
+    dist.yield %a, %b : {t}, {t}
+  }} : {t}, {t}"""
+        if draw(st.booleans())
+        else f"%y = dist.all_reduce {kind} %p : {t}\n  %v = arith.addf %w, %w : {t}"
+    )
     text = f"""
-func.func @main(%x: {t}, %w: {t}) -> {t} {{
+func.func @main(%x: {t}, %w: {t}) -> ({t}, {t}) {{
   %p = arith.mulf %x, %w : {t}
-  %y = dist.all_reduce {kind} %p : {t}
+  {reduce}
   %z = arith.mulf %y, %x : {t}
-  func.return %z : {t}
+  func.return %z, %v : {t}, {t}
 }}"""
     return text, [[_floats(shape, seed + r), _floats(shape, seed + 40 + r)] for r in range(P)]
 
