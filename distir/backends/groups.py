@@ -65,12 +65,20 @@ COLLECTIVE_DTYPES = frozenset(
 )  # fmt: skip
 
 
-def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor of a type gloo cannot move, as the uint8 view of
-    its rows (dim 0 keeps its length, so row splits stay valid); others
-    unchanged. Broadcast, gather and all-to-all only move bytes."""
+def as_bytes(t: torch.Tensor, *, written: bool = False) -> torch.Tensor:
+    """A tensor of a type gloo cannot move, as the uint8 view of its rows
+    (dim 0 keeps its length, so row splits stay valid); others unchanged.
+    Broadcast, gather and all-to-all only move bytes. A tensor the
+    collective only reads may be strided (it is copied); one it writes must
+    be contiguous, since a copy would silently drop what it receives."""
     if t.dtype in COLLECTIVE_DTYPES:
         return t
+    if not t.is_contiguous():
+        if written:
+            raise DistirError(
+                f"internal: a collective would write a strided {t.dtype} buffer through a copy"
+            )
+        t = t.contiguous()
     rows = t.shape[0] if t.dim() else 1
     return t.reshape(rows, t.numel() // rows if rows else 0).view(torch.uint8)
 
@@ -230,14 +238,14 @@ class ProcessGroupResource:
     ) -> Any:
         """`root` is a rank of this group."""
         opts = self._options(dist.BroadcastOptions, invocation, wait, rootRank=root, rootTensor=0)
-        tensor = as_bytes(tensor)
+        tensor = as_bytes(tensor, written=True)
         return self._run(lambda o: self.pg.broadcast([tensor], o), opts, invocation, wait)
 
     def all_gather(
         self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False
     ) -> Any:
         opts = self._options(c10d.AllgatherOptions, invocation, wait)
-        out, tensor = as_bytes(out), as_bytes(tensor)
+        out, tensor = as_bytes(out, written=True), as_bytes(tensor)
         return self._run(lambda o: self.pg.all_gather_single(out, tensor, o), opts, invocation,
                          wait)
 
@@ -247,7 +255,7 @@ class ProcessGroupResource:
     ) -> Any:
         opts = self._options(c10d.AllToAllOptions, invocation, wait)
         outs, ins = list(out_splits), list(in_splits)
-        out, tensor = as_bytes(out), as_bytes(tensor)
+        out, tensor = as_bytes(out, written=True), as_bytes(tensor)
         return self._run(lambda o: self.pg.all_to_all_single(out, tensor, outs, ins, o), opts,
                          invocation, wait)
 

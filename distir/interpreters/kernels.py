@@ -21,11 +21,13 @@ from xdsl.dialects.builtin import (
     TensorType,
 )
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
+from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
 from xdsl.ir import Attribute, Operation
 
 from distir.errors import OpError
 from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.ir import tensor_arith
+from distir.ir.analysis import is_sum_reduction
 from distir.ir.dialect import AssertReducedOp
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]
@@ -555,6 +557,16 @@ def _broadcast(op: LinalgBroadcastOp) -> Kernel:
     added = tuple(op.dimensions.get_values())
     # Kernels never write into their inputs, so a view is safe.
     return lambda x, init: (broadcast_view(x, init.shape, added),)
+
+
+@kernel(LinalgReduceOp)
+def _reduce(op: LinalgReduceOp) -> Kernel:
+    # Only the sum: a general body would need an element-by-element
+    # interpreter; the sum is what gradients of broadcasts need.
+    if not is_sum_reduction(op):
+        raise NotImplementedError("'linalg.reduce' with a body other than one arith.addf/addi")
+    dims = tuple(op.dimensions.get_values())
+    return lambda x, init: (init + x.sum(dim=dims, dtype=x.dtype) if dims else init + x,)
 
 
 @kernel(AssertReducedOp)

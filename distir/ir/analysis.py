@@ -41,6 +41,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
+from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
@@ -182,7 +183,9 @@ def native_kind(block: Block) -> ReductionKind | None:
         return None
     op_type, _ = found
     kind = NATIVE_KIND_OF.get(op_type)
-    element = block.args[0].type.element_type if isinstance(block.args[0].type, TensorType) else None
+    element = (
+        block.args[0].type.element_type if isinstance(block.args[0].type, TensorType) else None
+    )
     if kind is None or (op_type in _NOT_NATIVE_ON_I1 and element == IntegerType(1)):
         return None
     return kind
@@ -536,8 +539,9 @@ def static_bytes(t: object) -> int | None:
     if shape is None or any(d < 0 for d in shape):
         return None
     element = t.element_type  # type: ignore[attr-defined]
-    width = getattr(element, "bitwidth", None) or getattr(getattr(element, "width", None),
-                                                          "data", None)
+    width = getattr(element, "bitwidth", None) or getattr(
+        getattr(element, "width", None), "data", None
+    )
     if width is None:
         return None
     return math.prod(shape) * max(1, width // 8)
@@ -552,3 +556,14 @@ def default_algorithm(
     return choose_algorithm(
         elementwise_combine(op), commutative, size, static_bytes(op.operands[0].type), model
     )
+
+
+def is_sum_reduction(op: LinalgReduceOp) -> bool:
+    """Whether `linalg.reduce`'s body is one `arith.addf`/`addi` of its two
+    arguments (the reduction the transpose of `linalg.broadcast` writes)."""
+    body = op.region.block
+    ops = list(body.ops)
+    if len(ops) != 2 or not isinstance(ops[0], arith.AddfOp | arith.AddiOp):
+        return False
+    add, yielded = ops
+    return set(add.operands) == set(body.args) and tuple(yielded.operands) == (add.results[0],)

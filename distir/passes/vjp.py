@@ -17,9 +17,11 @@ none makes the pass raise `NotDifferentiable` naming it.
 Collective rules (JAX's transposes, written with distir's own ops):
 
     all_reduce sum x (or a combine recognised as a sum)  ->  all_reduce sum dy
-    all_reduce max/min    ->  refused (NotDifferentiable): the gradient goes
-                              to the rank holding the extremum, a mask that
-                              needs an elementwise tensor comparison
+    all_reduce max/min x  ->  all_reduce min (this rank where x == y, else
+                              INT64_MAX; where y is NaN: where x is NaN),
+                              then all_reduce sum dy kept where that lowest
+                              holder is this rank (ties: the lowest rank
+                              gets it all)
     broadcast x root k    ->  all_reduce sum dy, kept on rank k (others get 0)
     all_gather x [counts] ->  all_reduce sum dy, then this rank's slice
                               (offset rank*rows, or the sum of the counts
@@ -33,6 +35,13 @@ Collective rules (JAX's transposes, written with distir's own ops):
                               the destination replicates (a partial source
                               receives the replicated cotangent)
     wave                  ->  a wave of its ops' transposes
+
+Local rules: arith (addf, subf, mulf, divf, negf, select with a scalar or
+elementwise condition, extf, truncf), tensor (extract, insert, splat,
+extract_slice of unit strides, concat, cast), `linalg.broadcast` (a sum
+`linalg.reduce` over the added dimensions), a sum `linalg.reduce` (a
+broadcast back), `scf.if` (branch by branch) and `scf.for` of a static trip
+count (unrolled in `@main_fwd`, see `_loops_unrolled`).
 
 The reduce-scatter of an all-gather's cotangent and the reduce-to-root of a
 broadcast are an all-reduce then a local selection: distir has no
@@ -56,6 +65,7 @@ from xdsl.dialects import arith, func, scf, tensor
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     BFloat16Type,
+    DenseArrayBase,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -66,12 +76,17 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
+    i64,
 )
+from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
+from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
+from xdsl.dialects.linalg.ops import YieldOp as LinalgYieldOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from distir.errors import NotDifferentiable
-from distir.ir.analysis import native_kind
+from distir.ir import tensor_arith
+from distir.ir.analysis import is_sum_reduction, native_kind
 from distir.ir.collectives import CollectiveOp
 from distir.ir.dialect import (
     AllGatherOp,
@@ -128,9 +143,10 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
     names = (f"{entry}_fwd", f"{entry}_bwd")
     if any(isinstance(op, func.FuncOp) and op.sym_name.data in names for op in module.ops):
         raise NotDifferentiable(f"@{entry} already has {names[0]} or {names[1]}")
-    transposer = _Transposer(function)
+    working = _loops_unrolled(function)
+    transposer = _Transposer(working)
     backward = transposer.backward(names[1])
-    forward = _forward(function, names[0], transposer.residuals)
+    forward = _forward(working, names[0], transposer.residuals)
     module.body.block.insert_op_after(forward, function)
     module.body.block.insert_op_after(backward, forward)
     return VJPFunctions(
@@ -140,6 +156,77 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
         float_inputs=tuple(transposer.float_inputs),
         float_results=tuple(transposer.float_results),
     )
+
+
+#: the most ops that unrolling the loops of one function may create
+MAX_UNROLLED_OPS = 100_000
+
+
+def _loops_unrolled(function: func.FuncOp) -> func.FuncOp:
+    """`function`, or a copy of it whose `scf.for` loops that gradients flow
+    through are unrolled (then `@main_fwd` is that copy).
+
+    A loop's backward is the loop's body transposes in reverse iteration
+    order, each reading the residuals of its own iteration. Unrolling gives
+    exactly that with the straight-line machinery (each iteration's residuals
+    are distinct values), and keeps the backward's collectives a fixed
+    sequence, the same on every rank. It needs a static trip count and costs
+    program size linear in it (capped by MAX_UNROLLED_OPS); a reverse
+    `scf.for` over stacked residuals would not, at the price of tensor
+    stacking ops distir's local dialects do not have."""
+    if not any(isinstance(op, scf.ForOp) and _needs_rule(op) for op in function.walk()):
+        return function
+    working = function.clone()
+    budget = [MAX_UNROLLED_OPS]
+    # innermost first (a pre-order walk, reversed)
+    for loop in reversed([op for op in working.walk() if isinstance(op, scf.ForOp)]):
+        if _needs_rule(loop):
+            _unroll(loop, budget)
+    return working
+
+
+def _unroll(loop: scf.ForOp, budget: list[int]) -> None:
+    bounds = []
+    for value in (loop.lb, loop.ub, loop.step):
+        owner = value.owner
+        if not (isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr)):
+            raise NotDifferentiable(
+                f"{describe_op(loop)}: 'scf.for' has no derivative here unless its bounds and "
+                "step are constants (a static trip count: its backward is unrolled)"
+            )
+        bounds.append(owner.value.value.data)
+    lower, upper, step = bounds
+    body = loop.body.block
+    trips = range(lower, upper, step) if step > 0 else range(0)
+    budget[0] -= len(trips) * len(body.ops)
+    if budget[0] < 0:
+        raise NotDifferentiable(
+            f"{describe_op(loop)}: 'scf.for' unrolled for its backward would exceed "
+            f"{MAX_UNROLLED_OPS} ops"
+        )
+    parent = loop.parent_block()
+    assert parent is not None
+    carried = list(loop.iter_args)
+    for n, i in enumerate(trips):
+        mapping: dict[SSAValue, SSAValue] = {}
+        if body.args[0].uses:
+            index = arith.ConstantOp(IntegerAttr(i, body.args[0].type))  # type: ignore[arg-type]
+            with_location([index], loop.location)  # type: ignore[arg-type]
+            parent.insert_op_before(index, loop)
+            mapping[body.args[0]] = index.result
+        mapping.update(zip(body.args[1:], carried))
+        for op in body.ops:
+            if isinstance(op, scf.YieldOp):
+                carried = [mapping.get(v, v) for v in op.operands]
+                break
+            clone = op.clone(value_mapper=mapping)
+            for result in clone.results:  # each iteration's values named apart
+                if result.name_hint:
+                    result.name_hint = f"{result.name_hint}_iter{n}"
+            parent.insert_op_before(clone, loop)
+    for result, value in zip(loop.results, carried):
+        result.replace_all_uses_with(value)
+    parent.erase_op(loop)
 
 
 def _forward(function: func.FuncOp, name: str, residuals: Sequence[SSAValue]) -> func.FuncOp:
@@ -489,23 +576,30 @@ def _divf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [da, t.emit(arith.NegfOp(db)).results[0]]
 
 
-@transpose_rule(arith.SelectOp)
+@transpose_rule(arith.SelectOp, tensor_arith.SelectOp)
 def _select(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
-    condition = op.operands[0]
-    if isinstance(condition.type, TensorType):
-        raise NotDifferentiable(f"{describe_op(op)}: only a scalar condition has a derivative here")
+    """The cotangent goes to the operand picked (as a whole for a scalar
+    condition, element by element for a tensor one)."""
     (ct,) = cts
     assert ct is not None
-    c = t.primal(condition)
+    c = t.primal(op.operands[0])
     zeros = t.zeros_like(ct, primal=False)
     return [
         None,
-        t.emit(arith.SelectOp(c, ct, zeros)).results[0],
-        t.emit(arith.SelectOp(c, zeros, ct)).results[0],
+        t.emit(tensor_arith.SelectOp(c, ct, zeros)).results[0],
+        t.emit(tensor_arith.SelectOp(c, zeros, ct)).results[0],
     ]
 
 
-@transpose_rule(arith.CmpfOp, arith.FPToSIOp, tensor.DimOp, AssertUniformOp)
+@transpose_rule(
+    arith.CmpfOp,
+    tensor_arith.CmpfOp,
+    arith.FPToSIOp,
+    tensor_arith.FPToSIOp,
+    tensor_arith.FPToUIOp,
+    tensor.DimOp,
+    AssertUniformOp,
+)
 def _no_gradient(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [None] * len(op.operands)  # piecewise constant, or no result
 
@@ -515,11 +609,12 @@ def _cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [cts[0]]  # `accumulate` casts back to the operand's type
 
 
-@transpose_rule(arith.ExtFOp, arith.TruncFOp)
+@transpose_rule(arith.ExtFOp, arith.TruncFOp, tensor_arith.ExtFOp, tensor_arith.TruncFOp)
 def _float_cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
-    back = arith.TruncFOp if isinstance(op, arith.ExtFOp) else arith.ExtFOp
+    widening = isinstance(op, arith.ExtFOp | tensor_arith.ExtFOp)
+    back = tensor_arith.TruncFOp if widening else tensor_arith.ExtFOp
     return [t.emit(back(ct, op.operands[0].type)).results[0]]
 
 
@@ -586,6 +681,64 @@ def _extract_slice(t: _Transposer, op: tensor.ExtractSliceOp, cts: list[SSAValue
     return [padded, *([None] * (len(op.operands) - 1))]
 
 
+@transpose_rule(LinalgBroadcastOp)
+def _linalg_broadcast(t: _Transposer, op: LinalgBroadcastOp, cts: list[SSAValue | None]):
+    """The sum of the cotangent over the added dimensions (a `linalg.reduce`
+    of `arith.addf` into zeros of the input's shape); `outs` only gives the
+    shape and gets no gradient."""
+    (ct,) = cts
+    assert ct is not None
+    x = op.operands[0]
+    x_type = x.type
+    assert isinstance(x_type, TensorType)
+    element = x_type.element_type
+    init = _zeros(t, t.shape_of(x, primal=True), element)
+    return [_sum_over(t, ct, op.dimensions.get_values(), init), None]
+
+
+@transpose_rule(tensor.SplatOp)
+def _splat(t: _Transposer, op: tensor.SplatOp, cts: list[SSAValue | None]):
+    """The scalar gets the sum of the cotangent over every dimension."""
+    if isinstance(op.operands[0].owner, arith.ConstantOp):
+        return [None] * len(op.operands)  # a constant: no gradient to compute
+    (ct,) = cts
+    assert ct is not None
+    ct_type = ct.type
+    assert isinstance(ct_type, TensorType)
+    element = ct_type.element_type
+    total = _sum_over(t, ct, range(ct_type.get_num_dims()), _zeros(t, [], element))
+    scalar = t.emit(tensor.ExtractOp(total, [], element)).results[0]
+    return [scalar, *([None] * (len(op.operands) - 1))]
+
+
+def _sum_over(t: _Transposer, value: SSAValue, dims: Sequence[int], init: SSAValue) -> SSAValue:
+    """init + the sum of `value` over `dims` (a `linalg.reduce` of `arith.addf`)."""
+    element = init.type.element_type  # type: ignore[attr-defined]
+    body = Block(arg_types=[element, element])
+    total = arith.AddfOp(body.args[0], body.args[1])
+    body.add_ops([total, LinalgYieldOp(total.result)])
+    dimensions = DenseArrayBase.from_list(i64, list(dims))
+    return t.emit(LinalgReduceOp(value, init, dimensions, Region(body))).results[0]
+
+
+@transpose_rule(LinalgReduceOp)
+def _linalg_reduce(t: _Transposer, op: LinalgReduceOp, cts: list[SSAValue | None]):
+    """A sum reduction: its input gets the cotangent broadcast back over the
+    reduced dimensions, its init the cotangent itself."""
+    if not is_sum_reduction(op) or not is_float(op.operands[0].type):
+        raise NotDifferentiable(
+            f"{describe_op(op)}: only a 'linalg.reduce' summing with arith.addf has a derivative"
+        )
+    (ct,) = cts
+    assert ct is not None
+    x = op.operands[0]
+    sizes = t.shape_of(x, primal=True)
+    dynamic = [d for d in sizes if isinstance(d, SSAValue)]
+    empty = t.emit(tensor.EmptyOp(dynamic, x.type)).results[0]
+    spread = LinalgBroadcastOp(ct, empty, op.dimensions, x.type)
+    return [t.emit(spread).results[0], ct]
+
+
 def _minus(t: _Transposer, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:
     if isinstance(a, int) and isinstance(b, int):
         return a - b
@@ -642,14 +795,35 @@ def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
 
 
 def _extremum(t: _Transposer, op: AllReduceOp, ct: SSAValue) -> SSAValue:
-    # The gradient is the summed cotangent masked to the (lowest) rank holding
-    # the extremum; that mask needs an elementwise tensor comparison, which
-    # the local ops cannot express (xDSL's arith.cmpf is scalar only).
-    raise NotDifferentiable(
-        f"{describe_op(op)}: the native {op.kind.data.value} "  # type: ignore[union-attr]
-        "reduction has no derivative here (its gradient needs an elementwise mask of the "
-        "rank holding the extremum, which distir's local ops cannot express)"
-    )
+    """y = max_r x_r (or min): the summed cotangent goes, element by element,
+    to the lowest rank whose x equals y (where y is NaN: whose x is NaN), and
+    zeros to every other rank. That rank is found by a min all-reduce of
+    (this rank where it holds y, else INT64_MAX): every rank agrees on it, so
+    ties give the whole gradient to one rank, never a share to each."""
+    x, y = t.primal(op.operands[0]), t.primal(op.results[0])
+    me = t.emit(RankOp(op.group)).results[0]
+    me64 = t.emit(arith.IndexCastOp(me, i64)).results[0]
+    nobody = t.emit(arith.ConstantOp(IntegerAttr(2**63 - 1, i64))).results[0]
+    x_type = x.type
+    if isinstance(x_type, TensorType):
+        dynamic = [d for d in t.shape_of(op.operands[0], primal=True) if isinstance(d, SSAValue)]
+        ranks = TensorType(i64, x_type.get_shape())
+        me64 = t.emit(tensor.SplatOp(me64, dynamic, ranks)).results[0]
+        nobody = t.emit(tensor.SplatOp(nobody, dynamic, ranks)).results[0]
+
+    def pick(condition: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return t.emit(tensor_arith.SelectOp(condition, a, b)).results[0]
+
+    def compare(a: SSAValue, b: SSAValue, predicate: str) -> SSAValue:
+        return t.emit(tensor_arith.CmpfOp(a, b, predicate)).results[0]
+
+    holds = pick(compare(x, y, "oeq"), me64, nobody)
+    nan_holder = pick(compare(x, x, "uno"), me64, nobody)
+    holds = pick(compare(y, y, "uno"), nan_holder, holds)
+    lowest = t.emit(AllReduceOp(holds, kind=ReductionKind.MIN, group=op.group)).results[0]
+    chosen = t.emit(tensor_arith.CmpiOp(lowest, me64, "eq")).results[0]
+    total = t.all_reduce_sum(ct, op.group)
+    return pick(chosen, total, t.zeros_like(ct, primal=False))
 
 
 @transpose_rule(BroadcastOp)

@@ -57,7 +57,20 @@ func.func @main(%x: tensor<3xf32>) -> tensor<3xf32> {
   %y = arith.mulf %a, %b : tensor<3xf32>
   func.return %y : tensor<3xf32>
 }""",
+    **{
+        kind: f"""
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {{
+  %y = dist.all_reduce {kind} %x : tensor<4xf32>
+  func.return %y : tensor<4xf32>
+}}"""
+        for kind in ("max", "min")
+    },
 }
+
+#: max/min inputs with ties: rank r holds TIES[r]
+TIES = [[1.0, 3.0, 2.0, 0.0], [1.0, 3.0, 5.0, 0.0], [0.0, 3.0, 5.0, 1.0]]
+#: the rank each element's gradient goes to: the lowest holding the extremum
+HOLDERS = {"max": [0, 0, 1, 2], "min": [2, 0, 0, 0]}
 
 #: rank r sends SENDS[r][j] rows to rank j (zeros included)
 SENDS = [[1, 0, 2], [0, 0, 3], [2, 1, 0]]
@@ -68,6 +81,8 @@ def _inputs(name: str, rank: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(rank)
     if name in ("all_reduce", "wave"):
         return [torch.rand(3, generator=g)]
+    if name in ("max", "min"):
+        return [torch.tensor(TIES[rank])]
     if name in ("broadcast", "all_gather"):
         return [torch.rand(2, 3, generator=g)]
     if name == "all_to_all":
@@ -174,6 +189,22 @@ def test_gradients_equal_the_simulated_backward(outcomes, name):
         assert torch.allclose(gradients[rank][0], outcomes[rank][name]["grad"], atol=1e-6)
 
 
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_an_extremum_gradient_goes_to_the_lowest_rank_holding_it_on_gloo(outcomes, kind):
+    values = torch.tensor(TIES)
+    expected_y = values.amax(0) if kind == "max" else values.amin(0)
+    total = sum(_weights(expected_y, r) for r in range(P))
+    for rank in range(P):
+        got = outcomes[rank][kind]
+        assert torch.equal(got["y"], expected_y)
+        expected = torch.where(torch.tensor(HOLDERS[kind]) == rank, total, torch.zeros(4))
+        # the summation order of the cotangents may differ (rounding only)
+        assert torch.allclose(got["grad"], expected, atol=1e-6), (rank, got["grad"], expected)
+        assert torch.equal(got["grad"] == 0, expected == 0), (rank, got["grad"], expected)
+
+
 # -- disagreement and failure ------------------------------------------------------
 
 DEADLINE_S = 3.0
@@ -256,7 +287,8 @@ def test_a_rank_failing_during_backward_is_named_on_its_peer(scenario):
         assert late["distir"] and late["seconds"] < DEADLINE_S + 2, late
 
 
-# -- five ranks: zero counts, partial transfers, point-to-point in branches --------
+# -- five ranks: zero counts, partial transfers, point-to-point in branches, loops,
+# linalg.broadcast/reduce, min --------------------------------------------------------
 
 
 class _Drawn:
@@ -280,6 +312,9 @@ def _five_rank_cases() -> dict[str, tuple[str, list[list[torch.Tensor]]]]:
         "uneven all_gather": families.gather_uneven(_Drawn([2, 0, 1, 0, 3], 2), P5, 12),
         "transfer": families.transfer(_Drawn(5, 3, "[*, *] partial [0] to @m [0, *]"), P5, 13),
         "send_recv": families.send_recv_in_branches(_Drawn(), P5, 14),
+        "static loop": families.static_loop(_Drawn(1, 3, 2, 2), P5, 15),
+        "broadcast and reduce": families.broadcast_and_reduce(_Drawn(2, [2, 3], {1}), P5, 16),
+        "min and max in a wave": families.extremum(_Drawn([2, 3], "min", True), P5, 17),
     }
 
 

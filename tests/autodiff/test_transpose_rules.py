@@ -20,7 +20,7 @@ from spmd_gradcheck import Inputs, check_gradients
 from spmd_gradcheck import floats as _floats
 
 import distir
-from distir.errors import NotDifferentiable
+from distir.errors import NotDifferentiable, UnsupportedOpError
 from distir.passes.vjp import is_float
 from distir.runtime.autograd import simulate_vjp
 from distir.runtime.inputs import synthesize_inputs
@@ -273,12 +273,120 @@ func.func @main(%x: {ta}, %y: {tb}) -> ({tc}, index) {{
     return text, [[x.double() for x in xs] for xs in inputs]
 
 
+def extremum(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """max/min all-reduce, alone or in a wave with the other (continuous
+    draws: no ties, where the derivative exists; ties and NaN are checked
+    exactly below)."""
+    shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=2))
+    kind = draw(st.sampled_from(["max", "min"]))
+    other = "min" if kind == "max" else "max"
+    t = _t(shape)
+    reduce = (
+        f"""%y, %v = dist.wave {{
+    %a = dist.all_reduce {kind} %p : {t}
+    %b = dist.all_reduce {other} %w : {t}
+    dist.yield %a, %b : {t}, {t}
+  }} : {t}, {t}"""
+        if draw(st.booleans())
+        else f"%y = dist.all_reduce {kind} %p : {t}\n  %v = arith.addf %w, %w : {t}"
+    )
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> ({t}, {t}) {{
+  %p = arith.mulf %x, %w : {t}
+  {reduce}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z, %v : {t}, {t}
+}}"""
+    return text, [[_floats(shape, seed + r), _floats(shape, seed + 40 + r)] for r in range(P)]
+
+
+def elementwise_select(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    shape = draw(st.lists(st.integers(0, 4), min_size=1, max_size=2))
+    t, b = _t(shape), _t(shape, "i1")
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> {t} {{
+  %s = dist.all_reduce sum %x : {t}
+  %c = arith.cmpf olt, %s, %w : {t}
+  %y = arith.select %c, %s, %w : {b}, {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r), _floats(shape, seed + 60 + r)] for r in range(P)]
+
+
+def broadcast_and_reduce(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`linalg.broadcast` (transpose: a sum over the added dimensions),
+    `linalg.reduce` summing (transpose: a broadcast) and `tensor.splat` of a
+    float (transpose: a sum over every dimension)."""
+    rank = draw(st.integers(1, 3))
+    full = draw(st.lists(st.integers(0, 3), min_size=rank, max_size=rank))
+    added = sorted(draw(st.sets(st.integers(0, rank - 1), max_size=rank)))
+    kept = [d for i, d in enumerate(full) if i not in added]
+    dims = ", ".join(map(str, added))
+    t, k = _t(full), _t(kept)
+    text = f"""
+func.func @main(%x: {k}, %w: {t}, %a: f64) -> ({k}, {t}) {{
+  %e = tensor.empty() : {t}
+  %b = linalg.broadcast ins(%x : {k}) outs(%e : {t}) dimensions = [{dims}]
+  %m = arith.mulf %b, %w : {t}
+  %s = dist.all_reduce sum %m : {t}
+  %i = tensor.splat %a : {k}
+  %r = linalg.reduce ins(%s : {t}) outs(%i : {k}) dimensions = [{dims}]
+    (%p: f64, %q: f64) {{
+      %y = arith.addf %p, %q : f64
+      linalg.yield %y : f64
+    }}
+  %o = arith.mulf %r, %x : {k}
+  func.return %o, %m : {k}, {t}
+}}"""
+    inputs = [
+        [_floats(kept, seed + r), _floats(full, seed + 70 + r), _floats([], seed + 90 + r)]
+        for r in range(P)
+    ]
+    return text, inputs
+
+
+def static_loop(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`scf.for` of a static trip count (zero included), its induction
+    variable read, a collective per iteration and an outer loop around it."""
+    lower, trips, step = draw(st.integers(0, 2)), draw(st.integers(0, 3)), draw(st.integers(1, 2))
+    outer = draw(st.integers(1, 2))
+    t = _t([3])
+    text = f"""
+func.func @main(%x: {t}, %w: {t}) -> {t} {{
+  %lo = arith.constant {lower} : index
+  %hi = arith.constant {lower + trips * step} : index
+  %step = arith.constant {step} : index
+  %three = arith.constant 3 : index
+  %zero = arith.constant 0 : index
+  %one = arith.constant 1 : index
+  %n = arith.constant {outer} : index
+  %z = scf.for %k = %zero to %n step %one iter_args(%c = %x) -> ({t}) {{
+    %y = scf.for %i = %lo to %hi step %step iter_args(%acc = %c) -> ({t}) {{
+      %j = arith.remui %i, %three : index
+      %e = tensor.extract %w[%j] : {t}
+      %v = tensor.splat %e : {t}
+      %m = arith.mulf %acc, %v : {t}
+      %s = dist.all_reduce sum %m : {t}
+      %q = arith.addf %s, %acc : {t}
+      scf.yield %q : {t}
+    }}
+    scf.yield %y : {t}
+  }}
+  %o = arith.mulf %z, %w : {t}
+  func.return %o : {t}
+}}"""
+    return text, [
+        [_floats([3], seed + r, -0.5, 0.5), _floats([3], seed + 80 + r)] for r in range(P)
+    ]
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
-        slices,
+        slices, extremum, elementwise_select, broadcast_and_reduce, static_loop,
     )
 }  # fmt: skip
 
@@ -319,7 +427,6 @@ def test_float_types_carry_gradients_and_integers_do_not():
 
 
 REFUSED = {
-    "native max": ("dist.all_reduce max %x : tensor<3xf64>", "native max reduction"),
     "native prod": ("dist.all_reduce prod %x : tensor<3xf64>", "native prod reduction"),
     "generic max": (
         "dist.all_reduce %x : tensor<3xf64> combine(%a, %b) {\n"
@@ -329,11 +436,11 @@ REFUSED = {
 }
 
 
-def test_a_loop_carrying_floats_is_named():
+def test_a_loop_carrying_floats_without_a_static_trip_count_is_named():
     text = """
 func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {
+  %hi = dist.group_size : index
   %lo = arith.constant 0 : index
-  %hi = arith.constant 2 : index
   %step = arith.constant 1 : index
   %y = scf.for %i = %lo to %hi step %step iter_args(%acc = %x) -> (tensor<3xf64>) {
     %s = dist.all_reduce sum %acc : tensor<3xf64>
@@ -342,9 +449,23 @@ func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {
   func.return %y : tensor<3xf64>
 }"""
     program = distir.compile(text)
-    x = [[torch.ones(3)] for _ in range(2)]
-    with pytest.raises(NotDifferentiable, match=r"'scf.for' at <program>:6:.*no derivative"):
+    x = [[torch.ones(3, dtype=torch.float64)] for _ in range(2)]
+    with pytest.raises(NotDifferentiable, match=r"'scf.for' at <program>:6:.*static trip count"):
         simulate_vjp(program, x, x)
+
+
+def test_a_reduce_other_than_a_sum_has_no_kernel_and_is_named():
+    text = """
+func.func @main(%x: tensor<2x3xf64>, %i: tensor<3xf64>) -> tensor<3xf64> {
+  %r = linalg.reduce ins(%x : tensor<2x3xf64>) outs(%i : tensor<3xf64>) dimensions = [0]
+    (%a: f64, %b: f64) {
+      %m = arith.mulf %a, %b : f64
+      linalg.yield %m : f64
+    }
+  func.return %r : tensor<3xf64>
+}"""
+    with pytest.raises(UnsupportedOpError, match=r"'linalg.reduce' at <program>:3:.*arith.addf"):
+        distir.compile(text)
 
 
 def test_ops_without_derivative_are_named_with_their_location():
@@ -362,3 +483,63 @@ func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {{
             assert words in str(e) and "'dist.all_reduce' at <program>:3:" in str(e), (name, e)
         else:
             raise AssertionError(f"{name}: no NotDifferentiable")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(["max", "min"]),
+    values=st.integers(2, 5).flatmap(
+        lambda P: st.lists(
+            st.lists(st.sampled_from([0.0, 1.0, 2.0, float("nan")]), min_size=4, max_size=4),
+            min_size=P,
+            max_size=P,
+        )
+    ),
+)
+def test_an_extremum_gradient_goes_to_the_lowest_rank_holding_it(kind, values):
+    """Ties (frequent here) give the whole summed cotangent to the lowest
+    rank whose input equals the result; where the result is NaN (the
+    reference propagates NaN), to the lowest rank whose input is NaN."""
+    P = len(values)
+    text = f"""
+func.func @main(%x: tensor<4xf64>) -> tensor<4xf64> {{
+  %y = dist.all_reduce {kind} %x : tensor<4xf64>
+  func.return %y : tensor<4xf64>
+}}"""
+    xs = [[torch.tensor(v, dtype=torch.float64)] for v in values]
+    dys = [[torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64) * (r + 1)] for r in range(P)]
+    _, gradients = simulate_vjp(distir.compile(text), xs, dys)
+    total = sum(dy[0] for dy in dys)
+    for i in range(4):
+        column = [v[i] for v in values]
+        if any(c != c for c in column):
+            holder = next(r for r, c in enumerate(column) if c != c)
+        else:
+            best = max(column) if kind == "max" else min(column)
+            holder = column.index(best)
+        for r in range(P):
+            expected = float(total[i]) if r == holder else 0.0
+            assert float(gradients[r][0][i]) == expected, (i, r, column)
+
+
+@pytest.mark.parametrize("dims", [[], [0], [1], [0, 2], [0, 1, 2]])
+def test_a_sum_reduce_adds_the_listed_dimensions_into_its_init(dims):
+    full = [2, 3, 4]
+    kept = [d for i, d in enumerate(full) if i not in dims]
+    t, k = _t(full), _t(kept)
+    text = f"""
+func.func @main(%x: {t}, %i: {k}) -> {k} {{
+  %r = linalg.reduce ins(%x : {t}) outs(%i : {k}) dimensions = [{", ".join(map(str, dims))}]
+    (%a: f64, %b: f64) {{
+      %s = arith.addf %b, %a : f64
+      linalg.yield %s : f64
+    }}
+  func.return %r : {k}
+}}"""
+    x = torch.arange(24, dtype=torch.float64).reshape(full)
+    init = torch.full(kept, 0.5, dtype=torch.float64)
+    (got,) = distir.compile(text).simulate([[x, init]])
+    expected = init + (x.sum(dim=dims) if dims else x)
+    assert torch.equal(got, expected) and torch.equal(
+        init, torch.full(kept, 0.5, dtype=torch.float64)
+    )

@@ -22,6 +22,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 #: example -> (ranks it runs on, the op the pass refuses, if any)
 EXPECTED = {
+    "abs_max.mlir": (4, "'dist.all_reduce' at"),  # a generic combine, not a sum
     "all_gather.mlir": (4, None),
     "all_reduce.mlir": (4, None),  # integers only: an empty backward
     "broadcast.mlir": (4, None),

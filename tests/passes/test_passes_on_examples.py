@@ -29,9 +29,8 @@ OPTIONS: dict[str, list[str]] = {
     "select-all-reduce-algorithm": ["", "{commutative=recursive-doubling}"],
     "print-transfer-maps": ["", "{to-stderr=true}"],
 }
-#: (pass, example) a pass refuses by design, naming the op (vjp: the custom
-#: combine has no derivative; tests/autodiff checks the message)
-# vjp refuses combines it cannot prove linear (a custom max, an abs-max)
+#: (pass, example) a pass refuses by design, naming the op (vjp: the generic
+#: combines have no derivative; tests/autodiff checks the message)
 REFUSED = {("vjp", "custom_combine"), ("vjp", "abs_max")}
 CASES = [
     pytest.param(name + spec, path, id=f"{name}{spec}-{path.stem}")
