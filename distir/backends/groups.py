@@ -79,6 +79,13 @@ def as_bytes(t: torch.Tensor, *, written: bool = False) -> torch.Tensor:
                 f"internal: a collective would write a strided {t.dtype} buffer through a copy"
             )
         t = t.contiguous()
+    # A contiguous tensor may still carry any stride on a size-1 dim, which
+    # view() refuses; the canonical strides address the same elements.
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    t = t.as_strided(t.shape, tuple(reversed(strides)), t.storage_offset())
     rows = t.shape[0] if t.dim() else 1
     return t.reshape(rows, t.numel() // rows if rows else 0).view(torch.uint8)
 
