@@ -3,12 +3,13 @@
 P local gloo ranks (default 2) train MLPs of about 1M and 10M parameters
 (batch 32 per rank, SGD) with DDP's default all-reduce, `distir.ddp.sum_hook`
 and `distir.ddp.encrypted_hook`, each on its own copy of the same model. Each
-iteration runs one step of every hook in turn, so that load on the machine
-hits them alike; a step's time is the maximum over ranks, and a row reports
-the median over iterations and the ratio to the default's median. For the
-sum hook it also reports the overlap: the share of the hooks' communication
-time (hook returned -> future completed) that passed while backward was
-still computing (before DDP called the last bucket's hook).
+iteration runs one step of every hook in turn (in an order rotated at every
+iteration), so that load on the machine hits them alike; a step's time is
+the maximum over ranks, and a row reports the median over iterations and the
+ratio to the default's median. For the sum hook it also reports the
+overlap: the share of the hooks' communication time (hook returned ->
+future completed) that passed while backward was still computing (before
+DDP called the last bucket's hook).
 
 The encrypted hook costs one CKKS encryption, one ciphertext all-reduce and
 one collective decryption per 4096 gradients; it is timed for
@@ -74,7 +75,11 @@ def rank_main(ctx, iterations: int, encrypted_steps: int, encrypted_max: int) ->
         times: dict[str, list[float]] = {h: [] for h in models}
         overlap = [0.0, 0.0]
         for it in range(iterations + 1):  # the first iteration warms up (compiles)
-            for hook, (ddp, state) in models.items():
+            # A new order each iteration: in a fixed order the hook timed last
+            # was up to a third slower at 10M, whatever hook it was.
+            order = list(models)[it % len(models) :] + list(models)[: it % len(models)]
+            for hook in order:
+                ddp, state = models[hook]
                 if hook == "encrypted" and it > encrypted_steps:
                     continue
                 if state is not None:

@@ -36,8 +36,14 @@ A rank that dies during `loss.backward()` ends, on every survivor, as an
 error from `backward()` within the deadline plus 2 s; the state keeps the
 named distir error (`state.failure`); `with state.named_errors():` around
 `backward()` raises it instead of DDP's RuntimeError. To go on
-without the lost rank, a training loop creates a new group of the survivors
-and a new state and DDP model on it (the recovery seam of `distir.recover`).
+without the lost rank, every survivor calls `m = distir.recover()` and wraps
+the model in a new DDP and a new state on `m.group`::
+
+    except DistirError:
+        m = distir.recover(deadline=...)   # longer than the hook's deadline
+        model = DistributedDataParallel(net, process_group=m.group)
+        state = SumHookState(group=m.group)
+        model.register_comm_hook(state, sum_hook)
 """
 
 # No `from __future__ import annotations`: DDP checks the hooks' annotations

@@ -9,10 +9,12 @@ threshold CKKS key no rank holds, summed as ciphertexts, decrypted together).
 It prints the loss per epoch of each, the largest difference to the default,
 the time per training step, and writes a PNG of the three loss curves.
 
-With `--kill-rank R --at-step S` (sum hook only) rank R dies in the middle of
-`loss.backward()` at step S: every survivor gets distir's named error from
-its backward within the deadline plus 2 s, forms a new group of the
-survivors, re-wraps the model in DDP on it and trains on.
+With `--kill-rank R --at-step S` (sum hook only) rank R is killed (SIGKILL)
+in the middle of `loss.backward()` at step S: every survivor gets distir's
+named error from its backward within the deadline plus 2 s, calls
+`distir.recover()` (which agrees on who is left and returns a process group
+over them), re-wraps the model in DDP and a new hook state on that group and
+trains on.
 
     pip install -e ".[he,examples]"
     python examples/train_with_distir.py [--epochs 4] [--plot train_with_distir.png]
@@ -23,16 +25,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 
 import torch
 
-from distir.runtime.launch import LaunchError, launch
+import distir
+from distir.runtime.launch import launch
 
 HOOKS = ("default", "sum", "encrypted")
 LABELS = {"default": "DDP default", "sum": "distir sum", "encrypted": "distir encrypted"}
 BATCH = 32  # per rank
 DEADLINE_S = 10.0
+#: longer than the hook's deadline: a survivor may wait on the lost rank
+#: until its own collective deadline before it joins the recovery
+RECOVER_S = 2 * DEADLINE_S + 5.0
 
 
 def digits(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +72,6 @@ def _wrap(model: torch.nn.Module, hook: str, group=None):
 
 
 def train(ctx, hook: str, epochs: int, kill_rank: int, at_step: int) -> dict:
-    import torch.distributed as dist
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     ddp, state = _wrap(model, hook)
@@ -83,17 +88,21 @@ def train(ctx, hook: str, epochs: int, kill_rank: int, at_step: int) -> dict:
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(ddp(xb), yb)
             if step == at_step and ctx.rank == kill_rank:
-                model[0].weight.register_hook(lambda g: os._exit(3))  # dies in backward
+                # Dies in backward, after some buckets were handed to the hook.
+                model[0].weight.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
             try:
                 with state.named_errors() if state is not None else _nothing():
                     loss.backward()
             except Exception as e:  # noqa: BLE001 - shown, then recovered from
                 seen = time.perf_counter() - start
                 events.append(f"step {step}: {type(e).__name__} after {seen:.1f} s")
-                survivors = [r for r in range(ctx.world_size) if r != kill_rank]
-                group = dist.new_group(survivors, use_local_synchronization=True)
-                ddp, state = _wrap(model, hook, group)
-                events.append(f"step {step}: training on with ranks {survivors}")
+                del ddp  # its reducer's hooks leave the parameters with it
+                m = distir.recover(deadline=RECOVER_S)
+                ddp, state = _wrap(model, hook, m.group)
+                events.append(
+                    f"step {step}: recovered after {time.perf_counter() - start:.1f} s: epoch "
+                    f"{m.epoch}, ranks {list(m.ranks)} (lost {list(m.lost)}); training on"
+                )
                 optimizer.zero_grad()
                 loss = torch.nn.functional.cross_entropy(ddp(xb), yb)
                 loss.backward()
@@ -130,29 +139,24 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.kill_rank >= 0:
-        try:
-            launch(
-                train,
-                args.nproc,
-                "sum",
-                args.epochs,
-                args.kill_rank,
-                args.at_step,
-                pass_context=True,
-                timeout=300,
-            )
-        except LaunchError as e:
-            for rank, why in e.failures.items():
-                print(f"rank {rank}: {why.splitlines()[0]}")
-            for rank, result in sorted(e.results.items()):
-                for event in result["events"]:
-                    print(f"rank {rank}: {event}")
-                print(
-                    f"rank {rank}: loss per epoch " + " ".join(f"{v:.4f}" for v in result["losses"])
-                )
-            return 0
-        print("no rank died")
-        return 1
+        outcome = launch(
+            train,
+            args.nproc,
+            "sum",
+            args.epochs,
+            args.kill_rank,
+            args.at_step,
+            pass_context=True,
+            tolerate=1,
+            timeout=300,
+        )
+        for rank, why in sorted(outcome.lost.items()):
+            print(f"launcher: rank {rank} lost ({why.splitlines()[0]})")
+        for rank, result in sorted(outcome.results.items()):
+            for event in result["events"]:
+                print(f"rank {rank}: {event}")
+            print(f"rank {rank}: loss per epoch " + " ".join(f"{v:.4f}" for v in result["losses"]))
+        return 0 if outcome.lost else 1
 
     curves, step_s = {}, {}
     for hook in HOOKS:

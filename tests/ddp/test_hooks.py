@@ -333,3 +333,68 @@ def test_a_rank_killed_during_backward_is_a_named_error_on_every_survivor():
     for report in survivors.values():
         assert report["error"] in ("CollectiveFailed", "DeadlineExceeded"), report
         assert report["s"] < 3.0 + 2.0
+
+
+def recovering_worker(ctx, victim: int, steps: int) -> dict:
+    """Step 0 on every rank; at step 1 `victim` is SIGKILLed in backward;
+    the survivors recover (`distir.recover`), re-wrap DDP on the returned
+    group and train `steps` more steps, checking every gradient against
+    plain torch on the survivors' batches."""
+    import signal
+
+    import distir
+    from distir.errors import DistirError
+
+    net = _net(torch.float32)
+    model = DDP(net, bucket_cap_mb=BUCKET_MB)
+    state = hooks.SumHookState(deadline=3.0)
+    model.register_comm_hook(state, hooks.sum_hook)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    error, checked = None, []
+    step, done = 0, 0
+    while done < steps:
+        if ctx.rank == victim and step == 1:
+            net[0].weight.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
+        optimizer.zero_grad()
+        x, y = _batch(ctx.rank, step, torch.float32)
+        try:
+            with state.named_errors():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+        except DistirError as e:
+            error = type(e).__name__
+            del model
+            # Longer than the hook's deadline plus forming a group.
+            m = distir.recover(deadline=8.0)
+            model = DDP(net, process_group=m.group, bucket_cap_mb=BUCKET_MB)
+            state = hooks.SumHookState(group=m.group, deadline=3.0)
+            model.register_comm_hook(state, hooks.sum_hook)
+            ranks = m.ranks
+            continue  # the same step again, on the survivors
+        if error is not None:
+            # Plain torch: the mean of the survivors' local gradients,
+            # divided before the sum as DDP's default divides.
+            expected = None
+            for r in ranks:
+                local = _net(torch.float32)
+                local.load_state_dict(net.state_dict())
+                xr, yr = _batch(r, step, torch.float32)
+                torch.nn.functional.cross_entropy(local(xr), yr).backward()
+                grads = [p.grad / len(ranks) for p in local.parameters()]
+                expected = grads if expected is None else [a + b for a, b in zip(expected, grads)]
+            checked.append(all(torch.equal(p.grad, e) for p, e in zip(net.parameters(), expected)))
+            done += 1
+        optimizer.step()
+        step += 1
+    return {"error": error, "ranks": list(ranks), "checked": checked}
+
+
+def test_survivors_recover_rewrap_ddp_and_train_on_with_exact_gradients():
+    """P=3, rank 2 SIGKILLed during backward: ranks 0 and 1 get a named
+    error, agree through `distir.recover` on the two of them, and train 3
+    more steps whose gradients equal plain torch's mean over their batches."""
+    outcome = launch(recovering_worker, 3, 2, 3, pass_context=True, tolerate=1, timeout=90)
+    assert sorted(outcome.lost) == [2]
+    assert sorted(outcome.results) == [0, 1]
+    for report in outcome.results.values():
+        assert report["error"] in ("CollectiveFailed", "DeadlineExceeded"), report
+        assert report == {"error": report["error"], "ranks": [0, 1], "checked": [True] * 3}
