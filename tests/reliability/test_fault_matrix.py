@@ -48,9 +48,7 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
   func.return %y : tensor<4xi64>
 }
 """
-GROUPED = "dist.group @g [[0, 1, 2]]\n" + ALL_REDUCE.replace(
-    "sum %x :", "sum %x group @g :"
-)
+GROUPED = "dist.group @g [[0, 1, 2]]\n" + ALL_REDUCE.replace("sum %x :", "sum %x group @g :")
 WAVE = """
 func.func @main(%x: tensor<4xi64>) -> (tensor<4xi64>, tensor<4xi64>) {
   %s, %m = dist.wave {
