@@ -475,9 +475,9 @@ def test_a_program_piped_in_runs_like_the_file() -> None:
 
 
 def test_a_program_for_four_ranks_on_three_fails_at_once(capsys, no_launch) -> None:
-    start = time.monotonic()
+    # "At once": before any rank starts (no_launch fails the test if one
+    # does), not a wall-clock bound that a loaded machine breaks.
     status, err = run_here(capsys, "examples/variable_all_to_all.mlir", "--nproc", "3")
-    assert time.monotonic() - start < 1.0
     assert status == 1
     assert err == (
         "distir-run: error: this program needs 4 ranks, not 3: 'dist.variable_all_to_all' at "

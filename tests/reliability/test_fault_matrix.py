@@ -5,9 +5,13 @@ plus 2 s, measured on its own clock from the start of the call it was in.
 
 Stages: process-group creation (the first run of a program with a declared
 group), the run agreement (the first exchange of a first run), the payload
-of a native all-reduce, a wave, a point-to-point exchange and a mesh
-transfer (each a second run, with agreement off, so that the payload is
-the first exchange the faulty rank misses).
+of a native all-reduce, a wave, a point-to-point exchange, a mesh
+transfer and the backward of a differentiable run (each a second run of a
+program compiled with `agreement=False`, so that the payload is the first
+exchange the faulty rank misses). In the backward stage the faulty rank
+misbehaves inside `loss.backward()`, from a hook on the run's result, just
+before its autograd node runs the derived backward program; the survivors
+are inside that program's all-reduce.
 
 A frozen rank is killed by the launch when it ends (SIGKILL ends a stopped
 process), so no process outlives a test.
@@ -44,9 +48,7 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
   func.return %y : tensor<4xi64>
 }
 """
-GROUPED = "dist.group @g [[0, 1, 2]]\n" + ALL_REDUCE.replace(
-    "sum %x :", "sum %x group @g :"
-)
+GROUPED = "dist.group @g [[0, 1, 2]]\n" + ALL_REDUCE.replace("sum %x :", "sum %x group @g :")
 WAVE = """
 func.func @main(%x: tensor<4xi64>) -> (tensor<4xi64>, tensor<4xi64>) {
   %s, %m = dist.wave {
@@ -71,6 +73,9 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
   func.return %y : tensor<4xi64>
 }
 """
+#: a float program: its backward (`distir.runtime.autograd`) is an all-reduce
+#: of the cotangents
+ALL_REDUCE_F64 = ALL_REDUCE.replace("i64", "f64")
 TRANSFER = """
 dist.mesh @m [3] ranks [0, 1, 2]
 func.func @main(%x: tensor<?x4xi64>) -> tensor<?x4xi64> {
@@ -87,6 +92,7 @@ STAGES = {
     "wave": (WAVE, "second"),
     "p2p": (P2P, "second"),
     "transfer": (TRANSFER, "second"),
+    "backward": (ALL_REDUCE_F64, "second"),
 }
 MODES = ("raise", "kill", "freeze")
 
@@ -104,17 +110,37 @@ def misbehave(mode: str) -> None:
 
 def matrix_worker(ctx, stage: str, mode: str, bad: int) -> str:
     source, when = STAGES[stage]
-    x = torch.arange(1 if stage == "transfer" else 4, dtype=torch.int64) + ctx.rank
+    x = torch.arange(4, dtype=torch.int64) + ctx.rank
     if stage == "transfer":
         x = torch.full((1, 4), ctx.rank, dtype=torch.int64)
-    program = distir.compile(source, deadline=DEADLINE_S)
+    program = distir.compile(source, deadline=DEADLINE_S, agreement=when == "first")
+    if stage == "backward":
+        return backward_worker(ctx, program, mode, bad)
     if when == "second":
         program.run(x)  # every rank: the group, its pairs and the plan are ready
     if ctx.rank == bad:
         misbehave(mode)
     start = time.monotonic()
     try:
-        program.run(x, agreement=when == "first")
+        program.run(x)
+    except DistirError as e:
+        raise SurvivorReport(f"{type(e).__name__}|{time.monotonic() - start:.3f}|{e}") from None
+    raise SurvivorReport(f"none|{time.monotonic() - start:.3f}|returned a result")
+
+
+def backward_worker(ctx, program: distir.Program, mode: str, bad: int) -> str:
+    def forward() -> torch.Tensor:
+        x = (torch.arange(4, dtype=torch.float64) + ctx.rank).requires_grad_()
+        return program.run(x)
+
+    # Every rank: the forward and backward programs agree and are ready.
+    forward().sum().backward()
+    y = forward()
+    if ctx.rank == bad:
+        y.register_hook(lambda grad: misbehave(mode))
+    start = time.monotonic()
+    try:
+        y.sum().backward()
     except DistirError as e:
         raise SurvivorReport(f"{type(e).__name__}|{time.monotonic() - start:.3f}|{e}") from None
     raise SurvivorReport(f"none|{time.monotonic() - start:.3f}|returned a result")

@@ -95,6 +95,18 @@ def wait_for_ranks(proc: subprocess.Popen, count: int, *, running: bool, timeout
     raise AssertionError(f"{count} ranks did not start: {proc.communicate()}")
 
 
+def wait_for_files(proc: subprocess.Popen, paths: list[Path], timeout: float = 90) -> None:
+    """Returns once every one of `paths` exists: each written by a rank when
+    it reaches a point of its run (an event, rather than a guessed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None, proc.communicate()
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"ranks did not reach {paths}: {proc.communicate()}")
+        time.sleep(0.02)
+
+
 def assert_gone_within(ranks: dict[int, str], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while alive(ranks) and time.monotonic() < deadline:
@@ -113,8 +125,23 @@ def start(args: list[str], **kwargs) -> subprocess.Popen:
     )
 
 
-def start_distir_run(*args: str) -> subprocess.Popen:
-    return start([sys.executable, "-m", "distir.cli.run", *args])
+def start_distir_run(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return start([sys.executable, "-m", "distir.cli.run", *args], env=env)
+
+
+#: inputs for LONG_RUN's program that also tell the test, by a file per
+#: rank, that the rank is past its start-up and about to enter its runs
+MARKING_INPUTS = """\
+import os
+from pathlib import Path
+
+import torch
+
+
+def make_inputs(rank, world_size):
+    Path(os.environ["DISTIR_TEST_MARKS"], f"rank{rank}").touch()
+    return [torch.arange(8, dtype=torch.int64), torch.full((8,), 7, dtype=torch.int64)]
+"""
 
 
 # distir-run ------------------------------------------------------------------------------
@@ -123,10 +150,15 @@ def start_distir_run(*args: str) -> subprocess.Popen:
 @pytest.mark.multirank
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_to_distir_run_stops_every_rank_and_exits_at_once(signum, status) -> None:
-    proc = start_distir_run(*LONG_RUN)
+def test_a_signal_to_distir_run_stops_every_rank_and_exits_at_once(
+    tmp_path, signum, status
+) -> None:
+    inputs = tmp_path / "inputs.py"
+    inputs.write_text(MARKING_INPUTS)
+    env = dict(os.environ, DISTIR_TEST_MARKS=str(tmp_path))
+    proc = start_distir_run(*LONG_RUN, "--inputs", str(inputs), env=env)
     ranks = wait_for_ranks(proc, 2, running=True)
-    time.sleep(1.0)  # inside the run loop
+    wait_for_files(proc, [tmp_path / "rank0", tmp_path / "rank1"])  # past start-up
     sent = time.monotonic()
     os.kill(proc.pid, signum)  # the parent only, as `kill PID` does
     out, err = proc.communicate(timeout=30)
@@ -181,17 +213,19 @@ def test_no_rank_outlives_a_parent_sigkilled_while_it_starts_them() -> None:
 SCRIPT = """\
 import sys
 import time
+from pathlib import Path
 
 import distir
 
 
-def sleeper():
+def sleeper(ctx, marks):
+    Path(marks, f"rank{ctx.rank}").touch()  # the test's event: this rank runs
     time.sleep(600)
 
 
 if __name__ == "__main__":
     try:
-        distir.launch(sleeper, 2, timeout=300)
+        distir.launch(sleeper, 2, sys.argv[1], pass_context=True, timeout=300)
     except KeyboardInterrupt:
         print("KeyboardInterrupt from launch", flush=True)
         sys.exit(7)
@@ -210,9 +244,9 @@ def test_launch_forwards_a_signal_then_lets_it_act_on_the_caller(
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = start([sys.executable, str(script)], env=env)
+    proc = start([sys.executable, str(script), str(tmp_path)], env=env)
     ranks = wait_for_ranks(proc, 2, running=True)
-    time.sleep(0.5)
+    wait_for_files(proc, [tmp_path / "rank0", tmp_path / "rank1"])  # inside `sleeper`
     sent = time.monotonic()
     os.kill(proc.pid, signum)
     out, err = proc.communicate(timeout=30)

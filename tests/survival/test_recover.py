@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -195,6 +196,7 @@ def freeze_one(ctx, frozen: int) -> dict:
                 seen[what] = f"Excluded at epoch {e.epoch}"
             except DistirError as e:
                 seen[what] = f"{type(e).__name__}: {e}"
+        store.set("test/woken-tried", "1")
         return seen
     failed_at, error = _until_failure(program, small_input(ctx.rank))
     m = distir.recover(deadline=RECOVER_S)
@@ -202,7 +204,8 @@ def freeze_one(ctx, frozen: int) -> dict:
     s, b = program.run(small_input(m.rank), group=m.group)
     if m.rank == 0:
         os.kill(int(store.get("test/frozen-pid")), signal.SIGCONT)
-    time.sleep(0.5)  # the woken rank fails now; nothing of it reaches us
+    # The woken rank has tried everything; nothing of it reached us.
+    store.wait(["test/woken-tried"], timedelta(seconds=RECOVER_S + 30))
     s2, _ = program.run(small_input(m.rank), group=m.group)
     return {
         "ranks": m.ranks,

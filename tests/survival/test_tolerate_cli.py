@@ -47,6 +47,23 @@ def _sockets(pid: int) -> int:
     return count
 
 
+def _written(pid: int) -> int:
+    """Bytes `pid` has written (sockets included), from /proc/PID/io."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+#: more than start-up writes and more than one run's share of the payload
+#: (16 MiB, of which a rank sends about 2/3 in a ring): rank 2 has sent data
+#: of at least one run, so it is inside its runs
+IN_THE_RUNS = 32 << 20
+
+
 def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
     program = tmp_path / "big_all_reduce.mlir"
     program.write_text(PROGRAM)
@@ -70,12 +87,12 @@ def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
     try:
         victim = None
         give_up = time.monotonic() + 60
-        # Rank 2 is connected to the store and to both peers: it is running.
-        while victim is None or _sockets(victim) < 3:
-            assert time.monotonic() < give_up and run.poll() is None, "rank 2 never started"
+        # Rank 2 is connected to the store and to both peers, and has sent a
+        # run's payload: it is inside its runs (an event, not a guessed sleep).
+        while victim is None or _sockets(victim) < 3 or _written(victim) < IN_THE_RUNS:
+            assert time.monotonic() < give_up and run.poll() is None, "rank 2 never ran"
             victim = _children(run.pid).get("distir-rank-2")
             time.sleep(0.05)
-        time.sleep(1.5)
         os.kill(victim, signal.SIGKILL)
         out, err = run.communicate(timeout=90)
     finally:
