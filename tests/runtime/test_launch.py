@@ -391,3 +391,22 @@ def test_the_launch_module_names_torchrun_by_its_marker() -> None:
     assert under_torchrun(torchrun)
     assert stale_rendezvous_variables(torchrun) == []
 
+
+
+def register_exit_marker(ctx, directory):
+    import atexit
+    import pathlib
+
+    # Interpreter finalisation would run this; a rank that reported its
+    # result ends without it (gloo's C++ threads abort the process when
+    # destroyed at exit after a deadline: "terminate called without an
+    # active exception").
+    atexit.register(lambda: (pathlib.Path(directory) / f"finalised-{ctx.rank}").touch())
+    return ctx.rank
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_ranks_end_without_interpreter_finalisation_after_reporting(tmp_path) -> None:
+    assert launch(register_exit_marker, 2, str(tmp_path), pass_context=True, timeout=90) == [0, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
