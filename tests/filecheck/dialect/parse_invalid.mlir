@@ -56,7 +56,7 @@ func.func @main(%x: tensor<4xf32>) {
 func.func @main(%x: tensor<4xf32>) {
   %y = dist.all_reduce average %x : tensor<4xf32>
 // CHECK: parse_invalid.mlir:[[# @LINE - 1]]:24
-// CHECK: operand expected
+// CHECK: 'average' is not a reduction kind (the kinds are sum, prod, min, max, band, bor, bxor), nor an operand
   func.return
 }
 
@@ -64,7 +64,7 @@ func.func @main(%x: tensor<4xf32>) {
 
 func.func @main(%x: tensor<4xf32>) {
   %y = dist.frobnicate %x : tensor<4xf32>
-// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:24
+// CHECK: parse_invalid.mlir:[[# @LINE - 1]]:8
 // CHECK: Operation dist.frobnicate is not registered
   func.return
 }
