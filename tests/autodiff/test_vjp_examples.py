@@ -62,6 +62,7 @@ def test_the_backward_of_each_example_verifies_and_is_the_gradient(name):
     check_gradients(EXAMPLES / name, inputs, seed=5, step=1.0, tolerance=1e-4)
 
 
+@pytest.mark.slow  # starts distir-opt
 def test_distir_opt_shows_the_backward_program():
     proc = subprocess.run(
         [sys.executable, "-m", "distir.cli.opt", "-p", "vjp", str(EXAMPLES / "wave.mlir")],
@@ -83,6 +84,7 @@ def test_distir_opt_shows_the_backward_program():
     ]
 
 
+@pytest.mark.slow  # starts distir-opt
 def test_distir_opt_names_an_op_without_derivative():
     proc = subprocess.run(
         [

@@ -74,6 +74,7 @@ def expected(kind: str, element: str) -> list:
     return [wrap(int(v), dtype) for v in folded]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("kind, element", CASES[: len(KINDS) * len(ELEMENT_TYPES)])
 def test_native_reduction_is_refused_at_compile_time_or_correct(kind, element):
     refused = refusal(kind, element)
@@ -90,6 +91,7 @@ def test_native_reduction_is_refused_at_compile_time_or_correct(kind, element):
             assert set(y.view(torch.uint8).tolist()) <= {0, 1}, (kind, y.view(torch.uint8))
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("element", ELEMENT_TYPES)
 def test_data_moves_run_every_element_type(element):
     x = [values(element, r) for r in range(2)]

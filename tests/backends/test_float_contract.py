@@ -228,6 +228,7 @@ def test_the_issue_example_maximumf_becomes_native_max_and_keeps_nan():
 # Real ranks --------------------------------------------------------------------
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("p", [2, 3])
 def test_every_variant_keeps_the_float_contract_on_gloo_and_in_the_simulator(p):
     inputs = generated_inputs(p, examples=25)

@@ -468,6 +468,7 @@ def test_the_ops_without_a_kernel_are_exactly_those_listed_for_distir_opt() -> N
     assert {op.name for op in registered if op not in LOCAL_KERNELS} == NO_KERNEL_OPS
 
 
+@pytest.mark.slow  # starts distir-opt
 def test_distir_opt_rejects_an_op_without_a_kernel_where_it_is(tmp_path) -> None:
     import subprocess
     import sys

@@ -66,6 +66,7 @@ def test_two_ranks_that_both_receive_first_are_rejected_at_compile_time(tmp_path
     assert "or exchange with dist.sendrecv" in message
 
 
+@pytest.mark.slow  # starts distir-opt
 def test_distir_opt_verify_spmd_finds_it_too(tmp_path) -> None:
     path = tmp_path / "p.mlir"
     path.write_text(RECV_FIRST)
