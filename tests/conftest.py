@@ -110,3 +110,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=reason)
     for item in cuda_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def one_rank_world():
+    """A one-rank gloo world for in-process runs (module scope). Never
+    skipped: a one-rank gloo world another test left serves as well."""
+    import torch.distributed as dist
+
+    from distir.runtime.launch import free_port
+
+    if dist.is_initialized():
+        assert dist.get_world_size() == 1 and dist.get_backend() == "gloo", (
+            "torch.distributed was initialised in this process by another test "
+            f"(world size {dist.get_world_size()}, {dist.get_backend()}): these tests need a "
+            "one-rank gloo world"
+        )
+        yield
+        return
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()

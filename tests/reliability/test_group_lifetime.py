@@ -46,16 +46,6 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
 """
 
 
-@pytest.fixture(scope="module")
-def one_rank_world():
-    if dist.is_initialized():
-        pytest.fail("another test left torch.distributed initialised")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
-
 
 def test_a_new_group_never_inherits_a_destroyed_groups_failure(one_rank_world) -> None:
     addresses = set()

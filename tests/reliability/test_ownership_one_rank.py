@@ -5,9 +5,7 @@ writes and what its results share; the 2-rank launch checks values."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_ownership import FAMILIES, PATTERNS, OwnershipCase, _as_tuple, _shares
@@ -21,18 +19,6 @@ ONE_RANK = sorted(
 _programs: dict[str, distir.Program] = {}
 
 
-@pytest.fixture(scope="module")
-def world():
-    from distir.runtime.launch import free_port
-
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is already initialised in this process")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
-
 
 @settings(max_examples=80, derandomize=True, deadline=None, database=None)
 @given(
@@ -42,7 +28,7 @@ def world():
     seed=st.integers(0, 1000),
 )
 def test_a_run_writes_only_what_it_may_and_results_own_their_memory(
-    world, family, pattern, donate, seed
+    one_rank_world, family, pattern, donate, seed
 ) -> None:
     case = OwnershipCase(family, pattern, tuple(sorted(donate)), seed)
     program = _programs.get(family) or _programs.setdefault(family, case.compile())

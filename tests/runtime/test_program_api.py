@@ -347,25 +347,6 @@ def test_run_without_torch_distributed_is_a_clear_error() -> None:
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def one_rank_world():
-    from distir.runtime.launch import free_port
-
-    if dist.is_initialized():
-        # Never skipped: a one-rank gloo world someone else made serves as well.
-        assert dist.get_world_size() == 1 and dist.get_backend() == "gloo", (
-            "torch.distributed was initialised in this process by another test "
-            f"(world size {dist.get_world_size()}, {dist.get_backend()}): these tests need a "
-            "one-rank gloo world"
-        )
-        yield
-        return
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
-
 
 @pytest.fixture
 def world(one_rank_world):

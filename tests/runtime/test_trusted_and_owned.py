@@ -28,18 +28,6 @@ func.func @main(%x: tensor<4xi64>, %y: tensor<4xi64>) -> (tensor<4xi64>, tensor<
 }"""
 
 
-@pytest.fixture(scope="module")
-def world():
-    from distir.runtime.launch import free_port
-
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is already initialised in this process")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
-
 
 @pytest.fixture
 def agreements(monkeypatch):
@@ -55,7 +43,7 @@ def agreements(monkeypatch):
     return count
 
 
-def test_a_trusted_plan_agrees_once_per_group_even_when_compiled_again(world, agreements):
+def test_a_trusted_plan_agrees_once_per_group_even_when_compiled_again(one_rank_world, agreements):
     group = dist.new_group([0])
     x = torch.arange(6)
     for _ in range(3):
@@ -73,7 +61,7 @@ def test_a_trusted_plan_agrees_once_per_group_even_when_compiled_again(world, ag
     assert agreements[0] == 2
 
 
-def test_a_verified_program_agrees_at_every_run(world, agreements):
+def test_a_verified_program_agrees_at_every_run(one_rank_world, agreements):
     group = dist.new_group([0])
     program = distir.compile(GENERIC)
     for _ in range(3):
@@ -81,7 +69,7 @@ def test_a_verified_program_agrees_at_every_run(world, agreements):
     assert agreements[0] == 3
 
 
-def test_the_agreement_mode_cannot_change_per_run(world):
+def test_the_agreement_mode_cannot_change_per_run(one_rank_world):
     with pytest.raises(TypeError, match="agreement"):
         distir.compile(GENERIC).run(torch.arange(6), agreement=False)
 
@@ -100,7 +88,7 @@ def test_the_fingerprint_covers_what_runs_and_nothing_else(size):
     assert fingerprint(deadline=3.0) == fingerprint(deadline=40.0) == fingerprint()
 
 
-def test_a_result_never_shares_memory_with_inputs_or_constants(world):
+def test_a_result_never_shares_memory_with_inputs_or_constants(one_rank_world):
     program = distir.compile(TWO_SUMS)
     t = torch.arange(4)
     a, b, c = program.run(t, t, donate=(0,))

@@ -14,20 +14,9 @@ import torch.distributed as dist
 import distir
 from distir.backends import membership
 from distir.errors import RecoveryFailed
-from distir.runtime.launch import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-
-@pytest.fixture(scope="module")
-def one_rank_world():
-    if dist.is_initialized():
-        pytest.fail("another test left torch.distributed initialised")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 def test_each_recovery_is_a_new_epoch_and_a_new_group(one_rank_world) -> None:
