@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,33 @@ def write_program(directory: Path, text: str, name: str = "prog.mlir") -> Path:
     path = directory / name
     path.write_text(text)
     return path
+
+
+#: arith.cmpi predicates: (Python comparison, whether operands read as unsigned)
+INTEGER_PREDICATES = {
+    "eq": (operator.eq, False),
+    "ne": (operator.ne, False),
+    "slt": (operator.lt, False),
+    "sle": (operator.le, False),
+    "sgt": (operator.gt, False),
+    "sge": (operator.ge, False),
+    "ult": (operator.lt, True),
+    "ule": (operator.le, True),
+    "ugt": (operator.gt, True),
+    "uge": (operator.ge, True),
+}
+
+
+class FrozenStore:
+    """A store whose reads and writes never answer (its server is
+    SIGSTOPped) until `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def check(self, keys):
+        self.release.wait()
+        return False
+
+    def set(self, key, value):
+        self.release.wait()

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from runtime_support import INTEGER_PREDICATES
 from xdsl.dialects import math as math_dialect
 
 import distir
@@ -101,18 +102,7 @@ func.func @main(%a: tensor<{N}xf32>, %b: tensor<{N}xf32>) -> tensor<{N}xi1> {{
     assert c.tolist() == [CMPF[pred](x, y) for x, y in zip(a, b)]
 
 
-CMPI = {
-    "eq": (operator.eq, False),
-    "ne": (operator.ne, False),
-    "slt": (operator.lt, False),
-    "sle": (operator.le, False),
-    "sgt": (operator.gt, False),
-    "sge": (operator.ge, False),
-    "ult": (operator.lt, True),
-    "ule": (operator.le, True),
-    "ugt": (operator.gt, True),
-    "uge": (operator.ge, True),
-}
+CMPI = INTEGER_PREDICATES
 INT_DTYPES = {8: torch.int8, 32: torch.int32, 64: torch.int64}
 
 

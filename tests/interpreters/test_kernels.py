@@ -14,7 +14,7 @@ import operator
 
 import pytest
 import torch
-from runtime_support import as_tuple, location
+from runtime_support import INTEGER_PREDICATES, as_tuple, location
 
 import distir
 from distir.errors import CompileError, UnsupportedOpError
@@ -131,18 +131,7 @@ func.func @main(%a: tensor<4xi64>, %b: tensor<4xi64>) -> tensor<4xi64> {
 
 # Comparisons, extension, select ---------------------------------------------------
 
-PREDICATES = {
-    "eq": (operator.eq, False),
-    "ne": (operator.ne, False),
-    "slt": (operator.lt, False),
-    "sle": (operator.le, False),
-    "sgt": (operator.gt, False),
-    "sge": (operator.ge, False),
-    "ult": (operator.lt, True),
-    "ule": (operator.le, True),
-    "ugt": (operator.gt, True),
-    "uge": (operator.ge, True),
-}
+PREDICATES = INTEGER_PREDICATES
 
 COMPARE_EXTEND = """\
 func.func @main(%a: i{w}, %b: i{w}) -> (i1, i{w}) {{

@@ -19,6 +19,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from runtime_support import FrozenStore
 
 import distir
 from distir.backends.domain import ExecutionDomain, domain_for, reset_domain
@@ -61,19 +62,6 @@ def test_a_new_group_never_inherits_a_destroyed_groups_failure(one_rank_world) -
         gc.collect()
     assert reused, "no address was reused: the test did not exercise the case"
 
-
-class FrozenStore:
-    """A store whose reads never answer (its server is SIGSTOPped)."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def check(self, keys):
-        self.release.wait()
-        return False
-
-    def set(self, key, value):
-        self.release.wait()
 
 
 def test_reading_a_failure_from_a_frozen_store_is_bounded() -> None:

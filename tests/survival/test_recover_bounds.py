@@ -4,12 +4,12 @@ does not answer (its host is frozen) or that is gone ends in
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
+from runtime_support import FrozenStore
 
 import distir
 from distir.backends import membership
@@ -31,17 +31,6 @@ def test_each_recovery_is_a_new_epoch_and_a_new_group(one_rank_world) -> None:
     dist.all_reduce(x, group=second.group)
     assert x.tolist() == [1.0, 1.0]
 
-
-class FrozenStore:
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def check(self, keys):
-        self.release.wait()
-        return False
-
-    def set(self, key, value):
-        self.release.wait()
 
 
 class GoneStore:
