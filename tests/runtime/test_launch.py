@@ -56,15 +56,23 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def rank_processes(parent: int) -> dict[int, str]:
-    """pid -> start time of the rank processes `parent` started (not its
-    multiprocessing resource tracker)."""
+def _children(parent: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True)
+    return list(map(int, found.stdout.split()))
+
+
+def rank_processes(parent: int) -> dict[int, str]:
+    """pid -> start time of the rank processes `parent` started: spawned
+    children, or children of its fork server (not its multiprocessing
+    resource tracker, not the fork server itself)."""
     ranks = {}
-    for pid in map(int, found.stdout.split()):
-        start = _start_time(pid)
-        if start is not None and "spawn_main" in _cmdline(pid):
-            ranks[pid] = start
+    for pid in _children(parent):
+        command = _cmdline(pid)
+        candidates = _children(pid) if "forkserver" in command else [pid]
+        for rank in candidates:
+            start = _start_time(rank)
+            if start is not None and ("spawn_main" in command or rank != pid):
+                ranks[rank] = start
     return ranks
 
 
@@ -410,3 +418,62 @@ def register_exit_marker(ctx, directory):
 def test_ranks_end_without_interpreter_finalisation_after_reporting(tmp_path) -> None:
     assert launch(register_exit_marker, 2, str(tmp_path), pass_context=True, timeout=90) == [0, 1]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# How ranks start: forked from a server that has torch imported, seeing the launcher as it is now
+
+
+def where_am_i(ctx, directory):
+    import torch  # noqa: F401  (imported by the server already when forked)
+
+    print(f"out of rank {ctx.rank}", flush=True)
+    print(f"err of rank {ctx.rank}", file=sys.stderr, flush=True)
+    return {
+        "parent": os.getppid(),
+        "variable": os.environ.get("DISTIR_TEST_VARIABLE"),
+        "cwd": os.getcwd(),
+        "torch_preloaded_before_fn": "torch" in sys.modules,
+        "written": Path(directory, "seen").read_text(),
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_second_launch_forks_ranks_that_see_the_launcher_as_it_is_now(
+    tmp_path, monkeypatch, capfd
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+        (d / "seen").write_text(d.name)
+    monkeypatch.chdir(first)
+    monkeypatch.setenv("DISTIR_TEST_VARIABLE", "before")
+    launch(where_am_i, 2, str(first), pass_context=True, timeout=90)
+    capfd.readouterr()
+    # Everything a rank could inherit changes after the server has started.
+    monkeypatch.chdir(second)
+    monkeypatch.setenv("DISTIR_TEST_VARIABLE", "after")
+    results = launch(where_am_i, 2, ".", pass_context=True, timeout=90)  # relative to cwd
+    out, err = capfd.readouterr()
+    for rank, seen in enumerate(results):
+        # forked: the parent is the fork server, not this process
+        assert seen["parent"] != os.getpid()
+        assert seen["variable"] == "after"
+        assert seen["cwd"] == str(second)
+        assert seen["written"] == "second"
+        assert f"out of rank {rank}" in out and f"err of rank {rank}" in err
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_variable_read_at_interpreter_start_makes_ranks_fresh_interpreters(
+    tmp_path, monkeypatch
+) -> None:
+    (tmp_path / "seen").write_text("x")
+    launch(where_am_i, 1, str(tmp_path), pass_context=True, timeout=90)  # the server runs
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # libgomp reads it when torch loads
+    (spawned,) = launch(where_am_i, 1, str(tmp_path), pass_context=True, timeout=90)
+    assert spawned["parent"] == os.getpid()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    (forked,) = launch(where_am_i, 1, str(tmp_path), pass_context=True, timeout=90)
+    assert forked["parent"] != os.getpid()
