@@ -738,7 +738,11 @@ def _refuse_launch_while_a_rank_starts() -> None:
     tracebacks per rank: end the rank quietly with a code the launcher
     recognises instead, and the launcher says what to do in one line."""
     if getattr(mp.current_process(), "_inheriting", False):
-        raise SystemExit(_NO_MAIN_GUARD_EXIT)
+        # os._exit, not SystemExit: a forked rank's bootstrap turns any
+        # SystemExit into exit code 1.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_NO_MAIN_GUARD_EXIT)
 
 
 def _host_store(timeout_s: float) -> Any:
