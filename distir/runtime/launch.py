@@ -93,8 +93,16 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 
 #: Modules the fork server imports once, so that a rank forked from it starts
-#: in milliseconds instead of importing torch anew (about 2 s of CPU each).
-_PRELOAD = ["torch", "torch.distributed", "distir"]
+#: in milliseconds instead of importing torch, xDSL and distir anew (about
+#: 2 s of CPU each): what every rank runs (this module), compiles and runs
+#: programs with, and recovers with.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "distir.runtime.launch",
+    "distir.runtime.program",
+    "distir.backends.membership",
+]
 
 #: Environment variables that take effect when an interpreter, its loader or
 #: torch starts (OpenMP and MKL thread pools, torch's C++ logging): a rank
@@ -106,6 +114,7 @@ _STARTUP_VARIABLE_PREFIXES = (
 
 #: the fork server's pid and the startup variables it started under
 _server_started_under: tuple[int, dict[str, str]] | None = None
+_server_lock = threading.Lock()
 
 
 class LaunchError(DistirError):
@@ -294,15 +303,16 @@ def _rank_start() -> tuple[Any, int]:
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
-    running = _server_started_under
-    if running is not None and running[1] != _startup_variables():
-        return mp.get_context("spawn"), os.getpid()
-    if running is None:
-        server.set_forkserver_preload(_PRELOAD)
-    server.ensure_running()  # restarts a server that died
-    pid = server._forkserver_pid
-    if running is None or running[0] != pid:
-        _server_started_under = (pid, _startup_variables())
+    with _server_lock:
+        running = _server_started_under
+        if running is not None and running[1] != _startup_variables():
+            return mp.get_context("spawn"), os.getpid()
+        if running is None:
+            server.set_forkserver_preload(_PRELOAD)
+        server.ensure_running()  # restarts a server that died
+        pid = server._forkserver_pid
+        if running is None or running[0] != pid:
+            _server_started_under = (pid, _startup_variables())
     return mp.get_context("forkserver"), pid
 
 

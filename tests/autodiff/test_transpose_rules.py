@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spmd_gradcheck import Inputs, check_gradients
 from spmd_gradcheck import floats as _floats
+from strategies import examples
 
 import distir
 from distir.errors import NotDifferentiable, UnsupportedOpError
@@ -404,7 +405,7 @@ def cases(draw, family: str | None = None):
     return name, text, inputs, seed
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_backward_program_gives_the_gradient_of_the_whole_spmd_computation(case):
     name, text, inputs, seed = case
@@ -485,7 +486,7 @@ func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {{
             raise AssertionError(f"{name}: no NotDifferentiable")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(0.25), deadline=None)
 @given(
     kind=st.sampled_from(["max", "min"]),
     values=st.integers(2, 5).flatmap(

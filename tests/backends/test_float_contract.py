@@ -24,6 +24,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 from xdsl.dialects import arith
 
 import distir
@@ -173,7 +174,7 @@ FOLDS = {"maximumf": kernels.BINARY_TORCH_OPS[arith.MaximumfOp],
          "minnumf": kernels.BINARY_TORCH_OPS[arith.MinnumfOp]}  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5), deadline=None)
 @given(st.data())
 def test_extreme_folds_are_the_contract_in_every_order(data):
     dtype = DTYPES[data.draw(st.sampled_from(sorted(DTYPES)))]
@@ -190,7 +191,7 @@ def test_extreme_folds_are_the_contract_in_every_order(data):
         assert same_bits(forward.item(), backward.item()), (op, exact, forward, backward)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5), deadline=None)
 @given(st.data())
 def test_order_keys_order_floats_as_ieee_maximum_and_round_trip(data):
     dtype = DTYPES[data.draw(st.sampled_from(sorted(DTYPES)))]

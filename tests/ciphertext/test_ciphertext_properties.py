@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 import distir
 from distir.errors import CompileError, DistirError
@@ -98,7 +99,7 @@ def deferral_is_exact(p: int, moduli: list[int]) -> bool:
     return p * (max(moduli) - 1) <= INT64_MAX
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4), deadline=None)
 @given(case=cases())
 def test_every_lowering_equals_the_python_integer_sum(case):
     p, shape, moduli, seed = case

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from distir.he.rns import (
     IMPLEMENTATIONS,
@@ -75,7 +76,7 @@ def _reference_add(a, b, moduli: list[int]):
     return [_reference_add(x, y, moduli) for x, y in zip(a, b, strict=True)]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1.2), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     moduli=moduli_strategy,
     batch=batch_strategy,
@@ -194,7 +195,7 @@ def test_reduce_is_in_place():
     assert x.tolist() == [[0, 0, 4, 0], [10, 0, 10, 0]]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(
     moduli=moduli_strategy,
     n=st.integers(1, 9),

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 import threshold_reference as reference  # noqa: E402
+from strategies import examples  # noqa: E402
 
 from distir.aggregation import channels as ch  # noqa: E402
 from distir.aggregation import threshold as ta  # noqa: E402
@@ -183,7 +184,7 @@ PRIMES = (*th.ThresholdParameters(parties=2).key_moduli, 2**61 - 1)  # the large
 
 
 @pytest.mark.skipif(not WORD_ARITHMETIC, reason="needs a 64-bit-mantissa long double")
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(
     st.sampled_from(PRIMES),
     st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**62)), min_size=1, max_size=64),

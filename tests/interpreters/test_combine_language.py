@@ -17,6 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from runtime_support import INTEGER_PREDICATES
+from strategies import examples
 from xdsl.dialects import math as math_dialect
 
 import distir
@@ -26,7 +27,7 @@ from distir.ir.parsing import parse_module
 from distir.ir.tensor_arith import TENSOR_ARITH_OPS
 
 N = 5
-SETTINGS = settings(max_examples=25, deadline=None)
+SETTINGS = settings(max_examples=examples(0.25), deadline=None)
 
 
 def run1(source: str, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

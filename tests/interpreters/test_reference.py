@@ -30,6 +30,7 @@ from runtime_support import (
     tensor_type,
     write_program,
 )
+from strategies import examples
 
 import distir
 from distir.errors import CollectiveMismatchError, CompileError, DistirError, OpError
@@ -353,7 +354,7 @@ def native_cases(draw):
     return kind, dtype, tuple(shape), world_size, seed
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4), deadline=None)
 @given(native_cases())
 def test_property_native_all_reduce_matches_the_python_fold(case) -> None:
     kind, dtype, shape, world_size, seed = case
@@ -367,7 +368,7 @@ def test_property_native_all_reduce_matches_the_python_fold(case) -> None:
         assert torch.equal(y, expected)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4), deadline=None)
 @given(
     world_size=st.integers(1, 6),
     axis=st.sampled_from([0, 1]),
@@ -400,7 +401,7 @@ func.func @main(%x: tensor<?x?xf64>) -> tensor<?x?xf64> {{
         assert torch.equal(y, expected)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4), deadline=None)
 @given(world_size=st.integers(1, 6), axis=st.sampled_from([0, 1]), data=st.data())
 def test_property_variable_all_to_all_delivers_every_row_once(world_size, axis, data):
     sends = [
@@ -423,7 +424,7 @@ def test_property_variable_all_to_all_delivers_every_row_once(world_size, axis, 
     assert total_rows == sum(map(sum, sends))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(0.3), deadline=None)
 @given(world_size=st.integers(1, 6), data=st.data())
 def test_property_broadcast_from_any_root(world_size, data):
     root = data.draw(st.integers(0, world_size - 1), label="root")
@@ -432,7 +433,7 @@ def test_property_broadcast_from_any_root(world_size, data):
         assert torch.equal(y, xs[root])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(0.25), deadline=None)
 @given(world_size=st.integers(1, 6), bits=st.sampled_from([30, 60, 62]), seed=st.integers(0, 999))
 def test_property_ciphertext_add_is_exact(world_size, bits, seed):
     g = torch.Generator().manual_seed(seed)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 import distir
 from distir.errors import CollectiveMismatchError
@@ -53,7 +54,7 @@ def _ciphertext_inputs(p: int, odd_rank: int, limb: int) -> list[list[torch.Tens
     return per_rank
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(0.25), deadline=None)
 @given(
     p=st.integers(2, 6),
     data=st.data(),
@@ -78,7 +79,7 @@ def test_equal_moduli_give_the_modular_sum_under_every_lowering(pipeline):
         assert torch.equal(result, expected)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(0.2), deadline=None)
 @given(p=st.integers(2, 5), data=st.data(),
        pipeline=st.sampled_from(["", "select-all-reduce-algorithm"]))
 def test_combine_extras_that_differ_are_rejected(p, data, pipeline):

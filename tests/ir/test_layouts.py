@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from distir.ir.layouts import (
     Box,
@@ -30,7 +31,7 @@ from distir.ir.layouts import (
     transfer_map_symbolic,
 )
 
-FAST = settings(max_examples=100, deadline=None)
+FAST = settings(max_examples=examples(1), deadline=None)
 
 # -- strategies ---------------------------------------------------------------
 

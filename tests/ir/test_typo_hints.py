@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 from xdsl.utils.exceptions import ParseError
 
 from distir.ir.dialect import Dist
@@ -33,7 +34,7 @@ def slips(draw) -> tuple[str, str]:
     return name, f"{dialect}.{op}"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(slip=slips())
 def test_a_one_letter_slip_is_a_located_error_with_a_hint(slip) -> None:
     meant, typed = slip

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 import distir
 from distir.runtime.launch import launch
@@ -114,7 +115,7 @@ def expected_outputs(case: dict, whole: torch.Tensor, world: int) -> list[torch.
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(case=transfer_cases(), seed=st.integers(0, 1000))
 def test_every_destination_receives_exactly_its_slice_in_the_simulator(case, seed):
     world = max(max(case["src_ranks"]), max(case["dst_ranks"])) + 1

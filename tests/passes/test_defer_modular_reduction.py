@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pass_support import FILENAME, line_of, locations, op_names, ops_named, rerun, run
+from strategies import examples
 from xdsl.dialects.builtin import ModuleOp
 
 from distir.he.modular import INT64_MAX
@@ -301,7 +302,7 @@ def _decide(group_size: int, q_max: int):
     return decide(op, None)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(st.integers(1, 64), st.integers(2, 2**63 - 1))
 def test_deferred_exactly_when_the_worst_case_sum_is_exact(group_size, q_max):
     worst = [q_max - 1] * group_size  # every rank holds the largest reduced limb

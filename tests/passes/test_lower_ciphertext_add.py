@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pass_support import FILENAME, line_of, locations, op_names, ops_named, rerun, run
+from strategies import examples
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr
 from xdsl.ir import Block, Operation
@@ -287,14 +288,14 @@ def ranks_of_reduced_limbs(draw):
     return q, limbs
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3), deadline=None)
 @given(ranks_of_reduced_limbs())
 def test_folding_the_lowered_region_is_the_modular_sum(combine_block, case):
     q, limbs = case
     assert fold_in_rank_order(combine_block, limbs, q) == sum(limbs) % q
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2), deadline=None)
 @given(ranks_of_reduced_limbs())
 def test_the_lowered_region_may_fold_in_any_order(combine_block, case):
     q, limbs = case

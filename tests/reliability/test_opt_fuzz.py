@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from distir.cli.opt import main as opt_main
 
@@ -174,7 +175,7 @@ def run_opt(path: Path, *extra: str) -> tuple[int, str]:
 
 @pytest.mark.timeout(120)
 @settings(
-    max_examples=150,
+    max_examples=examples(1.5),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -201,7 +202,7 @@ def check_run(path: Path, *extra: str) -> None:
 
 @pytest.mark.timeout(120)
 @settings(
-    max_examples=120,
+    max_examples=examples(1.2),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -214,7 +215,7 @@ def test_byte_garbage_never_crashes_distir_opt(tmp_path_factory, data: bytes, sp
 
 @pytest.mark.timeout(120)
 @settings(
-    max_examples=40,
+    max_examples=examples(0.4),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

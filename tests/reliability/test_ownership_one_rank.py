@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 from test_ownership import FAMILIES, PATTERNS, OwnershipCase, _as_tuple, _shares
 
 import distir
@@ -20,7 +21,7 @@ _programs: dict[str, distir.Program] = {}
 
 
 
-@settings(max_examples=80, derandomize=True, deadline=None, database=None)
+@settings(max_examples=examples(0.8), derandomize=True, deadline=None, database=None)
 @given(
     family=st.sampled_from(ONE_RANK),
     pattern=st.sampled_from(PATTERNS),

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 import distir
 from distir.errors import CompileError
@@ -102,7 +103,7 @@ def same(x: torch.Tensor, y: torch.Tensor) -> bool:
     return torch.equal(x, y)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(st.data())
 def test_a_refused_commutative_marker_is_one_the_kernels_refute(data):
     """Soundness: whenever the verifier refuses, the reference itself gives
@@ -121,7 +122,7 @@ def test_a_refused_commutative_marker_is_one_the_kernels_refute(data):
         assert not same(forward, backward), why
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4), deadline=None)
 @given(st.data())
 def test_a_region_symmetric_by_construction_is_never_refused(data):
     """combine(a, b) = g(a, b) ⊕ g(b, a) with ⊕ commutative."""
@@ -187,7 +188,7 @@ def test_the_issue_options_are_constrained():
     } <= constrained
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5), deadline=None)
 @given(st.data())
 def test_every_option_accepts_exactly_its_declared_values(data):
     name, option, metadata = data.draw(st.sampled_from(declared_options()))

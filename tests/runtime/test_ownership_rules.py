@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from distir.errors import ProgramInputError
 from distir.runtime.ownership import overlap, storage_span, writable_inputs
@@ -39,7 +40,7 @@ def views(draw, base: torch.Tensor) -> torch.Tensor:
     return base.as_strided(sizes, strides, offset)
 
 
-@settings(max_examples=150, derandomize=True, deadline=None)
+@settings(max_examples=examples(1.5), derandomize=True, deadline=None)
 @given(st.data())
 def test_overlap_never_misses_a_shared_byte(data) -> None:
     base = torch.zeros(BASE, dtype=torch.int32)
@@ -55,7 +56,7 @@ def test_overlap_never_misses_a_shared_byte(data) -> None:
         assert overlap(storage_span(a), storage_span(b)) == shared
 
 
-@settings(max_examples=100, derandomize=True, deadline=None)
+@settings(max_examples=examples(1), derandomize=True, deadline=None)
 @given(st.data())
 def test_only_dense_donated_inputs_that_overlap_no_other_input_are_written(data) -> None:
     base = torch.zeros(BASE, dtype=torch.int64)
