@@ -7,7 +7,8 @@ layout of a dynamically shaped operand, a combine's extra operands): ranks
 exchange a digest of them, with an "accepted" flag, before the payload, so a
 disagreement is an error naming the op on every rank instead of a hang or
 silent garbage. The Torch backend and the reference interpreter evaluate the
-same preconditions, so the reference rejects what the runtime rejects.
+same preconditions (each op's is in its semantics record), so the reference
+rejects what the runtime rejects.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from xdsl.ir import Operation
 
 from distir.errors import CollectiveMismatchError, OpError
 from distir.he.modular import MAX_MODULUS_EXCLUSIVE
@@ -84,28 +84,27 @@ def check_result_shape(invocation: Invocation, index: int, value: torch.Tensor) 
         )
 
 
-def check_ciphertext(
-    invocation: Invocation, ciphertext: torch.Tensor, moduli: torch.Tensor
-) -> int:
-    """Checks limbs are reduced and moduli valid; returns q_max."""
+def check_ciphertext(description: str, ciphertext: torch.Tensor, moduli: torch.Tensor) -> int:
+    """Checks limbs are reduced and moduli valid (an `OpError` naming the op
+    `description` otherwise); returns q_max."""
     if ciphertext.dtype != torch.int64 or moduli.dtype != torch.int64:
-        raise fail(invocation, f"limbs and moduli must be int64, got {ciphertext.dtype} "
+        raise OpError(description, f"limbs and moduli must be int64, got {ciphertext.dtype} "
                    f"and {moduli.dtype}")
     if moduli.dim() != 1 or ciphertext.dim() < 2 or ciphertext.shape[-2] != moduli.shape[0]:
-        raise fail(invocation, f"{moduli.numel()} moduli do not match ciphertext shape "
+        raise OpError(description, f"{moduli.numel()} moduli do not match ciphertext shape "
                    f"{list(ciphertext.shape)} (limbs on dimension -2)")
     q = moduli.tolist()
     for limb, qi in enumerate(q):
         if not 2 <= qi < MAX_MODULUS_EXCLUSIVE:
-            raise fail(invocation, f"modulus q[{limb}] = {qi} is outside [2, 2^62)")
+            raise OpError(description, f"modulus q[{limb}] = {qi} is outside [2, 2^62)")
     if ciphertext.numel() and not _limbs_in_range(ciphertext, moduli):
         # Slow path, only to say where: full-size masks locate the first bad limb.
         q_col = moduli.to(ciphertext.device).view(-1, 1)
         bad = (ciphertext < 0) | (ciphertext >= q_col)
         index = tuple(int(i) for i in bad.nonzero()[0].tolist())
         limb = index[-2]
-        raise fail(
-            invocation,
+        raise OpError(
+            description,
             f"limb value {int(ciphertext[index])} at index {list(index)} is not reduced "
             f"modulo q[{limb}] = {q[limb]} (inputs must satisfy 0 <= limb < q)",
         )
@@ -247,32 +246,11 @@ def mismatch(description: str, group: str, reports: Sequence[dict | None]) -> Ex
     return CollectiveMismatchError(description, disagreement(group, reports))
 
 
-# The preconditions of each collective, by op type ---------------------------------
+# Evaluating a precondition ---------------------------------------------------------
 
-#: (invocation, inputs, group size, group rank) -> Precondition
+#: (invocation, inputs, group size, group rank) -> Precondition: each op's rule
+#: lives in its semantics record (`distir.interpreters.semantics`)
 PreconditionRule = Callable[[Invocation, Sequence[torch.Tensor], int, int], Precondition]
-
-PRECONDITIONS: dict[type[Operation], PreconditionRule] = {}
-
-
-def precondition(*op_types: type[Operation]) -> Callable[[PreconditionRule], PreconditionRule]:
-    """Registers the precondition rule of a collective (see `interpreters.collectives`)."""
-
-    def register(rule: PreconditionRule) -> PreconditionRule:
-        for op_type in op_types:
-            PRECONDITIONS[op_type] = rule
-        return rule
-
-    return register
-
-
-def precondition_rule(op_type: type[Operation]) -> PreconditionRule | None:
-    """The registered precondition rule of an op type (rules live beside
-    each op family's reference semantics and register on import)."""
-    from distir.interpreters.reference import load_rules
-
-    load_rules()
-    return PRECONDITIONS.get(op_type)
 
 
 def evaluate(

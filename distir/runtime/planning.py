@@ -28,10 +28,10 @@ from xdsl.ir import BlockArgument, Operation
 from distir.backends.registry import Implementation, ImplementationRegistry
 from distir.errors import CompileError, ProgramInputError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
-from distir.interpreters.checks import precondition_rule
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
-from distir.interpreters.invocation import Invocation, make_invocation
+from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
+from distir.interpreters.semantics import make_invocation, precondition_rule
 from distir.ir.analysis import default_algorithm, known_combine_error
 from distir.ir.dialect import (
     AllReduceOp,
