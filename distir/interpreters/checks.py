@@ -84,31 +84,79 @@ def check_result_shape(invocation: Invocation, index: int, value: torch.Tensor) 
         )
 
 
+# Ciphertext validity: its one home. An RNS ciphertext is int64 limbs of shape
+# [..., L, N] with limb l reduced modulo q_l (0 <= limb < q_l), and the moduli
+# an int64 tensor of shape [L] with every 2 <= q_l < 2^62 (so that the sum of
+# two reduced limbs cannot overflow int64). The op checks here, the RNS
+# arithmetic (`distir.he.rns`) and the SEAL interop all ask these functions.
+
+
+def moduli_problem(moduli: torch.Tensor) -> str | None:
+    """Why `moduli` is not a valid RNS basis, or None."""
+    if moduli.dtype != torch.int64:
+        return f"moduli must have dtype torch.int64, got {moduli.dtype}"
+    if moduli.dim() != 1:
+        return f"moduli must have rank 1 (shape [L]), got shape {list(moduli.shape)}"
+    if moduli.numel() and bool(((moduli < 2) | (moduli >= MAX_MODULUS_EXCLUSIVE)).any()):
+        bad = (moduli < 2) | (moduli >= MAX_MODULUS_EXCLUSIVE)
+        index = int(bad.nonzero()[0, 0])
+        value = int(moduli[index])
+        return (
+            f"modulus q[{index}] = {value} is outside [2, 2^62): every modulus q_{index} = "
+            f"{value} must satisfy 2 <= q < 2**62 (= {MAX_MODULUS_EXCLUSIVE}) so that a + b "
+            "cannot overflow int64"
+        )
+    return None
+
+
+def limb_layout_problem(
+    limbs: torch.Tensor, moduli: torch.Tensor, what: str = "ciphertext"
+) -> str | None:
+    """Why `limbs` cannot be limbs modulo `moduli` by dtype or shape, or None."""
+    if limbs.dtype != torch.int64:
+        return f"{what} limbs must have dtype torch.int64, got {limbs.dtype}"
+    if limbs.dim() < 2 or limbs.shape[-2] != moduli.shape[0]:
+        return (
+            f"{what} must have shape [..., L, N] with L = {moduli.shape[0]} "
+            f"(one limb per modulus, on dimension -2), got shape {list(limbs.shape)}"
+        )
+    return None
+
+
+def unreduced_limb_problem(limbs: torch.Tensor, moduli: torch.Tensor) -> str | None:
+    """Where a limb of `limbs` is not reduced modulo its modulus, or None
+    (`limbs` and `moduli` valid by `limb_layout_problem` and `moduli_problem`)."""
+    if not limbs.numel() or _limbs_in_range(limbs, moduli):
+        return None
+    # Slow path, only to say where: full-size masks locate the first bad limb.
+    q_col = moduli.to(limbs.device).view(-1, 1)
+    bad = (limbs < 0) | (limbs >= q_col)
+    index = tuple(int(i) for i in bad.nonzero()[0].tolist())
+    limb, value, modulus = index[-2], int(limbs[index]), int(moduli[index[-2]])
+    return (
+        f"limb value {value} at index {index} is not reduced modulo q[{limb}] = {modulus}: "
+        f"limb {limb} must lie in [0, q_{limb}) (inputs must satisfy 0 <= limb < q)"
+    )
+
+
+def ciphertext_problem(
+    limbs: torch.Tensor, moduli: torch.Tensor, what: str = "ciphertext"
+) -> str | None:
+    """Why (`limbs`, `moduli`) is not a valid, reduced RNS ciphertext, or None."""
+    return (
+        moduli_problem(moduli)
+        or limb_layout_problem(limbs, moduli, what)
+        or unreduced_limb_problem(limbs, moduli)
+    )
+
+
 def check_ciphertext(description: str, ciphertext: torch.Tensor, moduli: torch.Tensor) -> int:
     """Checks limbs are reduced and moduli valid (an `OpError` naming the op
     `description` otherwise); returns q_max."""
-    if ciphertext.dtype != torch.int64 or moduli.dtype != torch.int64:
-        raise OpError(description, f"limbs and moduli must be int64, got {ciphertext.dtype} "
-                   f"and {moduli.dtype}")
-    if moduli.dim() != 1 or ciphertext.dim() < 2 or ciphertext.shape[-2] != moduli.shape[0]:
-        raise OpError(description, f"{moduli.numel()} moduli do not match ciphertext shape "
-                   f"{list(ciphertext.shape)} (limbs on dimension -2)")
-    q = moduli.tolist()
-    for limb, qi in enumerate(q):
-        if not 2 <= qi < MAX_MODULUS_EXCLUSIVE:
-            raise OpError(description, f"modulus q[{limb}] = {qi} is outside [2, 2^62)")
-    if ciphertext.numel() and not _limbs_in_range(ciphertext, moduli):
-        # Slow path, only to say where: full-size masks locate the first bad limb.
-        q_col = moduli.to(ciphertext.device).view(-1, 1)
-        bad = (ciphertext < 0) | (ciphertext >= q_col)
-        index = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        limb = index[-2]
-        raise OpError(
-            description,
-            f"limb value {int(ciphertext[index])} at index {list(index)} is not reduced "
-            f"modulo q[{limb}] = {q[limb]} (inputs must satisfy 0 <= limb < q)",
-        )
-    return max(q) if q else 0
+    problem = ciphertext_problem(ciphertext, moduli)
+    if problem is not None:
+        raise OpError(description, problem)
+    return int(moduli.max()) if moduli.numel() else 0
 
 
 def _limbs_in_range(ciphertext: torch.Tensor, moduli: torch.Tensor) -> bool:
