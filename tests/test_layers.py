@@ -156,8 +156,6 @@ KNOWN_CYCLES = {
     # recovery: membership forms groups (groups.create_group) and fences
     # domains; domains ask membership whether this rank was excluded
     frozenset({"backends.domain", "backends.groups", "backends.membership"}),
-    # autograd compiles the forward and backward as Programs
-    frozenset({"runtime.autograd", "runtime.program"}),
 }
 
 
