@@ -28,17 +28,16 @@ from distir.interpreters.checks import (
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
 from distir.interpreters.semantics.base import Inputs, OpSemantics, ReferenceCall, Results
-from distir.ir.dialect import (
-    ASSUMED_GROUP_SIZE,
+from distir.ir.attributes import ASSUMED_GROUP_SIZE
+from distir.ir.collectives import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
     AllReduceOp,
     AssertUniformOp,
     BroadcastOp,
-    GroupSizeOp,
-    RankOp,
     VariableAllToAllOp,
 )
+from distir.ir.groups import GroupSizeOp, RankOp
 
 
 def _same_layout(call: ReferenceCall, values: Sequence[torch.Tensor], what: str) -> None:
@@ -148,11 +147,15 @@ class AssertUniformSemantics(OpSemantics):
         return ()
 
 
-class AllGatherSemantics(OpSemantics):
-    op = AllGatherOp
+class _AlongAxis(OpSemantics):
+    """A collective that concatenates or splits rows along an `axis`."""
 
-    def decode(self, op: AllGatherOp) -> dict[str, Any]:
+    def decode(self, op: AllGatherOp | VariableAllToAllOp) -> dict[str, Any]:
         return {"axis": op.axis.value.data}
+
+
+class AllGatherSemantics(_AlongAxis):
+    op = AllGatherOp
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         x, axis = inputs[0], inv.properties["axis"]
@@ -174,11 +177,8 @@ class AllGatherSemantics(OpSemantics):
         return (torch.cat(parts, dim=call.invocation.properties["axis"]),)
 
 
-class VariableAllToAllSemantics(OpSemantics):
+class VariableAllToAllSemantics(_AlongAxis):
     op = VariableAllToAllOp
-
-    def decode(self, op: VariableAllToAllOp) -> dict[str, Any]:
-        return {"axis": op.axis.value.data}
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         x, axis = inputs[0], inv.properties["axis"]
