@@ -79,6 +79,13 @@ class OpSemantics:
         """The op's static properties as plain Python values."""
         return {}
 
+    def fresh_results(self, op: Operation) -> bool:
+        """Whether every executor returns new tensors as this op's results
+        (pooled buffers, or an input it was allowed to overwrite), never a
+        tensor something else holds: the block compiler then lets a later
+        collective overwrite them at their last use."""
+        return True
+
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
         """The op's results on this rank, computed from every rank's operands."""
         raise NotImplementedError(f"{self.op.name} has no reference semantics")

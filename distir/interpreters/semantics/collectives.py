@@ -98,6 +98,10 @@ class AllReduceSemantics(OpSemantics):
             ),
         }
 
+    def fresh_results(self, op: AllReduceOp) -> bool:
+        # A generic all-reduce's combine region may yield one of its operands.
+        return op.kind is not None
+
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         agreed = [Agreed.layout("input layouts", inputs[0])] if inv.dynamic(0) else []
         agreed += [Agreed.tensor(f"extra operand #{i}", e) for i, e in enumerate(inputs[1:])]
