@@ -22,6 +22,7 @@ import torch
 
 from distir.errors import CollectiveMismatchError, OpError
 from distir.he.modular import MAX_MODULUS_EXCLUSIVE
+from distir.interpreters.dtypes import fits_shape
 from distir.interpreters.invocation import Invocation
 
 
@@ -73,9 +74,7 @@ def check_axis_rows(
 def check_result_shape(invocation: Invocation, index: int, value: torch.Tensor) -> None:
     """Results must have the static dims their IR type declares."""
     declared = invocation.result_shapes[index]
-    if len(declared) != value.dim() or any(
-        d is not None and d != s for d, s in zip(declared, value.shape)
-    ):
+    if not fits_shape(declared, value.shape):
         shown = "x".join("?" if d is None else str(d) for d in declared)
         raise fail(
             invocation,

@@ -15,7 +15,7 @@ from xdsl.ir import Operation
 
 from distir.errors import CollectiveMismatchError
 from distir.interpreters.checks import check_peer
-from distir.interpreters.dtypes import element_dtype
+from distir.interpreters.dtypes import element_dtype, fits_shape
 from distir.interpreters.semantics.base import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp
 
@@ -46,11 +46,7 @@ def _receive(call: ReferenceCall, source: int) -> torch.Tensor:
     message = call.take(source)
     inv = call.invocation
     declared = inv.result_shapes[0]
-    if (
-        message.dtype != inv.properties["result_dtype"]
-        or message.dim() != len(declared)
-        or any(d is not None and d != s for d, s in zip(declared, message.shape))
-    ):
+    if message.dtype != inv.properties["result_dtype"] or not fits_shape(declared, message.shape):
         raise CollectiveMismatchError(
             inv.description,
             f"group rank {source} sent {message.dtype} {list(message.shape)}, which "
