@@ -28,7 +28,7 @@ from distir.interpreters.checks import (
     mismatch,
 )
 from distir.interpreters.invocation import Invocation
-from distir.interpreters.semantics import OpSemantics, make_invocation, semantics_of
+from distir.interpreters.semantics import SEMANTICS, OpSemantics, make_invocation
 from distir.ir.dialect import GroupOp
 
 
@@ -201,9 +201,16 @@ class SimulatedCall:
 class SimulatedRank:
     """Binds a rank's dist ops to their semantics records over a SimulatedWorld."""
 
-    def __init__(self, world: SimulatedWorld, rank: int, groups: Sequence[GroupOp]):
+    def __init__(
+        self,
+        world: SimulatedWorld,
+        rank: int,
+        groups: Sequence[GroupOp],
+        semantics: Sequence[OpSemantics] = SEMANTICS,
+    ):
         self.world = world
         self.rank = rank
+        self._semantics = {record.op: record for record in semantics}
         self._members: dict[str | None, tuple[int, ...] | None] = {
             None: tuple(range(world.size))
         }
@@ -227,7 +234,7 @@ class SimulatedRank:
 
     def bind(self, op: Operation, regions: Sequence[Callable]) -> Callable:
         invocation = make_invocation(op, regions)
-        semantics = semantics_of(type(op))
+        semantics = self._semantics.get(type(op))
         if semantics is None:
             raise fail(invocation, "has no reference semantics")
 
@@ -243,16 +250,19 @@ def run_simulation(
     world_size: int,
     groups: Sequence[GroupOp],
     timeout: float,
+    semantics: Sequence[OpSemantics] = SEMANTICS,
 ) -> list:
     """Runs `run_rank` on `world_size` threads; returns each rank's result or
-    raises the first rank's error."""
+    raises the first rank's error. Dist ops mean what their records in
+    `semantics` say (every dist op's, by default), as an xDSL interpreter
+    runs the implementation classes it is handed."""
     world = SimulatedWorld(world_size, timeout)
     results: list = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
 
     def body(rank: int) -> None:
         try:
-            results[rank] = run_rank(SimulatedRank(world, rank, groups))
+            results[rank] = run_rank(SimulatedRank(world, rank, groups, semantics))
             world.finish(rank)
         except BaseException as e:  # reported below, with the rank
             errors.append((rank, e))

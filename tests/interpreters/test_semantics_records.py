@@ -4,9 +4,11 @@ read from its op."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import distir
+from distir.errors import DistirError
 from distir.interpreters.semantics import make_invocation, precondition_rule, semantics_of
 from distir.ir.dialect import (
     AllGatherOp,
@@ -112,3 +114,37 @@ def test_a_transfer_runs_in_the_simulator_from_its_plan() -> None:
     results = distir.simulate(TRANSFER, [[x[:2]], [x[2:]], [torch.empty(0, 6)]], timeout=20)
     assert torch.equal(results[2], x)
     assert results[0].shape == (0, 6) and results[1].shape == (0, 6)
+
+
+def test_the_simulator_runs_the_records_it_is_handed() -> None:
+    from distir.interpreters.block_compiler import BlockCompiler
+    from distir.interpreters.reference import run_simulation
+    from distir.interpreters.semantics import SEMANTICS
+    from distir.interpreters.semantics.collectives import GroupSizeSemantics
+
+    program = """
+func.func @main() -> index {
+  %p = dist.group_size : index
+  func.return %p : index
+}"""
+    module = parse_module(program)
+
+    class Doubled(GroupSizeSemantics):
+        def reference(self, call, inputs):
+            return (torch.tensor(2 * call.size),)
+
+    def run(semantics):
+        def run_rank(rank):
+            def bind(op):
+                kernel = rank.bind(op, ())
+                return lambda xs, writable: kernel(*xs)
+
+            return BlockCompiler(module, bind).compile_function("main")()[0]
+
+        return [int(r) for r in run_simulation(run_rank, 3, [], 10, semantics)]
+
+    assert run(SEMANTICS) == [3, 3, 3]
+    others = tuple(r for r in SEMANTICS if not isinstance(r, GroupSizeSemantics))
+    assert run((*others, Doubled())) == [6, 6, 6]
+    with pytest.raises(DistirError, match="has no reference semantics"):
+        run(others)
