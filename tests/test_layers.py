@@ -237,3 +237,49 @@ def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:
             ]
             assert len(running) == 1, f"{op} ({name}): implementations {running}"
     assert seen == {r.op for r in SEMANTICS}, "an op with a record is in no program"
+
+
+def _table_writes(path: Path) -> list[str]:
+    """`TABLE[key] = ...` anywhere in a module (a registration decorator's
+    body, a loop at import time) where TABLE is one of its module-level
+    constants: a table filled as a side effect of importing."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name) and target.id.isupper()
+    }
+    return [
+        f"{path.name}:{node.lineno}: {ast.unparse(target)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Subscript)
+        and isinstance(target.value, ast.Name)
+        and target.value.id in constants
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n in MODULES if _layer(n) in ("interpreters", "backends")), ids=str
+)
+def test_interpreters_and_backends_fill_no_table_on_import(name: str) -> None:
+    """Op semantics, kernels and implementations are declared tables and
+    records handed around explicitly, as xDSL hands `@register_impls` classes
+    to its interpreter; importing a module registers nothing."""
+    assert not _table_writes(MODULES[name])
+
+
+def test_the_table_write_finder_sees_a_registration_decorator(tmp_path: Path) -> None:
+    source = tmp_path / "registering.py"
+    source.write_text(
+        "RULES = {}\n"
+        "def rule(op):\n"
+        "    def register(f):\n"
+        "        RULES[op] = f\n"
+        "        return f\n"
+        "    return register\n"
+    )
+    assert _table_writes(source) == ["registering.py:4: RULES[op]"]
