@@ -1,8 +1,9 @@
 """Torch kernels for the local (non-communicating) ops a program may use.
 
-`LOCAL_KERNELS`, one declared table, maps each op class to a *kernel factory*: called once per op at
-compile time, it reads the op's attributes and returns a callable over
-tensors that returns a tuple of results. Nothing here walks IR at run time.
+`LOCAL_KERNELS`, one declared table at the end of this module, maps each
+op class to a *kernel factory*: called once per op at compile time, it reads
+the op's attributes and returns a callable over tensors that returns a tuple
+of results. Nothing here walks IR at run time.
 Values are tensors throughout; scalars (index, i64, f32, i1) are 0-d tensors.
 """
 
