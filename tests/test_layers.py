@@ -7,15 +7,20 @@
 
 `ir/` and `passes/` never import torch (distir-opt and other IR-only tools
 stay light); no module imports a higher layer, or a private name of another
-module; the import graph has no cycle.
+module; the import graph, counting every import statement (function-level
+ones included), has no cycle. Every dist op has exactly one semantics record
+(`distir.interpreters.semantics`) and one default Torch implementation.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
+
+from distir.interpreters.semantics.base import OpSemantics
 
 PACKAGE = Path(__file__).resolve().parents[1] / "distir"
 
@@ -68,7 +73,7 @@ def _imports(path: Path) -> list[tuple[str, list[str], bool]]:
 def _internal(module: str) -> str | None:
     if module == "distir":
         return ""
-    return module[len("distir."):] if module.startswith("distir.") else None
+    return module[len("distir.") :] if module.startswith("distir.") else None
 
 
 @pytest.mark.parametrize("name", sorted(MODULES), ids=lambda n: n or "distir")
@@ -92,31 +97,189 @@ def test_ir_and_passes_import_no_torch(name: str) -> None:
         assert module.split(".")[0] not in ("torch", "numpy"), f"distir.{name} imports {module}"
 
 
-def test_the_import_graph_has_no_cycle() -> None:
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the distir modules it imports, by every import statement:
+    function-level ones too (a deferred import hides a cycle from the
+    interpreter, not from the reader) and those under TYPE_CHECKING."""
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         edges = set()
-        for module, names, top in _imports(path):
+        for module, names, _top in _imports(path):
             target = _internal(module)
-            if target is None or not top:  # deferred imports break no import-time cycle
+            if target is None:
                 continue
-            for candidate in (*(f"{target}.{n}" for n in names), target):
-                if candidate in MODULES:
-                    edges.add(candidate)
-                    break
+            submodules = {f"{target}.{n}" for n in names} & MODULES.keys()
+            edges |= submodules or ({target} & MODULES.keys())
         graph[name] = edges - {name}
-    state: dict[str, int] = {}
+    return graph
 
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for succ in graph.get(node, ()):
-            if state.get(succ) == 1:
-                cycle = path[path.index(succ):] + [succ] if succ in path else [node, succ]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if succ not in state:
-                visit(succ, [*path, succ])
-        state[node] = 2
+
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
 
     for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+        if node not in index:
+            visit(node)
+    return found
+
+
+#: Cycles that remain, each through function-level imports, in modules outside
+#: the interpreters (see issue 20). The list may only shrink: a cycle fixed
+#: fails `test_known_cycles_still_exist` until it is removed from here.
+KNOWN_CYCLES = {
+    # recovery: membership forms groups (groups.create_group) and fences
+    # domains; domains ask membership whether this rank was excluded
+    frozenset({"backends.domain", "backends.groups", "backends.membership"}),
+}
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    new = [sorted(c) for c in _cycles(_import_graph()) if c not in KNOWN_CYCLES]
+    assert not new, f"import cycles (function-level imports included): {new}"
+
+
+def test_known_cycles_still_exist() -> None:
+    cycles = set(_cycles(_import_graph()))
+    fixed = [sorted(c) for c in KNOWN_CYCLES if c not in cycles]
+    assert not fixed, f"no longer cycles, remove them from KNOWN_CYCLES: {fixed}"
+
+
+def test_the_cycle_finder_sees_function_level_imports() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [frozenset({"a", "b", "c"})]
+    source = "def f():\n    from distir.interpreters import reference\n"
+    tree_imports = [
+        (node.module, [a.name for a in node.names])
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+    ]
+    assert tree_imports == [("distir.interpreters", ["reference"])]
+
+
+# Every op has one semantics record and one Torch implementation -------------------
+
+
+def _roundtrip_programs() -> dict[str, str]:
+    """Every dist op in every syntax variant (tests/ir/test_roundtrip.py)."""
+    path = Path(__file__).resolve().parent / "ir" / "test_roundtrip.py"
+    spec = importlib.util.spec_from_file_location("_layers_roundtrip", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PROGRAMS
+
+
+def test_every_dist_op_has_exactly_one_semantics_record() -> None:
+    from distir.interpreters.kernels import LOCAL_KERNELS
+    from distir.interpreters.semantics import SEMANTICS
+    from distir.ir.dialect import GroupOp, MeshOp, WaveOp, YieldOp, dist_ops
+
+    structural = {GroupOp, MeshOp, YieldOp, WaveOp}  # declarations, terminator, wave
+    for op in dist_ops():
+        records = [r for r in SEMANTICS if r.op is op]
+        if op in structural or op in LOCAL_KERNELS:
+            assert not records, f"{op.name} is structural or a local kernel, yet has a record"
+        else:
+            assert len(records) == 1, f"{op.name} has {len(records)} semantics records"
+            assert type(records[0]).reference is not OpSemantics.reference, op.name
+    assert {r.op for r in SEMANTICS} <= set(dist_ops())
+    assert [op for op in dist_ops() if op in LOCAL_KERNELS] == [
+        op for op in dist_ops() if op.name == "dist.assert_reduced"
+    ]
+
+
+def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:
+    """Each op (each form of it: a native and a generic all-reduce) is run by
+    exactly one implementation of `distributed_operation_contributions()`
+    besides the algorithms, the named alternatives a program or the runtime
+    may choose instead (`backends.algorithms`)."""
+    from distir.backends.algorithms import algorithm_contributions
+    from distir.backends.collectives import distributed_operation_contributions
+    from distir.interpreters.semantics import SEMANTICS, semantics_of
+    from distir.ir.parsing import parse_module
+
+    algorithms = {type(a) for a in algorithm_contributions()}
+    defaults = [i for i in distributed_operation_contributions() if type(i) not in algorithms]
+    seen = set()
+    for name, text in _roundtrip_programs().items():
+        for op in parse_module(text).walk():
+            if semantics_of(type(op)) is None:
+                continue
+            seen.add(type(op))
+            running = [
+                i.name for i in defaults if isinstance(op, i.operation_types) and i.matches(op)
+            ]
+            assert len(running) == 1, f"{op} ({name}): implementations {running}"
+    assert seen == {r.op for r in SEMANTICS}, "an op with a record is in no program"
+
+
+def _table_writes(path: Path) -> list[str]:
+    """`TABLE[key] = ...` anywhere in a module (a registration decorator's
+    body, a loop at import time) where TABLE is one of its module-level
+    constants: a table filled as a side effect of importing."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name) and target.id.isupper()
+    }
+    return [
+        f"{path.name}:{node.lineno}: {ast.unparse(target)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Subscript)
+        and isinstance(target.value, ast.Name)
+        and target.value.id in constants
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n in MODULES if _layer(n) in ("interpreters", "backends")), ids=str
+)
+def test_interpreters_and_backends_fill_no_table_on_import(name: str) -> None:
+    """Op semantics, kernels and implementations are declared tables and
+    records handed around explicitly, as xDSL hands `@register_impls` classes
+    to its interpreter; importing a module registers nothing."""
+    assert not _table_writes(MODULES[name])
+
+
+def test_the_table_write_finder_sees_a_registration_decorator(tmp_path: Path) -> None:
+    source = tmp_path / "registering.py"
+    source.write_text(
+        "RULES = {}\n"
+        "def rule(op):\n"
+        "    def register(f):\n"
+        "        RULES[op] = f\n"
+        "        return f\n"
+        "    return register\n"
+    )
+    assert _table_writes(source) == ["registering.py:4: RULES[op]"]

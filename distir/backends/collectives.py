@@ -22,6 +22,7 @@ from distir.backends.registry import Implementation, Invocation
 from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.interpreters.dtypes import element_dtype
+from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
@@ -33,15 +34,9 @@ from distir.ir.dialect import (
     VariableAllToAllOp,
 )
 
-#: the c10d reduction of each native kind
+#: the c10d reduction of each native kind, derived from the kinds' facts
 C10D_REDUCTIONS = {
-    "sum": dist.ReduceOp.SUM,
-    "prod": dist.ReduceOp.PRODUCT,
-    "min": dist.ReduceOp.MIN,
-    "max": dist.ReduceOp.MAX,
-    "band": dist.ReduceOp.BAND,
-    "bor": dist.ReduceOp.BOR,
-    "bxor": dist.ReduceOp.BXOR,
+    kind: getattr(dist.ReduceOp, facts.c10d) for kind, facts in REDUCTION_KINDS.items()
 }
 
 

@@ -1,7 +1,7 @@
 """The Torch implementation of mesh-to-mesh transfers.
 
-Both sides compute the same static transfer map at compile time
-(`ir.layouts.transfer_map`), so every message's size is known in advance
+Both sides read the same static transfer map, computed once at compile
+time with the op's plan (`TransferOp.transfer_plan`), so every message's size is known in advance
 and needs no header. The map runs as one batch of point-to-point
 exchanges; messages between one pair of ranks are posted in map order on
 both sides, which is how gloo and NCCL match them.
@@ -15,9 +15,8 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.registry import Implementation
-from distir.interpreters.mesh import outside_shape
 from distir.ir.dialect import TransferOp
-from distir.ir.layouts import local_box
+from distir.ir.transfers import TransferPlan
 
 
 def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
@@ -31,17 +30,14 @@ class TransferImplementation(Implementation):
     operation_types = (TransferOp,)
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
-        _, _, dst_mesh, dst_layout, shape, transfers = invocation.properties["plan"]
+        plan: TransferPlan = invocation.properties["plan"]
         x = inputs[0]
         me = resources.rank
         resources.precondition(invocation, inputs)  # the shard has its layout's shape
-        if me in dst_mesh.ranks:
-            out_box = local_box(dst_mesh, dst_layout, shape, me)
-            y = torch.zeros(out_box.sizes, dtype=x.dtype, device=x.device)
-        else:
-            y = torch.zeros(outside_shape(invocation), dtype=x.dtype, device=x.device)
+        shape = plan.dest_box(me).sizes if me in plan.dest_mesh.ranks else plan.outside_shape
+        y = torch.zeros(shape, dtype=x.dtype, device=x.device)
         ops, arrivals = [], []
-        for t in transfers:
+        for t in plan.transfers:
             if t.src_rank == me and t.dst_rank == me:
                 arrivals.append((t, x[_slices(t.src_offsets, t.box.sizes)]))
             elif t.src_rank == me:

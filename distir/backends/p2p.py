@@ -17,6 +17,7 @@ from distir.backends.groups import ProcessGroupResource
 from distir.backends.registry import Implementation, Invocation
 from distir.errors import CollectiveMismatchError
 from distir.interpreters.checks import check_peer
+from distir.interpreters.dtypes import fits_shape
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp
 
 #: dtype codes of message headers
@@ -73,11 +74,7 @@ def _buffer_for(invocation: Invocation, header: torch.Tensor, peer: int) -> torc
     shape = row[2 : 2 + row[1]]
     expected_dtype = invocation.properties["result_dtype"]
     declared = invocation.result_shapes[0]
-    if (
-        dtype != expected_dtype
-        or len(shape) != len(declared)
-        or any(d is not None and d != s for d, s in zip(declared, shape))
-    ):
+    if dtype != expected_dtype or not fits_shape(declared, shape):
         shown = "x".join("?" if d is None else str(d) for d in declared)
         raise CollectiveMismatchError(
             invocation.description,

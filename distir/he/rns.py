@@ -42,6 +42,11 @@ import torch
 from torch import Tensor
 
 from distir.he.modular import MAX_MODULUS_EXCLUSIVE
+from distir.interpreters.checks import (
+    limb_layout_problem,
+    moduli_problem,
+    unreduced_limb_problem,
+)
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -104,43 +109,23 @@ class TorchRNSBackend:
     @staticmethod
     def check_moduli(moduli: Tensor) -> None:
         """Raise ``TypeError``/``ValueError`` unless ``moduli`` is a rank-1 int64
-        tensor with every ``2 <= q < 2**62``."""
+        tensor with every ``2 <= q < 2**62`` (the rule:
+        ``distir.interpreters.checks.moduli_problem``), holding at least one."""
         if not isinstance(moduli, Tensor):
             raise TypeError(f"moduli must be a torch.Tensor, got {type(moduli).__name__}")
-        if moduli.dtype != torch.int64:
-            raise ValueError(f"moduli must have dtype torch.int64, got {moduli.dtype}")
-        if moduli.dim() != 1:
-            raise ValueError(
-                f"moduli must have rank 1 (shape [L]), got shape {tuple(moduli.shape)}"
-            )
-        if moduli.numel() == 0:
-            raise ValueError("moduli must hold at least one modulus (L >= 1), got shape [0]")
-        bad = (moduli < 2) | (moduli >= MAX_MODULUS_EXCLUSIVE)
-        if bool(bad.any()):
-            index = int(bad.nonzero()[0, 0])
-            value = int(moduli[index])
-            raise ValueError(
-                f"modulus q_{index} = {value} is out of range: every modulus must satisfy "
-                f"2 <= q < 2**62 (= {MAX_MODULUS_EXCLUSIVE}) so that a + b cannot overflow int64"
-            )
+        problem = moduli_problem(moduli)
+        if problem is None and moduli.numel() == 0:
+            problem = "moduli must hold at least one modulus (L >= 1), got shape [0]"
+        if problem is not None:
+            raise ValueError(problem)
 
     def check_reduced(self, x: Tensor, moduli: Tensor) -> None:
         """Raise ``ValueError`` unless every limb of ``x`` (``[..., L, N]``) is
         in ``[0, q_l)``; the message names the limb index, value and modulus."""
-        q = self._column(moduli, x)
-        self._check_limb_tensor(x, moduli, "ciphertext")
-        bad = (x < 0) | (x >= q)
-        if bool(bad.any()):
-            index = tuple(int(i) for i in bad.nonzero()[0])
-            limb = index[-2]
-            value = int(x[index])
-            modulus = int(moduli[limb])
-            why = "negative" if value < 0 else f">= q_{limb}"
-            raise ValueError(
-                f"ciphertext is not reduced: limb {limb} (element index {index}) holds "
-                f"{value}, which is {why}; limb {limb} must lie in [0, q_{limb}) with "
-                f"q_{limb} = {modulus}"
-            )
+        self._column(moduli, x)  # checks the moduli
+        problem = limb_layout_problem(x, moduli) or unreduced_limb_problem(x, moduli)
+        if problem is not None:
+            raise ValueError(problem)
 
     # -------------------------------------------------------------- arithmetic
     def add_mod(self, lhs: Tensor, rhs: Tensor, moduli: Tensor) -> Tensor:
@@ -237,13 +222,9 @@ class TorchRNSBackend:
 
     @staticmethod
     def _check_limb_tensor(x: Tensor, moduli: Tensor, what: str) -> None:
-        if x.dtype != torch.int64:
-            raise ValueError(f"{what} limbs must have dtype torch.int64, got {x.dtype}")
-        if x.dim() < 2 or x.shape[-2] != moduli.shape[0]:
-            raise ValueError(
-                f"{what} must have shape [..., L, N] with L = {moduli.shape[0]} "
-                f"(one limb per modulus), got shape {tuple(x.shape)}"
-            )
+        problem = limb_layout_problem(x, moduli, what)
+        if problem is not None:
+            raise ValueError(problem)
 
     def _check_pair(self, lhs: Tensor, rhs: Tensor, moduli: Tensor) -> None:
         if not isinstance(rhs, Tensor):

@@ -25,7 +25,8 @@ from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from distir.errors import DistirError, OpError, UnsupportedOpError
 from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
-from distir.ir.dialect import AllReduceOp, WaveOp, YieldOp
+from distir.interpreters.semantics import semantics_of
+from distir.ir.dialect import WaveOp, YieldOp
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
@@ -75,13 +76,8 @@ def _fresh(op: Operation) -> bool:
     """Whether the op's results are new tensors nothing else holds."""
     if type(op) in FRESH_RESULTS:
         return True
-    # Collectives return pooled buffers or an input they were allowed to
-    # overwrite; a generic all-reduce's region may yield one of its operands.
-    return (
-        op.name.startswith("dist.")
-        and not isinstance(op, WaveOp)
-        and not (isinstance(op, AllReduceOp) and op.kind is None)
-    )
+    semantics = semantics_of(type(op))
+    return semantics is not None and semantics.fresh_results(op)
 
 
 def _writable(
@@ -204,8 +200,8 @@ class BlockCompiler:
         self._functions[name] = compiled
         return compiled
 
-    def compile_combine(self, op: AllReduceOp) -> CompiledBlock:
-        """The combine region of a generic all-reduce: local ops only."""
+    def compile_combine(self, op: Operation) -> CompiledBlock:
+        """The `combine` region of an op (a generic all-reduce's): local ops only."""
         return BlockCompiler(self.module, None).compile_block(op.combine.block)
 
     def compile_block(self, block: Block) -> CompiledBlock:

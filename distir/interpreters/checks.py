@@ -7,7 +7,8 @@ layout of a dynamically shaped operand, a combine's extra operands): ranks
 exchange a digest of them, with an "accepted" flag, before the payload, so a
 disagreement is an error naming the op on every rank instead of a hang or
 silent garbage. The Torch backend and the reference interpreter evaluate the
-same preconditions, so the reference rejects what the runtime rejects.
+same preconditions (each op's is in its semantics record), so the reference
+rejects what the runtime rejects.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from xdsl.ir import Operation
 
 from distir.errors import CollectiveMismatchError, OpError
 from distir.he.modular import MAX_MODULUS_EXCLUSIVE
+from distir.interpreters.dtypes import fits_shape
 from distir.interpreters.invocation import Invocation
 
 
@@ -73,9 +74,7 @@ def check_axis_rows(
 def check_result_shape(invocation: Invocation, index: int, value: torch.Tensor) -> None:
     """Results must have the static dims their IR type declares."""
     declared = invocation.result_shapes[index]
-    if len(declared) != value.dim() or any(
-        d is not None and d != s for d, s in zip(declared, value.shape)
-    ):
+    if not fits_shape(declared, value.shape):
         shown = "x".join("?" if d is None else str(d) for d in declared)
         raise fail(
             invocation,
@@ -84,32 +83,79 @@ def check_result_shape(invocation: Invocation, index: int, value: torch.Tensor) 
         )
 
 
-def check_ciphertext(
-    invocation: Invocation, ciphertext: torch.Tensor, moduli: torch.Tensor
-) -> int:
-    """Checks limbs are reduced and moduli valid; returns q_max."""
-    if ciphertext.dtype != torch.int64 or moduli.dtype != torch.int64:
-        raise fail(invocation, f"limbs and moduli must be int64, got {ciphertext.dtype} "
-                   f"and {moduli.dtype}")
-    if moduli.dim() != 1 or ciphertext.dim() < 2 or ciphertext.shape[-2] != moduli.shape[0]:
-        raise fail(invocation, f"{moduli.numel()} moduli do not match ciphertext shape "
-                   f"{list(ciphertext.shape)} (limbs on dimension -2)")
-    q = moduli.tolist()
-    for limb, qi in enumerate(q):
-        if not 2 <= qi < MAX_MODULUS_EXCLUSIVE:
-            raise fail(invocation, f"modulus q[{limb}] = {qi} is outside [2, 2^62)")
-    if ciphertext.numel() and not _limbs_in_range(ciphertext, moduli):
-        # Slow path, only to say where: full-size masks locate the first bad limb.
-        q_col = moduli.to(ciphertext.device).view(-1, 1)
-        bad = (ciphertext < 0) | (ciphertext >= q_col)
-        index = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        limb = index[-2]
-        raise fail(
-            invocation,
-            f"limb value {int(ciphertext[index])} at index {list(index)} is not reduced "
-            f"modulo q[{limb}] = {q[limb]} (inputs must satisfy 0 <= limb < q)",
+# Ciphertext validity: its one home. An RNS ciphertext is int64 limbs of shape
+# [..., L, N] with limb l reduced modulo q_l (0 <= limb < q_l), and the moduli
+# an int64 tensor of shape [L] with every 2 <= q_l < 2^62 (so that the sum of
+# two reduced limbs cannot overflow int64). The op checks here, the RNS
+# arithmetic (`distir.he.rns`) and the SEAL interop all ask these functions.
+
+
+def moduli_problem(moduli: torch.Tensor) -> str | None:
+    """Why `moduli` is not a valid RNS basis, or None."""
+    if moduli.dtype != torch.int64:
+        return f"moduli must have dtype torch.int64, got {moduli.dtype}"
+    if moduli.dim() != 1:
+        return f"moduli must have rank 1 (shape [L]), got shape {list(moduli.shape)}"
+    if moduli.numel() and bool(((moduli < 2) | (moduli >= MAX_MODULUS_EXCLUSIVE)).any()):
+        bad = (moduli < 2) | (moduli >= MAX_MODULUS_EXCLUSIVE)
+        index = int(bad.nonzero()[0, 0])
+        value = int(moduli[index])
+        return (
+            f"modulus q[{index}] = {value} is outside [2, 2^62): every modulus q_{index} = "
+            f"{value} must satisfy 2 <= q < 2**62 (= {MAX_MODULUS_EXCLUSIVE}) so that a + b "
+            "cannot overflow int64"
         )
-    return max(q) if q else 0
+    return None
+
+
+def limb_layout_problem(
+    limbs: torch.Tensor, moduli: torch.Tensor, what: str = "ciphertext"
+) -> str | None:
+    """Why `limbs` cannot be limbs modulo `moduli` by dtype or shape, or None."""
+    if limbs.dtype != torch.int64:
+        return f"{what} limbs must have dtype torch.int64, got {limbs.dtype}"
+    if limbs.dim() < 2 or limbs.shape[-2] != moduli.shape[0]:
+        return (
+            f"{what} must have shape [..., L, N] with L = {moduli.shape[0]} "
+            f"(one limb per modulus, on dimension -2), got shape {list(limbs.shape)}"
+        )
+    return None
+
+
+def unreduced_limb_problem(limbs: torch.Tensor, moduli: torch.Tensor) -> str | None:
+    """Where a limb of `limbs` is not reduced modulo its modulus, or None
+    (`limbs` and `moduli` valid by `limb_layout_problem` and `moduli_problem`)."""
+    if not limbs.numel() or _limbs_in_range(limbs, moduli):
+        return None
+    # Slow path, only to say where: full-size masks locate the first bad limb.
+    q_col = moduli.to(limbs.device).view(-1, 1)
+    bad = (limbs < 0) | (limbs >= q_col)
+    index = tuple(int(i) for i in bad.nonzero()[0].tolist())
+    limb, value, modulus = index[-2], int(limbs[index]), int(moduli[index[-2]])
+    return (
+        f"limb value {value} at index {index} is not reduced modulo q[{limb}] = {modulus}: "
+        f"limb {limb} must lie in [0, q_{limb}) (inputs must satisfy 0 <= limb < q)"
+    )
+
+
+def ciphertext_problem(
+    limbs: torch.Tensor, moduli: torch.Tensor, what: str = "ciphertext"
+) -> str | None:
+    """Why (`limbs`, `moduli`) is not a valid, reduced RNS ciphertext, or None."""
+    return (
+        moduli_problem(moduli)
+        or limb_layout_problem(limbs, moduli, what)
+        or unreduced_limb_problem(limbs, moduli)
+    )
+
+
+def check_ciphertext(description: str, ciphertext: torch.Tensor, moduli: torch.Tensor) -> int:
+    """Checks limbs are reduced and moduli valid (an `OpError` naming the op
+    `description` otherwise); returns q_max."""
+    problem = ciphertext_problem(ciphertext, moduli)
+    if problem is not None:
+        raise OpError(description, problem)
+    return int(moduli.max()) if moduli.numel() else 0
 
 
 def _limbs_in_range(ciphertext: torch.Tensor, moduli: torch.Tensor) -> bool:
@@ -247,32 +293,11 @@ def mismatch(description: str, group: str, reports: Sequence[dict | None]) -> Ex
     return CollectiveMismatchError(description, disagreement(group, reports))
 
 
-# The preconditions of each collective, by op type ---------------------------------
+# Evaluating a precondition ---------------------------------------------------------
 
-#: (invocation, inputs, group size, group rank) -> Precondition
+#: (invocation, inputs, group size, group rank) -> Precondition: each op's rule
+#: lives in its semantics record (`distir.interpreters.semantics`)
 PreconditionRule = Callable[[Invocation, Sequence[torch.Tensor], int, int], Precondition]
-
-PRECONDITIONS: dict[type[Operation], PreconditionRule] = {}
-
-
-def precondition(*op_types: type[Operation]) -> Callable[[PreconditionRule], PreconditionRule]:
-    """Registers the precondition rule of a collective (see `interpreters.collectives`)."""
-
-    def register(rule: PreconditionRule) -> PreconditionRule:
-        for op_type in op_types:
-            PRECONDITIONS[op_type] = rule
-        return rule
-
-    return register
-
-
-def precondition_rule(op_type: type[Operation]) -> PreconditionRule | None:
-    """The registered precondition rule of an op type (rules live beside
-    each op family's reference semantics and register on import)."""
-    from distir.interpreters.reference import load_rules
-
-    load_rules()
-    return PRECONDITIONS.get(op_type)
 
 
 def evaluate(

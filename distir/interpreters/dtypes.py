@@ -8,6 +8,8 @@ never `torch.int8`). One-bit integers (`i1`, `si1`, `ui1`) are `torch.bool`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from xdsl.dialects.builtin import (
     BFloat16Type,
@@ -76,14 +78,19 @@ def static_shape(t: Attribute) -> tuple[int | None, ...]:
     return ()
 
 
+def fits_shape(declared: Sequence[int | None], shape: Sequence[int]) -> bool:
+    """Whether a tensor of `shape` has the rank and the static dims of the
+    `declared` shape (`static_shape`: None for a dynamic dim): the one
+    statement of "a tensor matches its declared type" that inputs, results
+    and received messages are checked with."""
+    return len(declared) == len(shape) and all(
+        d is None or d == s for d, s in zip(declared, shape)
+    )
+
+
 def matches_type(value: torch.Tensor, t: Attribute) -> bool:
     """Whether a runtime tensor is a value of IR type `t`."""
-    if value.dtype != element_dtype(t):
-        return False
-    shape = static_shape(t)
-    if len(shape) != value.dim():
-        return False
-    return all(d is None or d == s for d, s in zip(shape, value.shape))
+    return value.dtype == element_dtype(t) and fits_shape(static_shape(t), value.shape)
 
 
 def describe_tensor(value: object) -> str:

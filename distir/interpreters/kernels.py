@@ -1,14 +1,15 @@
 """Torch kernels for the local (non-communicating) ops a program may use.
 
-Each entry maps an op class to a *kernel factory*: called once per op at
-compile time, it reads the op's attributes and returns a callable over
-tensors that returns a tuple of results. Nothing here walks IR at run time.
+`LOCAL_KERNELS`, one declared table at the end of this module, maps each
+op class to a *kernel factory*: called once per op at compile time, it reads
+the op's attributes and returns a callable over tensors that returns a tuple
+of results. Nothing here walks IR at run time.
 Values are tensors throughout; scalars (index, i64, f32, i1) are 0-d tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -25,26 +26,18 @@ from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
 from xdsl.ir import Attribute, Operation
 
 from distir.errors import OpError
+from distir.interpreters.checks import check_ciphertext
 from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.ir import tensor_arith
 from distir.ir.analysis import is_sum_reduction
+from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import AssertReducedOp
+from distir.ir.parsing import describe_op
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]
 KernelFactory = Callable[[Operation], Kernel]
 
-LOCAL_KERNELS: dict[type[Operation], KernelFactory] = {}
-
 _SIGN_BIT = -(1 << 63)
-
-
-def kernel(*op_types: type[Operation]):
-    def register(factory: KernelFactory) -> KernelFactory:
-        for op_type in op_types:
-            LOCAL_KERNELS[op_type] = factory
-        return factory
-
-    return register
 
 
 def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> KernelFactory:
@@ -103,18 +96,6 @@ minimum = _zero_tie(torch.minimum, larger=False)
 maximum_number = _zero_tie(torch.fmax, larger=True)
 minimum_number = _zero_tie(torch.fmin, larger=False)
 
-#: The fold of each native reduction kind, element by element: the one table
-#: the reference interpreter and the point-to-point algorithms share.
-NATIVE_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "sum": torch.add,
-    "prod": torch.mul,
-    "min": minimum,
-    "max": maximum,
-    "band": torch.bitwise_and,
-    "bor": torch.bitwise_or,
-    "bxor": torch.bitwise_xor,
-}
-
 #: Binary arith ops that are one torch function of (lhs, rhs) accepting
 #: `out=`: also what the all-reduce algorithms run in place.
 BINARY_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
@@ -137,16 +118,37 @@ BINARY_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     arith.MaxnumfOp: maximum_number,
     arith.MinnumfOp: minimum_number,
 }
-for _op, _fn in BINARY_TORCH_OPS.items():
-    LOCAL_KERNELS[_op] = _binary(_fn)
+
+#: The fold of each native reduction kind, element by element, derived from
+#: the kind's arith combine (`distir.ir.attributes.REDUCTION_KINDS`): its float
+#: combine where it has one (IEEE maximum/minimum, whose zero ties and NaN
+#: the float contract fixes; on integers they are the signed max/min), else
+#: its integer one. The one table the reference interpreter and the
+#: point-to-point algorithms share.
+NATIVE_FOLDS: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    kind: BINARY_TORCH_OPS[facts.float_combine or facts.integer_combine]
+    for kind, facts in REDUCTION_KINDS.items()
+}
 
 
-@kernel(arith.DivSIOp)
+def fold_in_rank_order(
+    combine: Callable[..., tuple[torch.Tensor, ...]],
+    values: Sequence[torch.Tensor],
+    extras: Sequence[torch.Tensor] = (),
+) -> torch.Tensor:
+    """`x_0 ⊕ x_1 ⊕ … ⊕ x_{P-1}`, left to right: the order in which DESIGN.md
+    defines every reduction. `combine(acc, x, *extras)` returns a 1-tuple,
+    as a compiled combine region does; returns `values[0]` itself for one value."""
+    acc = values[0]
+    for value in values[1:]:
+        (acc,) = combine(acc, value, *extras)
+    return acc
+
+
 def _divsi(op: Operation) -> Kernel:
     return lambda a, b: (torch.div(a, b, rounding_mode="trunc"),)
 
 
-@kernel(arith.RemSIOp)
 def _remsi(op: Operation) -> Kernel:
     return lambda a, b: (torch.fmod(a, b),)
 
@@ -187,7 +189,6 @@ def _shrui64(a: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor]:
     return (torch.where(n > 0, shifted & keep, a),)
 
 
-@kernel(arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp, arith.MinUIOp, arith.ShRUIOp)
 def _unsigned_binary(op: Operation) -> Kernel:
     width = _int_width(op.operands[0].type)
     dtype = element_dtype(op.operands[0].type)
@@ -209,7 +210,6 @@ def _unsigned_binary(op: Operation) -> Kernel:
     return lambda a, b: (fn(_unsigned(a, width), _unsigned(b, width)).to(dtype),)
 
 
-@kernel(arith.NegfOp)
 def _negf(op: Operation) -> Kernel:
     return lambda a: (torch.neg(a),)
 
@@ -228,7 +228,6 @@ _CMPI = {
 }
 
 
-@kernel(arith.CmpiOp, tensor_arith.CmpiOp)
 def _cmpi(op: Operation) -> Kernel:
     predicate = op.predicate.value.data  # type: ignore[attr-defined]
     fn = _CMPI[predicate]
@@ -269,13 +268,11 @@ _CMPF: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-@kernel(arith.CmpfOp, tensor_arith.CmpfOp)
 def _cmpf(op: Operation) -> Kernel:
     fn = _CMPF[op.predicate.value.data]  # type: ignore[attr-defined]
     return lambda a, b: (fn(a, b),)
 
 
-@kernel(arith.SelectOp, tensor_arith.SelectOp)
 def _select(op: Operation) -> Kernel:
     if isinstance(op.operands[0].type, TensorType):
         return lambda c, a, b: (torch.where(c, a, b),)
@@ -345,29 +342,6 @@ def _bitcast(op: Operation) -> Kernel:
     return lambda a: (a.reshape(-1).view(dtype).reshape(a.shape),)
 
 
-for _casts, _factory in (
-    ((arith.ExtSIOp, tensor_arith.ExtSIOp, arith.SIToFPOp, tensor_arith.SIToFPOp), _signed_cast),
-    ((arith.TruncIOp, tensor_arith.TruncIOp), _trunci),
-    ((arith.FPToSIOp, tensor_arith.FPToSIOp), _float_to_signed),
-    ((arith.UIToFPOp, tensor_arith.UIToFPOp), _unsigned_to_float),
-    ((arith.FPToUIOp, tensor_arith.FPToUIOp), _float_to_unsigned),
-    (
-        (
-            arith.ExtFOp,
-            tensor_arith.ExtFOp,
-            arith.TruncFOp,
-            tensor_arith.TruncFOp,
-            arith.IndexCastOp,
-        ),
-        _to_result_dtype,
-    ),
-    ((arith.BitcastOp,), _bitcast),
-):
-    for _op in _casts:
-        LOCAL_KERNELS[_op] = _factory
-
-
-@kernel(arith.ExtUIOp, tensor_arith.ExtUIOp)
 def _extui(op: Operation) -> Kernel:
     width = _int_width(op.operands[0].type)
     dtype = element_dtype(op.results[0].type)
@@ -430,8 +404,6 @@ def _math(fn: Callable[..., torch.Tensor]) -> KernelFactory:
     return factory
 
 
-for _op, _fn in MATH_TORCH_OPS.items():
-    LOCAL_KERNELS[_op] = _math(_fn)
 
 
 # Constants -------------------------------------------------------------------
@@ -450,7 +422,6 @@ def constant_tensor(value: Attribute, result_type: Attribute) -> torch.Tensor:
     raise NotImplementedError(f"constant of attribute {value}")
 
 
-@kernel(arith.ConstantOp)
 def _constant(op: arith.ConstantOp) -> Kernel:
     value = constant_tensor(op.value, op.result.type)
     # Results are never written in place, so every run may share the tensor.
@@ -465,24 +436,20 @@ def _sizes(result_type: Attribute, dynamic: Sequence[torch.Tensor]) -> list[int]
     return [d if d is not None else int(next(it)) for d in static_shape(result_type)]
 
 
-@kernel(tensor.EmptyOp)
 def _empty(op: tensor.EmptyOp) -> Kernel:
     t = op.tensor.type
     dtype = element_dtype(t)
     return lambda *dyn: (torch.empty(_sizes(t, dyn), dtype=dtype),)
 
 
-@kernel(tensor.DimOp)
 def _dim(op: tensor.DimOp) -> Kernel:
     return lambda x, i: (torch.tensor(x.shape[int(i)], dtype=torch.int64),)
 
 
-@kernel(tensor.ExtractOp)
 def _extract(op: Operation) -> Kernel:
     return lambda x, *idx: (x[tuple(int(i) for i in idx)].clone(),)
 
 
-@kernel(tensor.InsertOp)
 def _insert(op: Operation) -> Kernel:
     def run(v: torch.Tensor, x: torch.Tensor, *idx: torch.Tensor):
         y = x.clone()
@@ -492,24 +459,20 @@ def _insert(op: Operation) -> Kernel:
     return run
 
 
-@kernel(tensor.FromElementsOp)
 def _from_elements(op: Operation) -> Kernel:
     shape = [d for d in static_shape(op.results[0].type)]
     return lambda *xs: (torch.stack(list(xs)).reshape(shape),)
 
 
-@kernel(tensor.SplatOp)
 def _splat(op: Operation) -> Kernel:
     t = op.results[0].type
     return lambda v, *dyn: (v.expand(_sizes(t, dyn)).clone(),)
 
 
-@kernel(tensor.CastOp)
 def _cast(op: Operation) -> Kernel:
     return lambda x: (x,)
 
 
-@kernel(tensor.ExtractSliceOp)
 def _extract_slice(op: tensor.ExtractSliceOp) -> Kernel:
     static_offsets = op.static_offsets.get_values()
     static_sizes = op.static_sizes.get_values()
@@ -534,13 +497,11 @@ def _extract_slice(op: tensor.ExtractSliceOp) -> Kernel:
     return run
 
 
-@kernel(tensor.ConcatOp)
 def _concat(op: Operation) -> Kernel:
     dim = op.dim.value.data  # type: ignore[attr-defined]
     return lambda *xs: (torch.cat(xs, dim=dim),)
 
 
-@kernel(tensor.ReshapeOp)
 def _reshape(op: Operation) -> Kernel:
     return lambda x, shape: (x.reshape([int(s) for s in shape]).clone(),)
 
@@ -552,14 +513,12 @@ def broadcast_view(x: torch.Tensor, shape: Sequence[int], added: Sequence[int]) 
     return x.reshape(view).expand(list(shape))
 
 
-@kernel(LinalgBroadcastOp)
 def _broadcast(op: LinalgBroadcastOp) -> Kernel:
     added = tuple(op.dimensions.get_values())
     # Kernels never write into their inputs, so a view is safe.
     return lambda x, init: (broadcast_view(x, init.shape, added),)
 
 
-@kernel(LinalgReduceOp)
 def _reduce(op: LinalgReduceOp) -> Kernel:
     # Only the sum: a general body would need an element-by-element
     # interpreter; the sum is what gradients of broadcasts need.
@@ -569,19 +528,15 @@ def _reduce(op: LinalgReduceOp) -> Kernel:
     return lambda x, init: (init + x.sum(dim=dims, dtype=x.dtype) if dims else init + x,)
 
 
-@kernel(AssertReducedOp)
 def _assert_reduced(op: AssertReducedOp) -> Kernel:
-    from distir.interpreters.checks import check_ciphertext
-    from distir.interpreters.invocation import make_invocation
-
-    invocation = make_invocation(op)
+    description = describe_op(op)
     bits = None if op.max_modulus_bits is None else op.max_modulus_bits.value.data
 
     def run(limbs: torch.Tensor, moduli: torch.Tensor) -> tuple[()]:
-        q_max = check_ciphertext(invocation, limbs, moduli)
+        q_max = check_ciphertext(description, limbs, moduli)
         if bits is not None and q_max >= 1 << bits:
             raise OpError(
-                invocation.description,
+                description,
                 f"modulus {q_max} is not below 2^{bits}, the bound (max_modulus_bits "
                 f"{bits}) this program was lowered under",
             )
@@ -605,3 +560,50 @@ FRESH_RESULTS: frozenset[type[Operation]] = frozenset(
         tensor.ReshapeOp,
     }
 )  # fmt: skip
+
+
+#: The kernel factory of every local op, declared here in one table (the
+#: block compiler and the combine compiler read it; nothing registers itself).
+LOCAL_KERNELS: Mapping[type[Operation], KernelFactory] = {
+    **{op: _binary(fn) for op, fn in BINARY_TORCH_OPS.items()},
+    **{op: _math(fn) for op, fn in MATH_TORCH_OPS.items()},
+    arith.DivSIOp: _divsi,
+    arith.RemSIOp: _remsi,
+    **dict.fromkeys(
+        (arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp, arith.MinUIOp, arith.ShRUIOp),
+        _unsigned_binary,
+    ),
+    arith.NegfOp: _negf,
+    **dict.fromkeys((arith.CmpiOp, tensor_arith.CmpiOp), _cmpi),
+    **dict.fromkeys((arith.CmpfOp, tensor_arith.CmpfOp), _cmpf),
+    **dict.fromkeys((arith.SelectOp, tensor_arith.SelectOp), _select),
+    **dict.fromkeys(
+        (arith.ExtSIOp, tensor_arith.ExtSIOp, arith.SIToFPOp, tensor_arith.SIToFPOp),
+        _signed_cast,
+    ),
+    **dict.fromkeys((arith.TruncIOp, tensor_arith.TruncIOp), _trunci),
+    **dict.fromkeys((arith.FPToSIOp, tensor_arith.FPToSIOp), _float_to_signed),
+    **dict.fromkeys((arith.UIToFPOp, tensor_arith.UIToFPOp), _unsigned_to_float),
+    **dict.fromkeys((arith.FPToUIOp, tensor_arith.FPToUIOp), _float_to_unsigned),
+    **dict.fromkeys(
+        (arith.ExtFOp, tensor_arith.ExtFOp, arith.TruncFOp, tensor_arith.TruncFOp,
+         arith.IndexCastOp),
+        _to_result_dtype,
+    ),
+    arith.BitcastOp: _bitcast,
+    **dict.fromkeys((arith.ExtUIOp, tensor_arith.ExtUIOp), _extui),
+    arith.ConstantOp: _constant,
+    tensor.EmptyOp: _empty,
+    tensor.DimOp: _dim,
+    tensor.ExtractOp: _extract,
+    tensor.InsertOp: _insert,
+    tensor.FromElementsOp: _from_elements,
+    tensor.SplatOp: _splat,
+    tensor.CastOp: _cast,
+    tensor.ExtractSliceOp: _extract_slice,
+    tensor.ConcatOp: _concat,
+    tensor.ReshapeOp: _reshape,
+    LinalgBroadcastOp: _broadcast,
+    LinalgReduceOp: _reduce,
+    AssertReducedOp: _assert_reduced,
+}  # fmt: skip

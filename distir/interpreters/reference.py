@@ -1,13 +1,12 @@
 """The reference interpreter: P ranks in one process, plain tensors, no network.
 
 It is the semantic oracle every pass and backend is tested against. Each rank
-runs the compiled program in its own thread; a dist op's meaning is a
-*reference rule* registered by op type (`@reference(BroadcastOp)`, beside
-the op family's preconditions in `interpreters.collectives`, `.p2p` and
-`.mesh`), written straight from the definitions in DESIGN.md: gather every
-rank's operands, compute what the definition names. Rules share the
-precondition rules (`interpreters.checks`) with the Torch backend, so the
-reference rejects exactly what the runtime rejects, and nothing else.
+runs the compiled program in its own thread; a dist op's meaning is the
+`reference` of its semantics record (`distir.interpreters.semantics`), written
+straight from the definitions in DESIGN.md: gather every rank's operands,
+compute what the definition names. Records hold the precondition the Torch
+backend evaluates too, so the reference rejects exactly what the runtime
+rejects, and nothing else.
 """
 
 from __future__ import annotations
@@ -27,43 +26,14 @@ from distir.interpreters.checks import (
     evaluate,
     fail,
     mismatch,
-    precondition_rule,
 )
-from distir.interpreters.invocation import Invocation, make_invocation
+from distir.interpreters.invocation import Invocation
+from distir.interpreters.semantics import SEMANTICS, OpSemantics, make_invocation
 from distir.ir.dialect import GroupOp
 
 
 class SimulationError(DistirError):
     """A simulated rank failed; the message names the rank and the op."""
-
-
-#: (call, inputs) -> results
-ReferenceRule = Callable[["SimulatedCall", Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
-
-REFERENCE: dict[type[Operation], ReferenceRule] = {}
-
-
-def reference(*op_types: type[Operation]) -> Callable[[ReferenceRule], ReferenceRule]:
-    """Registers the reference semantics of a dist op."""
-
-    def register(rule: ReferenceRule) -> ReferenceRule:
-        for op_type in op_types:
-            REFERENCE[op_type] = rule
-        return rule
-
-    return register
-
-
-def reference_rule(op: Operation) -> ReferenceRule | None:
-    load_rules()
-    return REFERENCE.get(type(op))
-
-
-def load_rules() -> None:
-    """Imports the rule modules, which register themselves."""
-    import distir.interpreters.collectives  # noqa: F401
-    import distir.interpreters.mesh  # noqa: F401
-    import distir.interpreters.p2p  # noqa: F401
 
 
 @dataclass
@@ -169,12 +139,23 @@ class SimulatedCall:
     rule may ask (its group, its rank in it) and do (exchange with the group,
     post and take point-to-point messages)."""
 
-    def __init__(self, rank: SimulatedRank, invocation: Invocation, members: tuple[int, ...]):
+    def __init__(
+        self,
+        rank: SimulatedRank,
+        semantics: OpSemantics,
+        invocation: Invocation,
+        members: tuple[int, ...],
+    ):
         self.simulated = rank
+        self.semantics = semantics
         self.invocation = invocation
         self.members = members
         self.me = members.index(rank.rank)
         self.size = len(members)
+
+    @property
+    def global_rank(self) -> int:
+        return self.simulated.rank
 
     def fail(self, message: str) -> Exception:
         return fail(self.invocation, message)
@@ -191,7 +172,7 @@ class SimulatedCall:
         inputs raises its own error, the others name it); returns this rank's
         precondition and every rank's inputs."""
         check_group_assumption(self.invocation, self.size)
-        rule = precondition_rule(type(self.invocation.op))
+        rule = self.semantics.precondition
         mine = (
             evaluate(rule, self.invocation, inputs, self.size, self.me)
             if rule is not None
@@ -218,11 +199,18 @@ class SimulatedCall:
 
 
 class SimulatedRank:
-    """Binds a rank's dist ops to their reference rules over a SimulatedWorld."""
+    """Binds a rank's dist ops to their semantics records over a SimulatedWorld."""
 
-    def __init__(self, world: SimulatedWorld, rank: int, groups: Sequence[GroupOp]):
+    def __init__(
+        self,
+        world: SimulatedWorld,
+        rank: int,
+        groups: Sequence[GroupOp],
+        semantics: Sequence[OpSemantics] = SEMANTICS,
+    ):
         self.world = world
         self.rank = rank
+        self._semantics = {record.op: record for record in semantics}
         self._members: dict[str | None, tuple[int, ...] | None] = {
             None: tuple(range(world.size))
         }
@@ -246,13 +234,13 @@ class SimulatedRank:
 
     def bind(self, op: Operation, regions: Sequence[Callable]) -> Callable:
         invocation = make_invocation(op, regions)
-        rule = reference_rule(op)
-        if rule is None:
+        semantics = self._semantics.get(type(op))
+        if semantics is None:
             raise fail(invocation, "has no reference semantics")
 
         def kernel(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            call = SimulatedCall(self, invocation, self.members(invocation))
-            return rule(call, inputs)
+            call = SimulatedCall(self, semantics, invocation, self.members(invocation))
+            return semantics.reference(call, inputs)
 
         return kernel
 
@@ -262,16 +250,19 @@ def run_simulation(
     world_size: int,
     groups: Sequence[GroupOp],
     timeout: float,
+    semantics: Sequence[OpSemantics] = SEMANTICS,
 ) -> list:
     """Runs `run_rank` on `world_size` threads; returns each rank's result or
-    raises the first rank's error."""
+    raises the first rank's error. Dist ops mean what their records in
+    `semantics` say (every dist op's, by default), as an xDSL interpreter
+    runs the implementation classes it is handed."""
     world = SimulatedWorld(world_size, timeout)
     results: list = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
 
     def body(rank: int) -> None:
         try:
-            results[rank] = run_rank(SimulatedRank(world, rank, groups))
+            results[rank] = run_rank(SimulatedRank(world, rank, groups, semantics))
             world.finish(rank)
         except BaseException as e:  # reported below, with the rank
             errors.append((rank, e))

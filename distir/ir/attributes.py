@@ -43,10 +43,14 @@ class ReductionKindFacts:
     `integer_combine` and `float_combine` are the arith ops that combine two
     values the way the kind does, on integer and on floating-point element
     types (None: the kind takes integers only). `min` and `max` are signed.
+    `c10d` names the `torch.distributed.ReduceOp` member that computes the
+    kind natively. Every other table of kinds (the interpreters' folds, the
+    Torch backend's c10d reductions) is derived from these facts.
     """
 
     integer_combine: type[Operation]
     float_combine: type[Operation] | None
+    c10d: str
 
     @property
     def integer_only(self) -> bool:
@@ -55,13 +59,13 @@ class ReductionKindFacts:
 
 
 REDUCTION_KINDS: Mapping[ReductionKind, ReductionKindFacts] = {
-    ReductionKind.SUM: ReductionKindFacts(arith.AddiOp, arith.AddfOp),
-    ReductionKind.PROD: ReductionKindFacts(arith.MuliOp, arith.MulfOp),
-    ReductionKind.MIN: ReductionKindFacts(arith.MinSIOp, arith.MinimumfOp),
-    ReductionKind.MAX: ReductionKindFacts(arith.MaxSIOp, arith.MaximumfOp),
-    ReductionKind.BAND: ReductionKindFacts(arith.AndIOp, None),
-    ReductionKind.BOR: ReductionKindFacts(arith.OrIOp, None),
-    ReductionKind.BXOR: ReductionKindFacts(arith.XOrIOp, None),
+    ReductionKind.SUM: ReductionKindFacts(arith.AddiOp, arith.AddfOp, "SUM"),
+    ReductionKind.PROD: ReductionKindFacts(arith.MuliOp, arith.MulfOp, "PRODUCT"),
+    ReductionKind.MIN: ReductionKindFacts(arith.MinSIOp, arith.MinimumfOp, "MIN"),
+    ReductionKind.MAX: ReductionKindFacts(arith.MaxSIOp, arith.MaximumfOp, "MAX"),
+    ReductionKind.BAND: ReductionKindFacts(arith.AndIOp, None, "BAND"),
+    ReductionKind.BOR: ReductionKindFacts(arith.OrIOp, None, "BOR"),
+    ReductionKind.BXOR: ReductionKindFacts(arith.XOrIOp, None, "BXOR"),
 }
 
 BITWISE_KINDS = frozenset(kind for kind, facts in REDUCTION_KINDS.items() if facts.integer_only)

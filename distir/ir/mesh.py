@@ -2,7 +2,8 @@
 
 The rules of what a valid mesh and a valid layout are live in
 `distir.ir.layouts`, once; the verifiers here build its `Mesh` and `Layout`
-values and report its errors as the op's.
+values and report its errors as the op's. What a transfer moves (its
+`TransferPlan`, with the map of `distir.ir.transfers`) is read from the op.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     I64,
     DenseArrayBase,
     ModuleOp,
@@ -37,6 +39,7 @@ from distir.ir.attributes import CollectiveEffect
 from distir.ir.facts import EveryRankEnters, OperandRole
 from distir.ir.layouts import Layout, Mesh, check_layout, check_shape
 from distir.ir.syntax import REPLICATED, MeshLayout
+from distir.ir.transfers import TransferPlan, transfer_map
 
 Dims = Sequence[int | None]
 """A layout as builders take it: per tensor dim a mesh axis, or None (replicated)."""
@@ -187,6 +190,24 @@ class TransferOp(IRDLOperation):
             dst_op.as_mesh(),
             Layout(dst_dims),
             tuple(self.global_shape.get_values()),
+        )
+
+    def transfer_plan(self) -> TransferPlan:
+        """What this transfer moves, computed once at compile time and read by
+        every executor: the meshes, layouts, global shape, transfer map and
+        the result shape of a rank outside the destination mesh (size 0
+        along the result type's dynamic dims, its static dims as declared)."""
+        src_mesh, src_layout, dst_mesh, dst_layout, shape = self.transfer_spec()
+        result_type = self.result.type
+        assert isinstance(result_type, TensorType)
+        return TransferPlan(
+            src_mesh,
+            src_layout,
+            dst_mesh,
+            dst_layout,
+            shape,
+            tuple(transfer_map(src_mesh, src_layout, dst_mesh, dst_layout, shape)),
+            tuple(0 if d == DYNAMIC_INDEX else d for d in result_type.get_shape()),
         )
 
     def meshes(self) -> tuple[MeshOp, MeshOp]:

@@ -9,8 +9,8 @@ lazily so that listing passes stays cheap.
 with the names users type (`max-group-size`, not the field `max_group_size`)
 as a `PipelineError`; `pass_options` describes a pass's options for help
 texts. A pass declares the values an option accepts on its field
-(`option(default, minimum=..., choices=...)`); `check_options` enforces
-them, for pipelines and for passes built in Python.
+(`distir.passes.options.option(default, minimum=..., choices=...)`);
+`check_options` enforces them, for pipelines and for passes built in Python.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ from xdsl.passes import ModulePass, PassPipeline, PassPipelineCallbackType
 from xdsl.utils.arg_spec import ArgSpec, ArgSpecParseError
 from xdsl.utils.arg_spec import parse_pipeline as parse_pipeline_specs
 from xdsl.utils.hints import isa
+
+from distir.passes.options import (
+    CHOICES,
+    check_options,
+    kebab,
+    option_fields,
+    spelled,
+)
 
 PassFactory = Callable[[], type[ModulePass]]
 
@@ -120,49 +128,6 @@ class PassOption:
     """The field's docstring (the string literal after the field), if any."""
 
 
-#: field metadata keys of the option constraints `option` declares
-_MINIMUM = "distir.minimum"
-_CHOICES = "distir.choices"
-
-
-def option(default: Any, *, minimum: int | None = None, choices: tuple[str, ...] = ()) -> Any:
-    """A pass option's field with the values it accepts declared beside it:
-    integers at least `minimum`, or one of `choices`. `check_options`
-    enforces them for pipelines (`build_pass`) and for passes constructed
-    from Python (their `__post_init__`)."""
-    metadata: dict[str, Any] = {}
-    if minimum is not None:
-        metadata[_MINIMUM] = minimum
-    if choices:
-        metadata[_CHOICES] = tuple(choices)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def check_options(instance: ModulePass) -> None:
-    """Raises ValueError naming the first option of `instance` whose value
-    its field does not accept (`option(minimum=..., choices=...)`)."""
-    for f in _option_fields(type(instance)):
-        value = getattr(instance, f.name)
-        if value is None:
-            continue
-        least = f.metadata.get(_MINIMUM)
-        if least is not None and (not isinstance(value, int) or value < least):
-            raise ValueError(
-                f"{instance.name}: option '{kebab(f.name)}' must be an integer >= {least}, "
-                f"got {_spelled(value)}"
-            )
-        choices = f.metadata.get(_CHOICES)
-        if choices and value not in choices:
-            raise ValueError(
-                f"{instance.name}: option '{kebab(f.name)}' must be one of "
-                f"{', '.join(choices)}, got '{_spelled(value)}'"
-            )
-
-
-def kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
 def _without_none(hint: Any) -> tuple[Any, bool]:
     """`hint` without a top-level `| None`, and whether it had one."""
     if get_origin(hint) in (Union, types.UnionType):
@@ -181,15 +146,6 @@ def _type_name(hint: Any) -> str:
     if hint is ...:
         return "..."
     return getattr(hint, "__name__", str(hint))
-
-
-def _spelled(value: Any) -> str:
-    """A value as a pipeline spec spells it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple):
-        return ",".join(_spelled(v) for v in value)
-    return str(value)
 
 
 @functools.cache
@@ -217,24 +173,20 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _option_fields(cls: type[ModulePass]) -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(cls) if f.init and f.name != "name"]
-
-
 def pass_options(cls: type[ModulePass]) -> list[PassOption]:
     """The options of pass `cls` (its dataclass fields), in declaration order."""
     hints = get_type_hints(cls)
     docs = _field_docs(cls)
     required = cls.required_fields()
     options = []
-    for f in _option_fields(cls):
+    for f in option_fields(cls):
         if f.default is not dataclasses.MISSING:
-            default = None if f.default is None else _spelled(f.default)
+            default = None if f.default is None else spelled(f.default)
         elif f.default_factory is not dataclasses.MISSING:
-            default = _spelled(f.default_factory())
+            default = spelled(f.default_factory())
         else:
             default = None
-        option_type = "|".join(f.metadata.get(_CHOICES, ())) or _type_name(hints[f.name])
+        option_type = "|".join(f.metadata.get(CHOICES, ())) or _type_name(hints[f.name])
         doc = docs.get(f.name)
         options.append(PassOption(kebab(f.name), option_type, default, f.name in required, doc))
     return options
@@ -274,7 +226,7 @@ def _an(type_name: str) -> str:
 def build_pass(name: str, cls: type[ModulePass], spec: ArgSpec) -> ModulePass:
     """Pass `cls` configured by `spec`; a `PipelineError` names the option as
     written and says what it expects."""
-    fields = {f.name: f for f in _option_fields(cls)}
+    fields = {f.name: f for f in option_fields(cls)}
     options = pass_options(cls)
     known = ", ".join(o.name for o in options)
     for given in spec.parameters:
@@ -296,7 +248,7 @@ def build_pass(name: str, cls: type[ModulePass], spec: ArgSpec) -> ModulePass:
     for field_name, (written, value) in given_fields.items():
         if not _accepts(value, hints[field_name]):
             option = by_field[field_name]
-            got = f"'{_spelled(value)}'" if value else "no value"
+            got = f"'{spelled(value)}'" if value else "no value"
             raise PipelineError(
                 f"pass '{name}': option '{written}' expects {_an(option.type)}, got {got}"
             )

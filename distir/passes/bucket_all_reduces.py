@@ -66,8 +66,8 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from distir.ir.dialect import AllReduceOp, CollectiveOp, WaveOp
-from distir.passes import check_options, option
 from distir.passes._rewrite_utils import with_location
+from distir.passes.options import check_options, option
 
 
 def payload_bytes(t: TensorType) -> int | None:

@@ -65,8 +65,8 @@ from distir.ir.dialect import (
     ReductionKind,
 )
 from distir.ir.parsing import format_location
-from distir.passes import check_options, option
 from distir.passes._rewrite_utils import broadcast_moduli, with_location
+from distir.passes.options import check_options, option
 
 
 def constant_moduli(op: AllReduceAddCiphertextOp) -> tuple[int, ...] | None:

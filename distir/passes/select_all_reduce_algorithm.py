@@ -66,7 +66,7 @@ from distir.ir.analysis import (
     elementwise_combine,
 )
 from distir.ir.dialect import AllReduceOp
-from distir.passes import check_options, option
+from distir.passes.options import check_options, option
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from distir.interpreters.checks import (
     digest_of,
     evaluate,
     mismatch,
-    precondition_rule,
 )
+from distir.interpreters.semantics import precondition_rule
 from distir.runtime.planning import Plan
 
 MAGIC = 0x6469737469720001  # "distir", row format 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from xdsl.dialects import func
@@ -47,8 +47,20 @@ from xdsl.utils.exceptions import DiagnosticException
 from distir.errors import CompileError, NotDifferentiable, ProgramInputError
 from distir.passes.vjp import VJPFunctions, add_vjp
 
-if TYPE_CHECKING:
-    from distir.runtime.program import Program
+
+class Program(Protocol):
+    """What this module asks of a `distir.runtime.program.Program` (which
+    imports this module, so this one names it only by its interface)."""
+
+    module: ModuleOp
+    entry: str
+    plan: Any
+    deadline_s: float | None
+    agreement: bool
+
+    def run(self, *inputs: Any, **options: Any) -> Any: ...
+
+    def simulate(self, inputs_per_rank: Any, **options: Any) -> Any: ...
 
 
 def records_gradient(inputs: Sequence[Any]) -> bool:
@@ -85,8 +97,7 @@ def differentiable_form(program: Program) -> DifferentiableForm:
     form = _forms.get(program)
     if form is not None:
         return form
-    from distir.runtime.program import Program
-
+    compiled = type(program)  # the forward and backward are Programs too
     module = program.module.clone()
     functions = add_vjp(module, program.entry)
     try:
@@ -96,13 +107,13 @@ def differentiable_form(program: Program) -> DifferentiableForm:
     plan = program.plan
     common = dict(registry=plan.registry, deadline=program.deadline_s, agreement=program.agreement)
     form = DifferentiableForm(
-        forward=Program(
+        forward=compiled(
             _only(module, functions.forward),
             entry=functions.forward,
             implementations=plan.requested,
             **common,  # type: ignore[arg-type]
         ),
-        backward=Program(
+        backward=compiled(
             _only(module, functions.backward),
             entry=functions.backward,
             **common,  # type: ignore[arg-type]

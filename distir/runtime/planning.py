@@ -28,17 +28,16 @@ from xdsl.ir import BlockArgument, Operation
 from distir.backends.registry import Implementation, ImplementationRegistry
 from distir.errors import CompileError, ProgramInputError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
-from distir.interpreters.checks import precondition_rule
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
-from distir.interpreters.invocation import Invocation, make_invocation
+from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
+from distir.interpreters.semantics import make_invocation, precondition_rule, semantics_of
 from distir.ir.analysis import default_algorithm, known_combine_error
 from distir.ir.dialect import (
     AllReduceOp,
     GroupMemberOp,
     GroupOp,
     MeshOp,
-    VariableAllToAllOp,
     WaveOp,
     YieldOp,
     group_declarations,
@@ -70,10 +69,10 @@ def _hoistable(op: Operation, entry_block: Any) -> bool:
         if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
             return False
     on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
-    # Variable all-to-all exchanges its counts anyway: its check rides on that.
+    semantics = semantics_of(type(op))
     return (
         on_base
-        and not isinstance(op, VariableAllToAllOp)
+        and not (semantics is not None and semantics.agreement_rides_with_payload)
         and all(isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands)
     )
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -17,21 +19,80 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import examples
 
-from distir.ir.layouts import (
-    Box,
-    Layout,
-    Mesh,
-    Transfer,
-    apply_transfer_map_reference,
-    format_transfer_map,
-    local_box,
-    local_shapes,
-    shard_range,
-    transfer_map,
-    transfer_map_symbolic,
-)
+from distir.interpreters.semantics.mesh import apply_transfer_map_reference
+from distir.ir.layouts import Box, Layout, Mesh, local_box, shard_range
+from distir.ir.transfers import Transfer, transfer_map
+from distir.passes.print_transfer_maps import format_transfer_map
 
 FAST = settings(max_examples=examples(1), deadline=None)
+
+
+# -- the map, stated independently of the tensor's size ------------------------
+
+
+def local_shapes(
+    mesh: Mesh, layout: Layout, global_shape: Sequence[int]
+) -> dict[int, tuple[int, ...]]:
+    """The local shard shape of every rank of ``mesh``, keyed by global rank."""
+    return {rank: local_box(mesh, layout, global_shape, rank).sizes for rank in mesh.ranks}
+
+
+@dataclass(frozen=True)
+class SymbolicTransferMap:
+    """A transfer map in units of grid cells, independent of the tensor's size.
+
+    Dim ``d`` of the tensor is cut into ``grid[d]`` cells, the lcm of its
+    source and destination shard counts; ``transfers`` is the map of a tensor
+    of shape ``grid`` (one element per cell). For any ``global_shape``
+    divisible by ``grid`` the concrete map is ``concretize(global_shape)``.
+    """
+
+    grid: tuple[int, ...]
+    transfers: tuple[Transfer, ...] = field(default_factory=tuple)
+
+    def cell_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
+        """Elements per cell in each dim; ``ValueError`` when the shape is not divisible."""
+        global_shape = tuple(global_shape)
+        if len(global_shape) != len(self.grid) or any(
+            size % cells for size, cells in zip(global_shape, self.grid)
+        ):
+            raise ValueError(f"global shape {global_shape} is not divisible by grid {self.grid}")
+        return tuple(size // cells for size, cells in zip(global_shape, self.grid))
+
+    def concretize(self, global_shape: Sequence[int]) -> list[Transfer]:
+        """The concrete map for ``global_shape``: every transfer scaled by the cell shape."""
+        cell = self.cell_shape(global_shape)
+        scaled = (transfer.scaled(cell) for transfer in self.transfers)
+        return [transfer for transfer in scaled if not transfer.box.is_empty]
+
+
+def transfer_map_symbolic(
+    src_mesh: Mesh, src_layout: Layout, dst_mesh: Mesh, dst_layout: Layout
+) -> SymbolicTransferMap:
+    """The shape-independent transfer map, with boxes in grid cells.
+
+    The grid has ``lcm(src shards, dst shards)`` cells per tensor dim (a dim
+    not sharded on a side counts one shard there), so for a divisible shape
+    every source and destination shard is a whole number of cells and the
+    concrete map is this one scaled by the cell size.
+    """
+    if len(src_layout.dims) != len(dst_layout.dims):
+        raise ValueError(
+            f"source layout has {len(src_layout.dims)} dims, destination {len(dst_layout.dims)}"
+        )
+
+    def parts(mesh: Mesh, axis: int | None) -> int:
+        if axis is not None and axis >= mesh.ndim:
+            raise ValueError(f"mesh axis {axis} is out of range for mesh @{mesh.name}")
+        return 1 if axis is None else mesh.shape[axis]
+
+    grid = tuple(
+        math.lcm(parts(src_mesh, s), parts(dst_mesh, d))
+        for s, d in zip(src_layout.dims, dst_layout.dims)
+    )
+    transfers = transfer_map(src_mesh, src_layout, dst_mesh, dst_layout, grid)
+    return SymbolicTransferMap(grid, tuple(transfers))
+
 
 # -- strategies ---------------------------------------------------------------
 
