@@ -26,14 +26,24 @@ func.func @main(%x: tensor<2097152xi64>) -> tensor<2097152xi64> {
 
 
 def _children(pid: int) -> dict[str, int]:
-    """name -> pid of `pid`'s child processes."""
+    """name -> pid of `pid`'s descendant processes (ranks are children of
+    the launcher's fork server, or of the launcher when spawned)."""
     found = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
             try:
                 found[Path(f"/proc/{child}/comm").read_text().strip()] = int(child)
             except OSError:
                 pass
+            found.update(_children(int(child)))
     return found
 
 
