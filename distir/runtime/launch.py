@@ -33,6 +33,7 @@ program scales to many machines. RANK or WORLD_SIZE without
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import io
 import multiprocessing as mp
@@ -312,8 +313,34 @@ def _rank_start() -> tuple[Any, int]:
         server.ensure_running()  # restarts a server that died
         pid = server._forkserver_pid
         if running is None or running[0] != pid:
+            if running is None:
+                atexit.register(_stop_fork_server)
             _server_started_under = (pid, _startup_variables())
     return mp.get_context("forkserver"), pid
+
+
+def _stop_fork_server() -> None:
+    """Ends the fork server at once: at exit, and before a forwarded signal
+    takes effect. It holds the launcher's stdout and stderr as they were
+    when it started, and left to notice the launcher's exit and tear its
+    own interpreter down, it would keep them open for about a second longer
+    (a pipe reading the launcher's output would wait for it)."""
+    global _server_started_under
+    from multiprocessing import forkserver
+
+    with _server_lock:
+        if _server_started_under is None:
+            return
+        pid, _ = _server_started_under
+        _server_started_under = None
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            forkserver._forkserver._stop()  # reaps it and forgets it
+        except (AttributeError, OSError, ChildProcessError):
+            pass
 
 
 class _LauncherOutput:
@@ -701,6 +728,7 @@ def launch(
         recorder.restore()
 
     if recorder.received is not None:
+        _stop_fork_server()
         name = signal.Signals(recorder.received).name
         # The signal now does what it would have done without launch.
         signal.raise_signal(recorder.received)
