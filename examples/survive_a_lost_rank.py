@@ -4,8 +4,9 @@ Four local ranks run a loop of all-reduces of 1 MiB. During all-reduce #10,
 rank 2 kills itself with SIGKILL. Every survivor's run fails with a named
 error; each calls `distir.recover()`, which returns the same membership on
 all three (epoch 1, ranks 0, 1 and 3) and a new process group over them;
-the loop goes on from the all-reduce that failed, on that group, and every
-result is checked. The launcher (`tolerate=1`) returns the survivors'
+the survivors agree on the earliest step any of them had not finished (the
+all-reduce in flight may have completed on some of them) and the loop goes
+on from there, on that group, and every result is checked. The launcher (`tolerate=1`) returns the survivors'
 results and reports the lost rank with its cause. Times are seconds since
 the kill.
 
@@ -57,6 +58,11 @@ def worker(ctx) -> dict:
             # the lost rank until its own deadline.
             m = distir.recover(deadline=8.0)
             events["membership agreed"] = time.monotonic()
+            # The all-reduce in flight when rank 2 died may have completed on
+            # some survivors (all four contributions had reached them) and
+            # failed on others: go on from the earliest survivor's step, or
+            # ranks would pair different steps' inputs.
+            done = int(distir.all_reduce(torch.tensor([done]), "min", group=m.group))
             continue
         expected = sum(r + 1 + done for r in m.ranks)
         assert bool((y == expected).all()), f"all-reduce #{done}: wrong result"
