@@ -32,6 +32,7 @@ from distir.ir.dialect import (
     RankOp,
     VariableAllToAllOp,
 )
+from distir.ir.facts import AgreementRidesWithPayload
 
 #: the c10d reduction of each native kind
 C10D_REDUCTIONS = {
@@ -179,7 +180,7 @@ class NativeAllReduceImplementation(Implementation):
     element_dtypes = COLLECTIVE_DTYPES
 
     def matches(self, op) -> bool:
-        return isinstance(op, AllReduceOp) and op.kind is not None
+        return isinstance(op, AllReduceOp) and not op.is_generic
 
     def unsupported(self, op) -> str | None:
         dtype = element_dtype(op.input.type)
@@ -239,7 +240,7 @@ class GatherFoldAllReduceImplementation(Implementation):
     operation_types = (AllReduceOp,)
 
     def matches(self, op) -> bool:
-        return isinstance(op, AllReduceOp) and op.kind is None
+        return isinstance(op, AllReduceOp) and op.is_generic
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, *extras = inputs
@@ -344,6 +345,13 @@ class VariableAllToAllImplementation(Implementation):
 
     name = "all-to-all-single"
     operation_types = (VariableAllToAllOp,)
+
+    def unsupported(self, op):
+        # The agreement below is the op's only one because the op declares it
+        # rides with the payload (the planner then never hoists its check).
+        if not op.has_trait(AgreementRidesWithPayload):
+            return f"{self.name} agrees in its count exchange, which {op.name} does not declare"
+        return None
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, send_counts = inputs

@@ -341,7 +341,7 @@ def _is_index_constant(op: Operation) -> bool:
 
 def build_combine(op: AllReduceOp) -> Any:
     """The combine of an elementwise all-reduce, from what the op is."""
-    if op.kind is not None:
+    if not op.is_generic:
         return FunctionCombine(NATIVE_FOLDS[op.kind.data])
     if known_combine(op) == MODULAR_ADD:
         return ModularAddCombine()

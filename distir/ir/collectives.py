@@ -48,7 +48,12 @@ from distir.ir.attributes import (
     ReductionKind,
     ReductionKindAttr,
 )
-from distir.ir.facts import EveryRankEnters, OperandRole, UniformResults
+from distir.ir.facts import (
+    AgreementRidesWithPayload,
+    EveryRankEnters,
+    OperandRole,
+    UniformResults,
+)
 from distir.ir.groups import GroupMemberOp, GroupName, group_property
 from distir.ir.p2p import PeerOp
 from distir.ir.syntax import (
@@ -239,10 +244,15 @@ class AllReduceOp(CollectiveOp):
     def combine_block(self) -> Block:
         return self.combine.block
 
+    @property
+    def is_generic(self) -> bool:
+        """True for the generic form (a combine region), False for a native kind."""
+        return self.kind is None
+
     def verify_(self) -> None:
         self.verify_group()
         _verify_same_type(self, "input", self.result.type, self.input.type)
-        if self.kind is not None:
+        if not self.is_generic:
             self._verify_native(self.kind)
         else:
             self._verify_generic()
@@ -600,6 +610,7 @@ class VariableAllToAllOp(CollectiveOp):
 
     name = "dist.variable_all_to_all"
 
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), AgreementRidesWithPayload())
     OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
         "input": OperandRole.PAYLOAD,
         "send_counts": OperandRole.SEND_COUNTS,

@@ -84,7 +84,7 @@ def payload_bytes(t: TensorType) -> int | None:
 
 
 def _key(op: AllReduceOp) -> tuple:
-    assert op.kind is not None and isinstance(op.input.type, TensorType)
+    assert not op.is_generic and isinstance(op.input.type, TensorType)
     return (op.kind.data, op.input.type.element_type, op.group)
 
 
@@ -110,7 +110,7 @@ class AllReduceWaveBucketing(RewritePattern):
     created: set[Operation] = field(default_factory=set)
 
     def candidate(self, op: Operation) -> bool:
-        if not isinstance(op, AllReduceOp) or op.kind is None or op.algorithm is not None:
+        if not isinstance(op, AllReduceOp) or op.is_generic or op.algorithm is not None:
             return False
         if op in self.created or op.attributes or isinstance(op.parent_op(), WaveOp):
             return False

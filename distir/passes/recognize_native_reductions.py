@@ -47,7 +47,7 @@ from distir.passes._rewrite_utils import with_location
 def native_kind(op: AllReduceOp) -> ReductionKind | None:
     """The native kind a generic all-reduce computes, if its region is one
     recognised op on (lhs, rhs) (`ir.analysis.native_kind`)."""
-    if op.kind is not None or op.algorithm is not None or len(op.combine.blocks) != 1:
+    if not op.is_generic or op.algorithm is not None or len(op.combine.blocks) != 1:
         return None
     return region_native_kind(op.combine.block)
 

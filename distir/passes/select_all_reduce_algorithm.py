@@ -99,7 +99,7 @@ class RecordAllReduceAlgorithm(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: AllReduceOp, rewriter: PatternRewriter) -> None:
-        if op.kind is not None or op.algorithm is not None or len(op.combine.blocks) != 1:
+        if not op.is_generic or op.algorithm is not None or len(op.combine.blocks) != 1:
             return
         op.algorithm = StringAttr(self.choice.for_op(op))
         rewriter.notify_op_modified(op)

@@ -781,14 +781,14 @@ def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
 def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
-    kind = op.kind.data if op.kind is not None else native_kind(op.combine.block)
+    kind = native_kind(op.combine.block) if op.is_generic else op.kind.data
     if kind is ReductionKind.SUM:
         return [t.all_reduce_sum(ct, op.group)]
-    if op.kind is not None and kind in (ReductionKind.MAX, ReductionKind.MIN):
+    if not op.is_generic and kind in (ReductionKind.MAX, ReductionKind.MIN):
         return [_extremum(t, op, ct)]
     what = (
         f"the native {op.kind.data.value} reduction"
-        if op.kind is not None
+        if not op.is_generic
         else "its combine (only a combine recognised as a sum is known to be linear)"
     )
     raise NotDifferentiable(f"{describe_op(op)}: {what} has no derivative")

@@ -38,12 +38,11 @@ from distir.ir.dialect import (
     GroupMemberOp,
     GroupOp,
     MeshOp,
-    VariableAllToAllOp,
     WaveOp,
     YieldOp,
     group_declarations,
 )
-from distir.ir.facts import needs_agreement
+from distir.ir.facts import AgreementRidesWithPayload, needs_agreement
 from distir.ir.parsing import describe_op
 
 
@@ -70,10 +69,9 @@ def _hoistable(op: Operation, entry_block: Any) -> bool:
         if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
             return False
     on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
-    # Variable all-to-all exchanges its counts anyway: its check rides on that.
     return (
         on_base
-        and not isinstance(op, VariableAllToAllOp)
+        and not op.has_trait(AgreementRidesWithPayload)
         and all(isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands)
     )
 
@@ -112,7 +110,7 @@ class Plan:
             if error is not None:
                 raise CompileError(f"{describe_op(op)}: {error}")
             name = self._requested_name(op)
-            if name is None and isinstance(op, AllReduceOp) and op.kind is None:
+            if name is None and isinstance(op, AllReduceOp) and op.is_generic:
                 self.auto_algorithm.add(op)
                 size = op.static_group_size()
                 self.choices[op] = self.select(op, default_algorithm(op, size))
@@ -137,7 +135,7 @@ class Plan:
                 self.hoisted.append(op)
             regions = (
                 [self.compiler.compile_combine(op)]
-                if isinstance(op, AllReduceOp) and op.kind is None
+                if isinstance(op, AllReduceOp) and op.is_generic
                 else []
             )
             self.invocations[op] = make_invocation(op, regions, options)

@@ -95,7 +95,7 @@ class RingAllReduceImplementation(FlatAllReduce):
     name = "ring"
 
     def matches(self, op) -> bool:
-        return elementwise(op) and (op.kind is not None or op.commutative is not None)
+        return elementwise(op) and (not op.is_generic or op.commutative is not None)
 
     def run(self, flat, out, combine, ex) -> None:
         ring_all_reduce(flat, out, lambda step: combine, ex)
