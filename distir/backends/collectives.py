@@ -22,6 +22,7 @@ from distir.backends.registry import Implementation, Invocation
 from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.interpreters.dtypes import element_dtype
+from distir.ir.analysis import GATHER_FOLD, algorithm_applies
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
@@ -236,11 +237,12 @@ class GatherFoldAllReduceImplementation(Implementation):
     """Baseline generic all-reduce: gather everything, fold in rank order.
     Correct for any associative combine; P×N temporary memory."""
 
-    name = "gather-fold"
+    name = GATHER_FOLD
     operation_types = (AllReduceOp,)
 
     def matches(self, op) -> bool:
-        return isinstance(op, AllReduceOp) and op.is_generic
+        # It folds the region; a native kind has none.
+        return isinstance(op, AllReduceOp) and op.is_generic and algorithm_applies(self.name, op)
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, *extras = inputs

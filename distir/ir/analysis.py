@@ -492,17 +492,37 @@ class CostModel:
 DEFAULT_COST_MODEL = CostModel()
 
 
+#: every algorithm of a generic all-reduce, in order of preference, with what
+#: it needs of the combine to compute its result exactly as defined:
+#: (elementwise, commutative). Chunking needs an elementwise region, the
+#: ring's rotated fold order a commutative one; recursive doubling and
+#: gather-fold keep rank order on whole tensors. The backends' `matches()`
+#: and the selection pass both read this table.
+ALGORITHM_NEEDS: dict[str, tuple[bool, bool]] = {
+    RING: (True, True),
+    HALVING_DOUBLING: (True, False),
+    RECURSIVE_DOUBLING: (False, False),
+    GATHER_FOLD: (False, False),
+}
+
+
 def candidate_algorithms(elementwise: bool, commutative: bool) -> tuple[str, ...]:
-    """The algorithms that compute a combine's result exactly as defined:
-    chunking needs an elementwise region, the ring's rotated fold order needs
-    a commutative one; recursive doubling and gather-fold keep rank order
-    on whole tensors."""
-    found = []
-    if elementwise:
-        if commutative:
-            found.append(RING)
-        found.append(HALVING_DOUBLING)
-    return (*found, RECURSIVE_DOUBLING, GATHER_FOLD)
+    """The algorithms (`ALGORITHM_NEEDS`) that compute exactly a combine
+    that is elementwise and/or commutative as given, in order of preference."""
+    return tuple(
+        name
+        for name, (needs_elementwise, needs_commutative) in ALGORITHM_NEEDS.items()
+        if (elementwise or not needs_elementwise) and (commutative or not needs_commutative)
+    )
+
+
+def algorithm_applies(algorithm: str, op: Operation) -> bool:
+    """Whether `algorithm` computes the `dist.all_reduce` `op` exactly: a
+    native kind is elementwise and commutative, a combine region is what
+    its region and `commutative` marker say."""
+    native = op.properties.get("kind") is not None
+    commutative = native or op.properties.get("commutative") is not None
+    return algorithm in candidate_algorithms(elementwise_combine(op), commutative)
 
 
 def choose_algorithm(
