@@ -32,8 +32,9 @@ from distir.interpreters.kernels import (
     broadcast_view,
     constant_tensor,
 )
-from distir.ir.analysis import MODULAR_ADD, broadcast_extra, known_combine, single_op
+from distir.ir.analysis import broadcast_extra, single_op
 from distir.ir.dialect import AllReduceOp
+from distir.ir.known_combines import MODULAR_ADD, known_combine
 
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 

@@ -41,7 +41,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from distir.ir.analysis import known_combine_error, non_commutative_witness
+from distir.ir.analysis import non_commutative_witness
 from distir.ir.attributes import (
     CollectiveEffect,
     RaisesEffect,
@@ -55,6 +55,7 @@ from distir.ir.facts import (
     UniformResults,
 )
 from distir.ir.groups import GroupMemberOp, GroupName, group_property
+from distir.ir.known_combines import known_combine_error
 from distir.ir.p2p import PeerOp
 from distir.ir.syntax import (
     CombineRegion,

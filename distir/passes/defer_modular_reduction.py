@@ -64,9 +64,10 @@ from distir.ir.dialect import (
     AssertUniformOp,
     ReductionKind,
 )
+from distir.ir.known_combines import broadcast_moduli
 from distir.ir.parsing import format_location
 from distir.passes import check_options, option
-from distir.passes._rewrite_utils import broadcast_moduli, with_location
+from distir.passes._rewrite_utils import with_location
 
 
 def constant_moduli(op: AllReduceAddCiphertextOp) -> tuple[int, ...] | None:

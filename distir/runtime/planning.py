@@ -32,7 +32,7 @@ from distir.interpreters.checks import precondition_rule
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
 from distir.interpreters.invocation import Invocation, make_invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
-from distir.ir.analysis import default_algorithm, known_combine_error
+from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import (
     AllReduceOp,
     GroupMemberOp,
@@ -43,6 +43,7 @@ from distir.ir.dialect import (
     group_declarations,
 )
 from distir.ir.facts import AgreementRidesWithPayload, needs_agreement
+from distir.ir.known_combines import known_combine_error
 from distir.ir.parsing import describe_op
 
 
