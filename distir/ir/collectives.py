@@ -142,14 +142,7 @@ class BroadcastOp(CollectiveOp):
             )
         _verify_same_type(self, "input", self.result.type, self.input.type)
         if self.root is not None:
-            root = self.root.value.data
-            if root < 0:
-                raise VerifyException(f"'dist.broadcast' root must be >= 0, got {root}")
-            size = self.static_group_size()
-            if size is not None and root >= size:
-                raise VerifyException(
-                    f"'dist.broadcast' root {root} is outside group {self.group} of size {size}"
-                )
+            self.verify_static_rank("root", self.root.value.data)
 
 
 ###############################################################################

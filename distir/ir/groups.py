@@ -156,6 +156,17 @@ class GroupMemberOp(IRDLOperation, ABC):
             if isinstance(top, ModuleOp):
                 lookup_group(self, self.group)
 
+    def verify_static_rank(self, what: str, rank: int) -> None:
+        """A static rank the op names (a root, a peer) is a rank of its group:
+        not negative, and below the group size when the IR proves it."""
+        if rank < 0:
+            raise VerifyException(f"'{self.name}' {what} must be >= 0, got {rank}")
+        size = self.static_group_size()
+        if size is not None and rank >= size:
+            raise VerifyException(
+                f"'{self.name}' {what} {rank} is outside group {self.group} of size {size}"
+            )
+
 
 ###############################################################################
 # Rank queries

@@ -54,19 +54,17 @@ class PeerOp(GroupMemberOp, ABC):
             return []
         return [SSAValue.get(peer)]
 
+    def peer(self, which: str) -> int | SSAValue:
+        """The `"dest"` or `"source"` rank: its static value, or the index
+        operand that holds it."""
+        attr = self.properties.get(which)
+        return attr.value.data if isinstance(attr, IntegerAttr) else getattr(self, f"{which}_value")
+
     def _verify_peer(self, attr: IntegerAttr | None, value: SSAValue | None, what: str) -> None:
         if (attr is None) == (value is None):
             raise VerifyException(f"'{self.name}' needs exactly one {what}")
-        if attr is None:
-            return
-        peer = attr.value.data
-        if peer < 0:
-            raise VerifyException(f"'{self.name}' {what} must be >= 0, got {peer}")
-        size = self.static_group_size()
-        if size is not None and peer >= size:
-            raise VerifyException(
-                f"'{self.name}' {what} {peer} is outside group {self.group} of size {size}"
-            )
+        if attr is not None:
+            self.verify_static_rank(what, attr.value.data)
 
 
 @irdl_op_definition

@@ -275,8 +275,9 @@ class PointToPointAnalysis:
             raise _Unknown()
         return known
 
-    def _peer(self, env: dict, attr: IntegerAttr | None, value: SSAValue | None) -> int:
-        return attr.value.data if attr is not None else self._value(env, value)
+    def _peer(self, env: dict, op: PeerOp, which: str) -> int:
+        peer = op.peer(which)
+        return peer if isinstance(peer, int) else self._value(env, peer)
 
     def _op(self, op: Operation, env: dict, rank: int, size: int, events: list, depth: int):
         if isinstance(op, WaveOp) or (isinstance(op, GroupMemberOp) and op.group is not None):
@@ -286,13 +287,13 @@ class PointToPointAnalysis:
         elif isinstance(op, GroupSizeOp):
             env[op.result] = size
         elif isinstance(op, SendOp):
-            events.append(("send", op, self._peer(env, op.dest, op.dest_value)))
+            events.append(("send", op, self._peer(env, op, "dest")))
         elif isinstance(op, RecvOp):
-            events.append(("recv", op, self._peer(env, op.source, op.source_value)))
+            events.append(("recv", op, self._peer(env, op, "source")))
         elif isinstance(op, SendRecvOp):
             # A paired exchange: its send goes first, so it never waits on itself.
-            events.append(("send", op, self._peer(env, op.dest, op.dest_value)))
-            events.append(("recv", op, self._peer(env, op.source, op.source_value)))
+            events.append(("send", op, self._peer(env, op, "dest")))
+            events.append(("recv", op, self._peer(env, op, "source")))
         elif op.has_trait(EveryRankEnters):
             events.append(("collective", op, None))
         elif isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):

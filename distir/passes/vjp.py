@@ -889,20 +889,21 @@ def _variable_all_to_all(t: _Transposer, op: VariableAllToAllOp, cts: list[SSAVa
     return [t.emit(back).results[0], None]
 
 
-def _peer(t: _Transposer, attr: IntegerAttr | None, value: SSAValue | None) -> int | SSAValue:
-    return attr.value.data if attr is not None else t.primal(value)  # type: ignore[arg-type]
+def _peer(t: _Transposer, op: PeerOp, which: str) -> int | SSAValue:
+    peer = op.peer(which)
+    return peer if isinstance(peer, int) else t.primal(peer)
 
 
 @transpose_rule(SendOp)
 def _send(t: _Transposer, op: SendOp, cts: list[SSAValue | None]):
-    received = RecvOp(_peer(t, op.dest, op.dest_value), op.input.type, op.group)  # type: ignore[arg-type]
+    received = RecvOp(_peer(t, op, "dest"), op.input.type, op.group)  # type: ignore[arg-type]
     return [t.emit(received).results[0], None]
 
 
 @transpose_rule(RecvOp)
 def _recv(t: _Transposer, op: RecvOp, cts: list[SSAValue | None]):
     ct = t.or_zeros(cts[0], op.result)
-    t.emit(SendOp(ct, _peer(t, op.source, op.source_value), op.group))
+    t.emit(SendOp(ct, _peer(t, op, "source"), op.group))
     return [None] * len(op.operands)
 
 
@@ -911,8 +912,8 @@ def _sendrecv(t: _Transposer, op: SendRecvOp, cts: list[SSAValue | None]):
     ct = t.or_zeros(cts[0], op.result)
     back = SendRecvOp(
         ct,
-        _peer(t, op.source, op.source_value),
-        _peer(t, op.dest, op.dest_value),
+        _peer(t, op, "source"),
+        _peer(t, op, "dest"),
         op.input.type,  # type: ignore[arg-type]
         op.group,
     )
