@@ -237,6 +237,19 @@ def world_size_requirements(module: ModuleOp, entry: str = "main") -> list[World
     return found
 
 
+def check_declarations(module: ModuleOp, world_size: int) -> None:
+    """Declared groups and meshes must name ranks of the base group only.
+
+    Every rank runs the same (agreed) program on a base group of the same
+    size, so every rank raises this same error, before any collective."""
+    for req in _declarations(module):
+        if not req.allows(world_size):
+            raise DistirError(
+                f"{req.explain(world_size)} (declare ranks of the group it runs on; after "
+                "distir.recover, compile it again for the new group size)"
+            )
+
+
 def world_size_range(module: ModuleOp, entry: str = "main") -> tuple[int, int | None]:
     """The smallest and largest world size the IR allows (None: no upper
     bound); the smallest is larger than the largest when none works."""
