@@ -80,7 +80,7 @@ from distir.ir.collectives import (
 from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
-from distir.ir.parsing import describe_op
+from distir.ir.parsing import describe_op, find_verify_failure
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -632,9 +632,8 @@ def build_program(
 
 def _failing(module: ModuleOp, error: Exception) -> str:
     """The verifier's message, prefixed by the op that fails and where it was built."""
-    for op in module.walk():
-        try:
-            op.verify(verify_nested_ops=False)
-        except DiagnosticException as e:
-            return f"{describe_op(op)}: {' '.join(str(e).split())}"
-    return " ".join(str(error).split())
+    failure = find_verify_failure(module)
+    if failure is None:
+        return " ".join(str(error).split())
+    op, e = failure
+    return f"{describe_op(op)}: {' '.join(str(e).split())}"

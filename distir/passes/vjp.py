@@ -101,7 +101,7 @@ from distir.ir.dialect import (
 )
 from distir.ir.mesh import TransferOp
 from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
-from distir.ir.parsing import describe_op
+from distir.ir.parsing import describe_op, function_named
 from distir.passes._rewrite_utils import with_location
 
 #: element types that carry gradients
@@ -129,10 +129,10 @@ class VJPFunctions:
 
 
 def _entry(module: ModuleOp, name: str) -> func.FuncOp:
-    for op in module.ops:
-        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
-            return op
-    raise NotDifferentiable(f"the module has no entry function @{name}")
+    function = function_named(module, name)
+    if function is None:
+        raise NotDifferentiable(f"the module has no entry function @{name}")
+    return function
 
 
 def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:

@@ -26,10 +26,9 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp
 from xdsl.ir import BlockArgument, Operation
 
 from distir.backends.registry import Implementation, ImplementationRegistry
-from distir.errors import CompileError, ProgramInputError, UnsupportedOpError
+from distir.errors import CompileError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
 from distir.interpreters.checks import precondition_rule
-from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
 from distir.interpreters.invocation import Invocation, make_invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
 from distir.ir.analysis import default_algorithm
@@ -44,7 +43,8 @@ from distir.ir.dialect import (
 )
 from distir.ir.facts import AgreementRidesWithPayload, needs_agreement
 from distir.ir.known_combines import known_combine_error
-from distir.ir.parsing import describe_op
+from distir.ir.parsing import describe_op, function_named
+from distir.runtime.inputs import check_inputs
 
 
 def is_executable_dist_op(op: Operation) -> bool:
@@ -77,6 +77,14 @@ def _hoistable(op: Operation, entry_block: Any) -> bool:
     )
 
 
+def entry_function(module: ModuleOp, entry: str) -> func.FuncOp:
+    """The module's entry function `@entry`; a `CompileError` without one."""
+    function = function_named(module, entry)
+    if function is None:
+        raise CompileError(f"the module has no entry function @{entry}")
+    return function
+
+
 class Plan:
     """What a program runs, decided at compile time."""
 
@@ -95,7 +103,7 @@ class Plan:
         #: whether every run agrees (else only the first run on each group);
         #: fixed for the program's life and part of its fingerprint
         self.agreement = agreement
-        self.function = self._entry_function()
+        self.function = entry_function(module, entry)
         self._text = f"{entry}\n{module}"
         self.groups: list[GroupOp] = group_declarations(module)
         self.meshes: list[MeshOp] = [op for op in module.ops if isinstance(op, MeshOp)]
@@ -205,24 +213,8 @@ class Plan:
             return op.algorithm.data
         return None
 
-    def _entry_function(self) -> func.FuncOp:
-        for op in self.module.ops:
-            if isinstance(op, func.FuncOp) and op.sym_name.data == self.entry:
-                return op
-        raise CompileError(f"the module has no entry function @{self.entry}")
-
     def check_inputs(self, inputs: Sequence[Any]) -> None:
-        name = f"@{self.entry}"
-        if len(inputs) != len(self.input_types):
-            raise ProgramInputError(
-                f"{name} takes {len(self.input_types)} inputs, got {len(inputs)}"
-            )
-        for i, (value, t) in enumerate(zip(inputs, self.input_types, strict=True)):
-            if not isinstance(value, torch.Tensor) or not matches_type(value, t):
-                raise ProgramInputError(
-                    f"{name} input #{i} must be {t} ({element_dtype(t)}), got "
-                    f"{describe_tensor(value)}"
-                )
+        check_inputs(inputs, self.function)
 
     def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A hoisted op's operands: entry arguments, taken from the run's inputs."""
