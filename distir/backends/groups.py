@@ -386,11 +386,6 @@ _GROUP_CACHE: dict[Any, dict[tuple, dist.ProcessGroup | None]] = {}
 _GROUP_CACHE_LOCK = threading.Lock()
 
 
-def cached_group_count() -> int:
-    """How many declared groups this process holds (for leak tests)."""
-    return sum(len(groups) for groups in _GROUP_CACHE.values())
-
-
 def release_dead_groups() -> None:
     """Destroys the declared subgroups of base groups that were destroyed,
     and forgets them (their threads and sockets go with them)."""

@@ -106,7 +106,6 @@ class Plan:
         self.function = entry_function(module, entry)
         self._text = f"{entry}\n{module}"
         self.groups: list[GroupOp] = group_declarations(module)
-        self.meshes: list[MeshOp] = [op for op in module.ops if isinstance(op, MeshOp)]
         self.input_types = list(self.function.function_type.inputs.data)
         self.output_types = list(self.function.function_type.outputs.data)
         self.ops = [op for op in module.walk() if is_executable_dist_op(op)]
