@@ -124,12 +124,7 @@ class BroadcastOp(CollectiveOp):
     ):
         input = SSAValue.get(input)
         props: dict[str, Attribute] = {}
-        operands: list[SSAValue | Sequence[SSAValue]] = [input]
-        if isinstance(root, int):
-            props["root"] = IntegerAttr(root, i64)
-            operands.append([])
-        else:
-            operands.append([SSAValue.get(root)])
+        operands = [input, self.rank_operands(root, "root", props)]
         group_property(props, group)
         super().__init__(operands=operands, result_types=[input.type], properties=props)
 

@@ -10,7 +10,7 @@ from abc import ABC
 from collections.abc import Mapping
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, IndexType, IntegerAttr, TensorType, i64
+from xdsl.dialects.builtin import I64, IndexType, IntegerAttr, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -45,14 +45,6 @@ class PeerOp(GroupMemberOp, ABC):
     traits = traits_def(CollectiveEffect())
 
     custom_directives = (StaticOrDynamicRank, GroupRef)
-
-    @staticmethod
-    def _peer_operands(peer: Peer, name: str, props: dict[str, Attribute]) -> list[SSAValue]:
-        """Records a static peer as property `name`; a dynamic one is the operand returned."""
-        if isinstance(peer, int):
-            props[name] = IntegerAttr(peer, i64)
-            return []
-        return [SSAValue.get(peer)]
 
     def peer(self, which: str) -> int | SSAValue:
         """The `"dest"` or `"source"` rank: its static value, or the index
@@ -92,7 +84,7 @@ class SendOp(PeerOp):
 
     def __init__(self, input: SSAValue | Operation, dest: Peer, group: GroupName = None):
         props: dict[str, Attribute] = {}
-        dynamic = self._peer_operands(dest, "dest", props)
+        dynamic = self.rank_operands(dest, "dest", props)
         group_property(props, group)
         super().__init__(operands=[SSAValue.get(input), dynamic], properties=props)
 
@@ -120,7 +112,7 @@ class RecvOp(PeerOp):
 
     def __init__(self, source: Peer, result_type: TensorType, group: GroupName = None):
         props: dict[str, Attribute] = {}
-        dynamic = self._peer_operands(source, "source", props)
+        dynamic = self.rank_operands(source, "source", props)
         group_property(props, group)
         super().__init__(operands=[dynamic], result_types=[result_type], properties=props)
 
@@ -168,8 +160,8 @@ class SendRecvOp(PeerOp):
     ):
         input = SSAValue.get(input)
         props: dict[str, Attribute] = {}
-        dest_operands = self._peer_operands(dest, "dest", props)
-        source_operands = self._peer_operands(source, "source", props)
+        dest_operands = self.rank_operands(dest, "dest", props)
+        source_operands = self.rank_operands(source, "source", props)
         group_property(props, group)
         super().__init__(
             operands=[input, dest_operands, source_operands],

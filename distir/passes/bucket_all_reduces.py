@@ -57,9 +57,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
@@ -67,7 +65,7 @@ from xdsl.rewriter import InsertPoint
 
 from distir.ir.dialect import AllReduceOp, CollectiveOp, WaveOp
 from distir.passes import check_options, option
-from distir.passes._rewrite_utils import with_location
+from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
 def payload_bytes(t: TensorType) -> int | None:
@@ -227,10 +225,4 @@ class BucketAllReducesPass(ModulePass):
         check_options(self)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier(
-                [AllReduceWaveBucketing(self.max_op_bytes, self.bucket_bytes, self.min_ops)],
-                dce_enabled=False,
-            ),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, AllReduceWaveBucketing(self.max_op_bytes, self.bucket_bytes, self.min_ops))

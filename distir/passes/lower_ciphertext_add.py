@@ -64,16 +64,14 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp, YieldOp
 from distir.ir.known_combines import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
-from distir.passes._rewrite_utils import with_location
+from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
 @dataclass
@@ -119,7 +117,4 @@ class LowerCiphertextAddPass(ModulePass):
     name = "lower-ciphertext-add"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([CiphertextAddLowering()], dce_enabled=False),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, CiphertextAddLowering())

@@ -32,16 +32,14 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 
 from distir.ir.analysis import native_kind as region_native_kind
 from distir.ir.dialect import AllReduceOp, ReductionKind
-from distir.passes._rewrite_utils import with_location
+from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
 def native_kind(op: AllReduceOp) -> ReductionKind | None:
@@ -75,7 +73,4 @@ class RecognizeNativeReductionsPass(ModulePass):
     name = "recognize-native-reductions"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([NativeReductionRecognition()], dce_enabled=False),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, NativeReductionRecognition())

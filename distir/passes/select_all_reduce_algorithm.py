@@ -53,9 +53,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
@@ -67,6 +65,7 @@ from distir.ir.analysis import (
 )
 from distir.ir.dialect import AllReduceOp
 from distir.passes import check_options, option
+from distir.passes._rewrite_utils import rewrite_once
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,4 @@ class SelectAllReduceAlgorithmPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         choice = AlgorithmChoice(self.commutative, self.ordered, self.whole, self.group_size)
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([RecordAllReduceAlgorithm(choice)], dce_enabled=False),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, RecordAllReduceAlgorithm(choice))
