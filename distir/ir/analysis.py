@@ -412,7 +412,7 @@ def algorithm_applies(algorithm: str, op: Operation) -> bool:
     """Whether `algorithm` computes the `dist.all_reduce` `op` exactly: a
     native kind is elementwise and commutative, a combine region is what
     its region and `commutative` marker say."""
-    native = op.properties.get("kind") is not None
+    native = not op.is_generic  # type: ignore[attr-defined]
     commutative = native or op.properties.get("commutative") is not None
     return algorithm in candidate_algorithms(elementwise_combine(op), commutative)
 
@@ -440,7 +440,7 @@ def choose_algorithm(
 def elementwise_combine(op: Operation) -> bool:
     """Whether a `dist.all_reduce` may be combined chunk by chunk: native,
     a recorded known combine, or an elementwise region."""
-    if op.properties.get("kind") is not None:
+    if not op.is_generic:  # type: ignore[attr-defined]
         return True
     return known_combine(op) is not None or is_elementwise_region(op.regions[0].block)
 
