@@ -64,9 +64,7 @@ def read_program(argument: str) -> tuple[str, str]:
     try:
         return data.decode("utf-8"), argument
     except UnicodeDecodeError as e:
-        raise DistirError(
-            f"{argument} is not a text file: byte {e.start} is not UTF-8"
-        ) from None
+        raise DistirError(f"{argument} is not a text file: byte {e.start} is not UTF-8") from None
 
 
 def parse_program(text: str, filename: str):
@@ -83,9 +81,7 @@ def parse_program(text: str, filename: str):
         hint = ""
         if not filename.endswith(".mlir") and filename != "<stdin>":
             hint = " (distir-run reads MLIR text, as in a .mlir file)"
-        raise CompileError(
-            "\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])
-        ) from None
+        raise CompileError("\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])) from None
     except DiagnosticException as e:
         raise CompileError(f"{filename}: {e}") from None
 
@@ -139,9 +135,7 @@ def check_program(request: RunRequest, nproc: int) -> None:
     if request.inputs:
         check_inputs_file(request.inputs, entry_function(module, request.entry), nproc)
     elif request.seed > MAX_SEED:
-        raise DistirError(
-            f"--random-inputs {request.seed}: the seed must be at most {MAX_SEED}"
-        )
+        raise DistirError(f"--random-inputs {request.seed}: the seed must be at most {MAX_SEED}")
 
 
 # One rank -------------------------------------------------------------------------------

@@ -26,8 +26,7 @@ def summarize(t: Any, limit: int = 6) -> str:
     more = ", ..." if flat.numel() > limit else ""
     shown = ", ".join(str(v) for v in values)
     return (
-        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} "
-        f"[{shown}{more}]"
+        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} [{shown}{more}]"
     )
 
 
@@ -35,10 +34,7 @@ def summarize(t: Any, limit: int = 6) -> str:
 
 
 def print_report(request: Any, reports: Sequence[dict], where: str) -> None:
-    print(
-        f"distir-run: {request.filename} on {where} "
-        f"(pipeline: {request.pipeline or 'none'})"
-    )
+    print(f"distir-run: {request.filename} on {where} (pipeline: {request.pipeline or 'none'})")
     for report in reports:
         times = report["times_ms"]
         timing = (

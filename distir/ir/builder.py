@@ -329,7 +329,11 @@ def cmpi(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
 
 
 def _compare(
-    op_type: type[CmpfOp | CmpiOp], predicates: Sequence[str], predicate: str, lhs: Value, rhs: Value
+    op_type: type[CmpfOp | CmpiOp],
+    predicates: Sequence[str],
+    predicate: str,
+    lhs: Value,
+    rhs: Value,
 ) -> SSAValue:
     if predicate not in predicates:
         raise BuilderError(

@@ -183,8 +183,16 @@ def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
     allowed = set(candidate_algorithms(elementwise_combine(op), native or bool(op.commutative)))
     # gather-fold folds a region: a native kind has none
     assert matching == allowed - ({"gather-fold"} if native else set())
-    assert matching == {
-        "native sum": {"ring", "halving-doubling", "recursive-doubling"},
-        "commutative elementwise": {"ring", "halving-doubling", "recursive-doubling", "gather-fold"},
-        "ordered elementwise": {"halving-doubling", "recursive-doubling", "gather-fold"},
-    }[case]
+    assert (
+        matching
+        == {
+            "native sum": {"ring", "halving-doubling", "recursive-doubling"},
+            "commutative elementwise": {
+                "ring",
+                "halving-doubling",
+                "recursive-doubling",
+                "gather-fold",
+            },
+            "ordered elementwise": {"halving-doubling", "recursive-doubling", "gather-fold"},
+        }[case]
+    )

@@ -132,7 +132,9 @@ def _swapped(text: str, op_type: type[IRDLOperation]):
 
 def test_an_op_declaring_every_rank_enters_is_rejected_under_a_rank_condition():
     module = _swapped(IF_ON.replace("{source}", "dist.rank : index"), _EntersOp)
-    with pytest.raises(SPMDViolation, match="'test.enters' at <unknown location> runs under control"):
+    with pytest.raises(
+        SPMDViolation, match="'test.enters' at <unknown location> runs under control"
+    ):
         verify_spmd(module)
 
 
