@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -11,6 +14,25 @@ from distir.ir.parsing import describe_op
 def count(n: int, noun: str) -> str:
     """`1 rank`, `4 ranks`: how messages say how many."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def one_line(e: BaseException, path: str | Path | None = None) -> str:
+    """`ValueError: boom (at inputs.py:5)`: an unexpected exception in one
+    line, without its traceback, located at the deepest frame (the deepest
+    line of `path` it passed through, when given, and a syntax error in
+    `path` at its own line)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if path is not None:
+        frames = [f for f in frames if Path(f.filename) == Path(path)]
+    if path is not None and isinstance(e, SyntaxError) and e.lineno is not None:
+        where = f" (at {path}:{e.lineno})"
+    elif frames:
+        where = f" (at {path or frames[-1].filename}:{frames[-1].lineno})"
+    else:
+        where = ""
+    detail = (e.msg if path is not None and isinstance(e, SyntaxError) else str(e)).strip()
+    detail = detail.splitlines()[0] if detail else ""
+    return f"{type(e).__name__}: {detail}{where}" if detail else f"{type(e).__name__}{where}"
 
 
 class DistirError(Exception):

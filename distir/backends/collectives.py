@@ -22,6 +22,7 @@ from distir.backends.registry import Implementation, Invocation
 from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.interpreters.dtypes import element_dtype
+from distir.ir.analysis import GATHER_FOLD, algorithm_applies
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import (
     AllGatherOp,
@@ -33,6 +34,7 @@ from distir.ir.dialect import (
     RankOp,
     VariableAllToAllOp,
 )
+from distir.ir.facts import AgreementRidesWithPayload
 
 #: the c10d reduction of each native kind, derived from the kinds' facts
 C10D_REDUCTIONS = {
@@ -174,7 +176,7 @@ class NativeAllReduceImplementation(Implementation):
     element_dtypes = COLLECTIVE_DTYPES
 
     def matches(self, op) -> bool:
-        return isinstance(op, AllReduceOp) and op.kind is not None
+        return isinstance(op, AllReduceOp) and not op.is_generic
 
     def unsupported(self, op) -> str | None:
         dtype = element_dtype(op.input.type)
@@ -230,11 +232,12 @@ class GatherFoldAllReduceImplementation(Implementation):
     """Baseline generic all-reduce: gather everything, fold in rank order.
     Correct for any associative combine; P×N temporary memory."""
 
-    name = "gather-fold"
+    name = GATHER_FOLD
     operation_types = (AllReduceOp,)
 
     def matches(self, op) -> bool:
-        return isinstance(op, AllReduceOp) and op.kind is None
+        # It folds the region; a native kind has none.
+        return isinstance(op, AllReduceOp) and op.is_generic and algorithm_applies(self.name, op)
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, *extras = inputs
@@ -339,6 +342,13 @@ class VariableAllToAllImplementation(Implementation):
 
     name = "all-to-all-single"
     operation_types = (VariableAllToAllOp,)
+
+    def unsupported(self, op):
+        # The agreement below is the op's only one because the op declares it
+        # rides with the payload (the planner then never hoists its check).
+        if not op.has_trait(AgreementRidesWithPayload):
+            return f"{self.name} agrees in its count exchange, which {op.name} does not declare"
+        return None
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, send_counts = inputs

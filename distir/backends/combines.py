@@ -32,8 +32,9 @@ from distir.interpreters.kernels import (
     broadcast_view,
     constant_tensor,
 )
-from distir.ir.analysis import MODULAR_ADD, broadcast_extra, known_combine, single_op
+from distir.ir.analysis import broadcast_extra, single_op
 from distir.ir.dialect import AllReduceOp
+from distir.ir.known_combines import MODULAR_ADD, known_combine
 
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 
@@ -341,7 +342,7 @@ def _is_index_constant(op: Operation) -> bool:
 
 def build_combine(op: AllReduceOp) -> Any:
     """The combine of an elementwise all-reduce, from what the op is."""
-    if op.kind is not None:
+    if not op.is_generic:
         return FunctionCombine(NATIVE_FOLDS[op.kind.data])
     if known_combine(op) == MODULAR_ADD:
         return ModularAddCombine()

@@ -38,7 +38,6 @@ from distir.errors import (
     CollectiveFailed,
     DeadlineExceeded,
     DistirError,
-    count,
 )
 from distir.interpreters.checks import (
     Precondition,
@@ -46,7 +45,7 @@ from distir.interpreters.checks import (
     mismatch,
 )
 from distir.interpreters.invocation import Invocation
-from distir.ir.dialect import GroupOp, MeshOp
+from distir.ir.dialect import GroupOp
 
 DEFAULT_DEADLINE_S = 60.0
 
@@ -381,42 +380,10 @@ class NonMemberResource:
         )
 
 
-def check_declarations(
-    groups: Sequence[GroupOp], meshes: Sequence[MeshOp], size: int
-) -> None:
-    """Declared groups and meshes must name ranks of the base group only.
-
-    Every rank runs the same (agreed) program on a base group of the same
-    size, so every rank raises this same error, before any collective."""
-    for decl in groups:
-        beyond = sorted(r for part in decl.rank_lists for r in part if r >= size)
-        if beyond:
-            raise DistirError(
-                f"group @{decl.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')} "
-                "(declare ranks of the group it runs on; after distir.recover, compile it "
-                "again for the new group size)"
-            )
-    for mesh in meshes:
-        beyond = sorted(r for r in mesh.rank_list if r >= size)
-        if beyond:
-            raise DistirError(
-                f"mesh @{mesh.sym_name.data} names rank{'s' if len(beyond) > 1 else ''} "
-                f"{', '.join(map(str, beyond))} but the program runs on {count(size, 'rank')} "
-                "(declare ranks of the group it runs on; after distir.recover, compile it "
-                "again for the new group size)"
-            )
-
-
 #: base process group -> {global rank lists -> this rank's process group, or
 #: None on a rank in no subgroup}; the subgroups live as long as their base
 _GROUP_CACHE: dict[Any, dict[tuple, dist.ProcessGroup | None]] = {}
 _GROUP_CACHE_LOCK = threading.Lock()
-
-
-def cached_group_count() -> int:
-    """How many declared groups this process holds (for leak tests)."""
-    return sum(len(groups) for groups in _GROUP_CACHE.values())
 
 
 def release_dead_groups() -> None:

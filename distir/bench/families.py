@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from distir.ir.analysis import GATHER_FOLD, HALVING_DOUBLING, RECURSIVE_DOUBLING, RING
+
 #: dtypes the native families take with `-d`, and their IR element types.
 DTYPES: Mapping[str, str] = {
     "float32": "f32",
@@ -385,11 +387,11 @@ register(Family(
     "combine", "generic commutative (a + b) mod 2^32 on i64 per algorithm vs native i64 sum",
     combine_setup, bus="all_reduce",
     variants=(
-        Variant("gather-fold", SELECT + "{commutative=gather-fold}"),
-        Variant("ring", SELECT),
-        Variant("ring, donated", SELECT, donate=True),
-        Variant("halving-doubling", SELECT + "{commutative=halving-doubling}"),
-        Variant("recursive-doubling", SELECT + "{commutative=recursive-doubling}"),
+        Variant(GATHER_FOLD, f"{SELECT}{{commutative={GATHER_FOLD}}}"),
+        Variant(RING, SELECT),
+        Variant(f"{RING}, donated", SELECT, donate=True),
+        Variant(HALVING_DOUBLING, f"{SELECT}{{commutative={HALVING_DOUBLING}}}"),
+        Variant(RECURSIVE_DOUBLING, f"{SELECT}{{commutative={RECURSIVE_DOUBLING}}}"),
     ),
 ))  # fmt: skip
 

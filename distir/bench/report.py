@@ -98,28 +98,20 @@ def format_dispatch(d: dict) -> str:
     )
 
 
-#: combine-family variants -> the algorithm the cost model knows them by
-_ALGORITHM_OF = {
-    "ring": "ring",
-    "halving-doubling": "halving-doubling",
-    "recursive-doubling": "recursive-doubling",
-    "gather-fold": "gather-fold",
-}
-
-
 def fit_cost_model(rows: Sequence[dict]) -> dict | None:
     """Least-squares constants of `ir.analysis.CostModel` (seconds per round,
     per byte sent, per byte combined) from the combine family's rows, the
     algorithms run on the same data side by side; None without such rows."""
     import numpy as np
 
-    from distir.ir.analysis import CostModel
+    from distir.ir.analysis import ALGORITHM_NEEDS, CostModel
 
     unit = (CostModel(1.0, 0.0, 0.0), CostModel(0.0, 1.0, 0.0), CostModel(0.0, 0.0, 1.0))
     lhs, rhs = [], []
     for r in rows:
-        algorithm = _ALGORITHM_OF.get(r["variant"])
-        if r["family"] != "combine" or algorithm is None or r["P"] < 2:
+        # combine-family variants are named by the algorithm they run
+        algorithm = r["variant"]
+        if r["family"] != "combine" or algorithm not in ALGORITHM_NEEDS or r["P"] < 2:
             continue
         lhs.append([m.seconds(algorithm, r["P"], r["bytes"]) for m in unit])
         rhs.append(r["median_ms"] / 1e3)

@@ -47,6 +47,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from distir.ir.parsing import (
     LocatedParser,
+    find_verify_failure,
     format_parse_error,
     make_context,
     printable,
@@ -95,21 +96,6 @@ def _op_location(op: Operation) -> str | None:
         if isinstance(loc, FileLineColLoc):
             return f"{loc.filename.data}:{loc.line.data}:{loc.column.data}"
         current = current.parent_op()
-    return None
-
-
-def find_verify_failure(root: Operation) -> tuple[Operation, Exception] | None:
-    """The innermost op whose verification fails, with its error.
-
-    Ops are visited children first, so when an op's subtree fails but none of
-    its descendants does, the op itself broke a rule (a verifier, a trait, or
-    a structural check such as a missing terminator in its region).
-    """
-    for op in root.walk(region_first=True):
-        try:
-            op.verify()
-        except (VerifyException, ValueError) as e:
-            return op, e
     return None
 
 

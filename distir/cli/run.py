@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import sys
 import threading
-import time
-import traceback
-import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 # Only the standard library is imported before `main` has taken over SIGINT
-# and SIGTERM: distir, xDSL and torch load inside the functions that use them.
+# and SIGTERM: distir, xDSL and torch load inside the functions that use them
+# (the rank body in `distir.cli.rank` and the printing in `distir.cli.report`
+# keep to the same rule).
+from distir.cli.rank import RunRequest, check_program, launched_rank, read_program
+from distir.cli.report import format_failures, print_report
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -38,270 +37,6 @@ EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
 DEFAULT_NPROC = 4
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """What every rank needs to run the program: the source text itself
-    (ranks parse it, with `filename` in locations), never a path to re-read."""
-
-    source: str
-    filename: str
-    pipeline: str
-    entry: str
-    inputs: str | None
-    seed: int
-    dynamic_size: int
-    repeat: int
-    backend: str
-    deadline: float
-    keep_results: bool = False
-    #: with --tolerate: survivors recover and finish their runs on the new group
-    tolerate: int | None = None
-
-
-def checksum(t: Any) -> str:
-    """CRC32 of a tensor's bytes (any dtype, bfloat16 and bool included)."""
-    import torch
-
-    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    return f"{zlib.crc32(data.numpy().tobytes()):08x}"
-
-
-def summarize(t: Any, limit: int = 6) -> str:
-    flat = t.detach().cpu().reshape(-1)
-    values = [round(v, 6) if isinstance(v, float) else v for v in flat[:limit].tolist()]
-    more = ", ..." if flat.numel() > limit else ""
-    shown = ", ".join(str(v) for v in values)
-    return (
-        f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} crc32 {checksum(t)} "
-        f"[{shown}{more}]"
-    )
-
-
-# Reading the program -------------------------------------------------------------------
-
-
-def read_program(argument: str) -> tuple[str, str]:
-    """(text, name for locations) of the program argument: a file, or `-`
-    for standard input. Raises `DistirError` saying what is wrong."""
-    from distir.errors import DistirError
-
-    if argument == "-":
-        return sys.stdin.read(), "<stdin>"
-    path = Path(argument)
-    if path.is_dir():
-        raise DistirError(f"{argument} is a directory, not a program file")
-    if not path.exists():
-        hint = ""
-        if not path.suffix and path.with_suffix(".mlir").is_file():
-            hint = f" (did you mean {argument}.mlir?)"
-        raise DistirError(f"{argument}: no such file{hint}")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DistirError(f"cannot read {argument}: {e.strerror}") from None
-    try:
-        return data.decode("utf-8"), argument
-    except UnicodeDecodeError as e:
-        raise DistirError(
-            f"{argument} is not a text file: byte {e.start} is not UTF-8"
-        ) from None
-
-
-def parse_program(text: str, filename: str):
-    """The module `text` holds; a parse error is a located `CompileError`."""
-    from xdsl.utils.exceptions import DiagnosticException, ParseError
-
-    from distir.errors import CompileError
-    from distir.ir.parsing import parse_module
-
-    try:
-        return parse_module(text, filename)
-    except ParseError as e:
-        lines = e.span.print_with_context(None).splitlines()[1:]
-        hint = ""
-        if not filename.endswith(".mlir") and filename != "<stdin>":
-            hint = " (distir-run reads MLIR text, as in a .mlir file)"
-        raise CompileError(
-            "\n".join([f"{e.span.get_location()}: {e.msg}{hint}", *lines])
-        ) from None
-    except DiagnosticException as e:
-        raise CompileError(f"{filename}: {e}") from None
-
-
-def entry_function(module, entry: str):
-    from xdsl.dialects import func
-
-    from distir.errors import CompileError
-
-    for op in module.ops:
-        if isinstance(op, func.FuncOp) and op.sym_name.data == entry:
-            return op
-    raise CompileError(f"the module has no entry function @{entry}")
-
-
-# One rank ------------------------------------------------------------------------------
-
-
-def one_line(e: BaseException) -> str:
-    """`ValueError: boom (at inputs.py:5)`: an unexpected exception without
-    its traceback, located at the deepest frame."""
-    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    frames = traceback.extract_tb(e.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {message}{where}" if message else f"{type(e).__name__}{where}"
-
-
-def _rank_inputs(request: RunRequest, function, rank: int, world_size: int) -> list:
-    from distir.errors import DistirError
-    from distir.runtime.inputs import check_inputs, load_inputs, synthesize_inputs
-
-    if request.inputs:
-        inputs = load_inputs(request.inputs, rank, world_size)
-        try:
-            check_inputs(inputs, function)
-        except DistirError as e:
-            raise DistirError(f"{request.inputs}: {e}") from None
-        return inputs
-    return synthesize_inputs(function, rank, world_size, request.seed, request.dynamic_size)
-
-
-def _agree_on_inputs(error: str | None, world_size: int) -> None:
-    """Every rank learns whether every rank has its inputs, so that one
-    rank's bad inputs stop all of them at once, before any collective."""
-    import torch.distributed as dist
-
-    from distir.errors import DistirError
-
-    errors: list[str | None] = [None] * world_size
-    dist.all_gather_object(errors, error)
-    if error is not None:
-        raise DistirError(error)
-    failed = [r for r, e in enumerate(errors) if e is not None]
-    if failed:
-        who = ", ".join(str(r) for r in failed)
-        raise DistirError(f"not run: rank{'s' if len(failed) > 1 else ''} {who} had no inputs")
-
-
-def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
-    """Body of one rank: make inputs (synthesised from the program as
-    written, before any pass), compile with the pipeline, run (timed),
-    summarise."""
-    import torch
-
-    import distir
-    from distir.errors import DistirError
-
-    module = parse_program(request.source, request.filename)
-    error = None
-    inputs: list = []
-    try:
-        inputs = _rank_inputs(request, entry_function(module, request.entry), rank, world_size)
-    except DistirError as e:
-        error = str(e)
-    except Exception as e:
-        error = one_line(e)
-    _agree_on_inputs(error, world_size)
-    program = distir.compile(
-        module, request.pipeline, entry=request.entry, deadline=request.deadline
-    )
-    if request.backend == "nccl":
-        inputs = [x.cuda() for x in inputs]
-    times = []
-    results: Any = None
-    group = None
-    recovered: list[str] = []
-    while len(times) < request.repeat:
-        try:
-            torch.distributed.barrier(group=group)
-            start = time.perf_counter()
-            results = program.run(*inputs, group=group)
-        except (DistirError, RuntimeError):
-            if request.tolerate is None:
-                raise
-            # A peer was lost: agree on the survivors and finish the runs on them.
-            m = distir.recover(deadline=request.deadline + 10.0)
-            group = m.group
-            inputs = _rank_inputs(request, entry_function(module, request.entry), m.rank, m.size)
-            recovered.append(
-                f"recovered: epoch {m.epoch}, rank {m.rank} of {m.size} "
-                f"({_rank_list(m.ranks)}; lost {_rank_list(m.lost)})"
-            )
-            continue
-        if request.backend == "nccl":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    if not isinstance(results, tuple):
-        results = (results,)
-    report = {
-        "rank": rank,
-        "results": [summarize(r) for r in results],
-        "times_ms": times,
-        "recovered": recovered,
-    }
-    if request.keep_results:
-        report["values"] = [r.detach().cpu() for r in results]
-    return report
-
-
-def _launched_rank(ctx, request: RunRequest) -> dict:
-    from distir.errors import DistirError
-
-    try:
-        return run_rank(request, ctx.rank, ctx.world_size)
-    except DistirError:
-        raise
-    except Exception as e:
-        # The parent prints one line per rank, never a traceback.
-        raise DistirError(one_line(e)) from None
-
-
-# Reporting -----------------------------------------------------------------------------
-
-
-def print_report(request: RunRequest, reports: Sequence[dict], where: str) -> None:
-    print(
-        f"distir-run: {request.filename} on {where} "
-        f"(pipeline: {request.pipeline or 'none'})"
-    )
-    for report in reports:
-        times = report["times_ms"]
-        timing = (
-            f"{times[0]:.3f} ms"
-            if len(times) == 1
-            else f"median {statistics.median(times):.3f} ms over {len(times)} runs "
-            f"(first {times[0]:.3f} ms)"
-        )
-        print(f"rank {report['rank']}: run {timing}")
-        for line in report.get("recovered", ()):
-            print(f"  {line}")
-        for i, line in enumerate(report["results"]):
-            print(f"  result #{i}: {line}")
-
-
-def _rank_list(ranks: Sequence[int]) -> str:
-    """`rank 2`, `ranks 0-3`, `ranks 0, 2, 3`."""
-    ranks = sorted(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(str(r) for r in ranks)
-
-
-def format_failures(failures: dict[int, str], nproc: int) -> str:
-    """`N of P ranks failed:` and one line per distinct reason, naming the
-    ranks that gave it (a reason every rank gave is printed once)."""
-    by_reason: dict[str, list[int]] = {}
-    for rank, why in sorted(failures.items()):
-        # The base class adds nothing to the message; specific ones do.
-        why = why.removeprefix("DistirError: ")
-        by_reason.setdefault(why, []).append(rank)
-    lines = [f"{len(failures)} of {nproc} {'rank' if nproc == 1 else 'ranks'} failed:"]
-    for why, ranks in by_reason.items():
-        lines.append(f"  {_rank_list(ranks)}: {why}")
-    return "\n".join(lines)
 
 
 # Flags ---------------------------------------------------------------------------------
@@ -484,59 +219,6 @@ def _check_output_path(output: str) -> None:
         raise DistirError(f"--output {output}: directory {parent} is not writable")
 
 
-def _check_inputs_file(request: RunRequest, function, world_size: int) -> None:
-    """What can be known about an inputs file without running a rank: that
-    it exists and imports (`.py`), or loads and fits the program (`.pt`)."""
-    from distir.errors import DistirError
-    from distir.runtime.inputs import (
-        check_inputs,
-        inputs_from_data,
-        load_input_factory,
-        read_input_file,
-    )
-
-    path = Path(request.inputs or "")
-    if path.suffix == ".py":
-        load_input_factory(path)
-    elif path.suffix == ".pt":
-        data = read_input_file(path)
-        for rank in range(world_size):
-            inputs = inputs_from_data(data, path, rank, world_size)
-            try:
-                check_inputs(inputs, function)
-            except DistirError as e:
-                raise DistirError(f"{path}, inputs of rank {rank}: {e}") from None
-    elif not path.exists():
-        raise DistirError(f"inputs file {path} does not exist")
-    else:
-        raise DistirError(
-            f"inputs file {path} must be a .py defining make_inputs(rank, world_size) or a .pt"
-        )
-
-
-def _check_point_to_point(module, entry: str, nproc: int) -> None:
-    """Point-to-point traffic that deadlocks with `nproc` ranks (compile
-    only rejects a deadlock found at every group size)."""
-    from distir.errors import DistirError
-    from distir.passes.verify_spmd import PointToPointDeadlock, check_point_to_point
-
-    try:
-        check_point_to_point(module, entry, nproc)
-    except PointToPointDeadlock as e:
-        raise DistirError(str(e)) from None
-
-
-def _verifies(module) -> bool:
-    """Whether `module` verifies; `distir.compile` reports why it does not."""
-    from xdsl.utils.exceptions import DiagnosticException
-
-    try:
-        module.verify()
-    except DiagnosticException:
-        return False
-    return True
-
-
 def _run(args: argparse.Namespace) -> int:
     from distir.errors import DistirError
     from distir.runtime.launch import (
@@ -546,7 +228,6 @@ def _run(args: argparse.Namespace) -> int:
         stale_rendezvous_variables,
         under_torchrun,
     )
-    from distir.runtime.requirements import check_world_size
 
     torchrun = under_torchrun()
     if torchrun and args.nproc is not None:
@@ -584,25 +265,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.output is not None:
         _check_output_path(args.output)
 
-    # Everything a rank would find wrong with the program, found once, here.
-    module = parse_program(text, filename)
-    if _verifies(module):
-        # Before compiling, which loads torch: a wrong --nproc fails at once.
-        check_world_size(module, nproc, args.entry)
-    import distir
-
-    program = distir.compile(module, args.pipeline, entry=args.entry, deadline=args.deadline)
-    check_world_size(module, nproc, args.entry)
-    check_world_size(program.module, nproc, args.entry)  # what the passes assumed
-    _check_point_to_point(program.module, args.entry, nproc)
-    if args.inputs:
-        _check_inputs_file(request, entry_function(module, args.entry), nproc)
-    else:
-        from distir.runtime.inputs import MAX_SEED
-
-        if args.random_inputs > MAX_SEED:
-            raise DistirError(f"--random-inputs {args.random_inputs}: the seed must be at most "
-                              f"{MAX_SEED}")  # fmt: skip
+    check_program(request, nproc)
     check_backend(args.backend, None if torchrun else nproc)
 
     if torchrun:
@@ -610,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
 
         ctx = init_from_environment(args.backend, timeout=max(args.timeout, args.deadline))
         try:
-            report = _launched_rank(ctx, request)
+            report = launched_rank(ctx, request)
             gathered: list[Any] | None = None
             if args.output is not None:
                 gathered = [None] * ctx.world_size if ctx.rank == 0 else None
@@ -623,7 +286,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     outcome = launch(
-        _launched_rank,
+        launched_rank,
         nproc,
         request,
         backend=args.backend,

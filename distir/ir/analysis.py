@@ -12,9 +12,6 @@ never disagree about what a region is.
 - `native_kind`: the region is one commutative op a native collective has;
 - `non_commutative_witness`: operands on which the region's result depends
   on their order (the verifier refutes a `commutative` marker with it);
-- `is_modular_add_region`: the region is `lower-ciphertext-add`'s modular
-  addition; the pass records it as the `known_combine = "modular-add"`
-  attribute and the verifier holds the region to it;
 - `choose_algorithm`: the algorithm a generic all-reduce runs with, from
   what its region allows and an alpha-beta cost model of the message size
   and the group size.
@@ -36,9 +33,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     Signedness,
-    StringAttr,
     TensorType,
-    i64,
 )
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
@@ -46,10 +41,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
 from distir.ir.elementwise import ELEMENTWISE_OPS
-
-#: Discardable attribute by which a pass records what a combine region is.
-KNOWN_COMBINE = "known_combine"
-MODULAR_ADD = "modular-add"
+from distir.ir.known_combines import known_combine
 
 RING = "ring"
 HALVING_DOUBLING = "halving-doubling"
@@ -345,106 +337,6 @@ def non_commutative_witness(block: Block) -> tuple[int, int, Fraction, Fraction]
     return None
 
 
-def _owner(value: SSAValue, op_type: type[Operation]) -> Operation | None:
-    owner = value.owner
-    return owner if isinstance(owner, op_type) else None
-
-
-def _is_constant(value: SSAValue, number: int) -> bool:
-    owner = value.owner
-    if isinstance(owner, tensor.SplatOp):
-        owner = owner.operands[0].owner
-    if not isinstance(owner, arith.ConstantOp):
-        return False
-    attr = owner.value
-    if isinstance(attr, IntegerAttr):
-        return attr.value.data == number
-    if not isinstance(attr, DenseIntOrFPElementsAttr):
-        return False
-    values = attr.get_values()
-    # An empty constant (a zero-sized dimension) holds `number` everywhere,
-    # vacuously; xDSL's is_splat() fails on it.
-    return not values or (attr.is_splat() and values[0] == number)
-
-
-def _pair(op: Operation, a: SSAValue, b: SSAValue) -> bool:
-    return tuple(op.operands) in ((a, b), (b, a))
-
-
-def modular_add_modulus(block: Block) -> SSAValue | None:
-    """The modulus value of `lower-ciphertext-add`'s region on i64, or None
-    when the block is not that region: `s = lhs + rhs; d = s - q;
-    d + ((d >> 63) & q)`, with q the first extra or its broadcast."""
-    if len(block.args) != 3 or block.last_op is None or block.last_op.name != "dist.yield":
-        return None
-    t = block.args[0].type
-    if not isinstance(t, TensorType) or t.element_type != i64:
-        return None
-    lhs, rhs, extra = block.args
-    moduli = {extra}
-    for op in block.ops:
-        found = broadcast_extra(op, block)
-        if found is not None and found[0] == 0:
-            moduli.add(op.results[0])
-    (final_value,) = block.last_op.operands if len(block.last_op.operands) == 1 else (None,)
-    final = _owner(final_value, arith.AddiOp) if final_value is not None else None
-    if final is None:
-        return None
-    for d, masked in (tuple(final.operands), tuple(reversed(final.operands))):
-        sub = _owner(d, arith.SubiOp)
-        mask = _owner(masked, arith.AndIOp)
-        if sub is None or mask is None or sub.operands[1] not in moduli:
-            continue
-        q = sub.operands[1]
-        total = _owner(sub.operands[0], arith.AddiOp)
-        if total is None or not _pair(total, lhs, rhs):
-            continue
-        for shifted, other in (tuple(mask.operands), tuple(reversed(mask.operands))):
-            shift = _owner(shifted, arith.ShRSIOp)
-            if (
-                other is q
-                and shift is not None
-                and shift.operands[0] is d
-                and _is_constant(shift.operands[1], 63)
-            ):
-                return q
-    return None
-
-
-def is_modular_add_region(block: Block) -> bool:
-    return modular_add_modulus(block) is not None
-
-
-def known_combine(op: Operation) -> str | None:
-    """The combine a pass recorded on a generic all-reduce (verified)."""
-    attr = op.attributes.get(KNOWN_COMBINE)
-    return attr.data if isinstance(attr, StringAttr) else None
-
-
-#: what each known combine's region must be
-KNOWN_COMBINES = {MODULAR_ADD: is_modular_add_region}
-
-
-def known_combine_error(op: Operation) -> str | None:
-    """Why an op's recorded `known_combine` does not hold, or None: backends
-    run the recorded combine instead of the region, so the two must agree."""
-    if KNOWN_COMBINE not in op.attributes:
-        return None
-    name = known_combine(op)
-    check = KNOWN_COMBINES.get(name or "")
-    if check is None:
-        return (
-            f"'{op.name}' records known_combine {op.attributes[KNOWN_COMBINE]}, but the "
-            f"known combines are {', '.join(repr(k) for k in KNOWN_COMBINES)}"
-        )
-    if not op.regions or not op.regions[0].blocks or not check(op.regions[0].block):
-        return (
-            f"'{op.name}' records known_combine \"{name}\" but its combine region is "
-            f"not that combine"
-        )
-    return None
-
-
 # Algorithm choice ---------------------------------------------------------------------
 
 
@@ -492,17 +384,37 @@ class CostModel:
 DEFAULT_COST_MODEL = CostModel()
 
 
+#: every algorithm of a generic all-reduce, in order of preference, with what
+#: it needs of the combine to compute its result exactly as defined:
+#: (elementwise, commutative). Chunking needs an elementwise region, the
+#: ring's rotated fold order a commutative one; recursive doubling and
+#: gather-fold keep rank order on whole tensors. The backends' `matches()`
+#: and the selection pass both read this table.
+ALGORITHM_NEEDS: dict[str, tuple[bool, bool]] = {
+    RING: (True, True),
+    HALVING_DOUBLING: (True, False),
+    RECURSIVE_DOUBLING: (False, False),
+    GATHER_FOLD: (False, False),
+}
+
+
 def candidate_algorithms(elementwise: bool, commutative: bool) -> tuple[str, ...]:
-    """The algorithms that compute a combine's result exactly as defined:
-    chunking needs an elementwise region, the ring's rotated fold order needs
-    a commutative one; recursive doubling and gather-fold keep rank order
-    on whole tensors."""
-    found = []
-    if elementwise:
-        if commutative:
-            found.append(RING)
-        found.append(HALVING_DOUBLING)
-    return (*found, RECURSIVE_DOUBLING, GATHER_FOLD)
+    """The algorithms (`ALGORITHM_NEEDS`) that compute exactly a combine
+    that is elementwise and/or commutative as given, in order of preference."""
+    return tuple(
+        name
+        for name, (needs_elementwise, needs_commutative) in ALGORITHM_NEEDS.items()
+        if (elementwise or not needs_elementwise) and (commutative or not needs_commutative)
+    )
+
+
+def algorithm_applies(algorithm: str, op: Operation) -> bool:
+    """Whether `algorithm` computes the `dist.all_reduce` `op` exactly: a
+    native kind is elementwise and commutative, a combine region is what
+    its region and `commutative` marker say."""
+    native = not op.is_generic  # type: ignore[attr-defined]
+    commutative = native or op.properties.get("commutative") is not None
+    return algorithm in candidate_algorithms(elementwise_combine(op), commutative)
 
 
 def choose_algorithm(
@@ -528,7 +440,7 @@ def choose_algorithm(
 def elementwise_combine(op: Operation) -> bool:
     """Whether a `dist.all_reduce` may be combined chunk by chunk: native,
     a recorded known combine, or an elementwise region."""
-    if op.properties.get("kind") is not None:
+    if not op.is_generic:  # type: ignore[attr-defined]
         return True
     return known_combine(op) is not None or is_elementwise_region(op.regions[0].block)
 

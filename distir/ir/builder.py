@@ -80,7 +80,7 @@ from distir.ir.collectives import (
 from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
-from distir.ir.parsing import describe_op
+from distir.ir.parsing import describe_op, find_verify_failure
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -318,24 +318,30 @@ def cmpf(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
     shape. Predicates: ordered `oeq`, `ogt`, `oge`, `olt`, `ole`, `one`,
     `ord` (false where either is NaN), unordered `ueq` ... `uno` (true
     there), `false`, `true`."""
-    if predicate not in CMPF_COMPARISON_OPERATIONS:
-        raise BuilderError(
-            f"no cmpf predicate {predicate!r}; the predicates are {', '.join(CMPF_COMPARISON_OPERATIONS)}"
-        )
-    a, b = _typed("arith.cmpf", (lhs, rhs))
-    return _verified(CmpfOp(a, b, predicate)).results[0]
+    return _compare(CmpfOp, CMPF_COMPARISON_OPERATIONS, predicate, lhs, rhs)
 
 
 @_located
 def cmpi(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
     """`arith.cmpi`: element-wise integer comparison (`eq`, `ne`, signed
     `slt` ... `sge`, unsigned `ult` ... `uge`), an `i1` of the operands' shape."""
-    if predicate not in CMPI_COMPARISON_OPERATIONS:
+    return _compare(CmpiOp, CMPI_COMPARISON_OPERATIONS, predicate, lhs, rhs)
+
+
+def _compare(
+    op_type: type[CmpfOp | CmpiOp],
+    predicates: Sequence[str],
+    predicate: str,
+    lhs: Value,
+    rhs: Value,
+) -> SSAValue:
+    if predicate not in predicates:
         raise BuilderError(
-            f"no cmpi predicate {predicate!r}; the predicates are {', '.join(CMPI_COMPARISON_OPERATIONS)}"
+            f"no {op_type.name.removeprefix('arith.')} predicate {predicate!r}; "
+            f"the predicates are {', '.join(predicates)}"
         )
-    a, b = _typed("arith.cmpi", (lhs, rhs))
-    return _verified(CmpiOp(a, b, predicate)).results[0]
+    a, b = _typed(op_type.name, (lhs, rhs))
+    return _verified(op_type(a, b, predicate)).results[0]
 
 
 @_located
@@ -632,9 +638,8 @@ def build_program(
 
 def _failing(module: ModuleOp, error: Exception) -> str:
     """The verifier's message, prefixed by the op that fails and where it was built."""
-    for op in module.walk():
-        try:
-            op.verify(verify_nested_ops=False)
-        except DiagnosticException as e:
-            return f"{describe_op(op)}: {' '.join(str(e).split())}"
-    return " ".join(str(error).split())
+    failure = find_verify_failure(module)
+    if failure is None:
+        return " ".join(str(error).split())
+    op, e = failure
+    return f"{describe_op(op)}: {' '.join(str(e).split())}"

@@ -41,15 +41,21 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from distir.ir.analysis import known_combine_error, non_commutative_witness
+from distir.ir.analysis import non_commutative_witness
 from distir.ir.attributes import (
     CollectiveEffect,
     RaisesEffect,
     ReductionKind,
     ReductionKindAttr,
 )
-from distir.ir.facts import EveryRankEnters, OperandRole, UniformResults
+from distir.ir.facts import (
+    AgreementRidesWithPayload,
+    EveryRankEnters,
+    OperandRole,
+    UniformResults,
+)
 from distir.ir.groups import GroupMemberOp, GroupName, group_property
+from distir.ir.known_combines import known_combine_error
 from distir.ir.p2p import PeerOp
 from distir.ir.syntax import (
     CombineRegion,
@@ -118,12 +124,7 @@ class BroadcastOp(CollectiveOp):
     ):
         input = SSAValue.get(input)
         props: dict[str, Attribute] = {}
-        operands: list[SSAValue | Sequence[SSAValue]] = [input]
-        if isinstance(root, int):
-            props["root"] = IntegerAttr(root, i64)
-            operands.append([])
-        else:
-            operands.append([SSAValue.get(root)])
+        operands = [input, self.rank_operands(root, "root", props)]
         group_property(props, group)
         super().__init__(operands=operands, result_types=[input.type], properties=props)
 
@@ -136,14 +137,7 @@ class BroadcastOp(CollectiveOp):
             )
         _verify_same_type(self, "input", self.result.type, self.input.type)
         if self.root is not None:
-            root = self.root.value.data
-            if root < 0:
-                raise VerifyException(f"'dist.broadcast' root must be >= 0, got {root}")
-            size = self.static_group_size()
-            if size is not None and root >= size:
-                raise VerifyException(
-                    f"'dist.broadcast' root {root} is outside group {self.group} of size {size}"
-                )
+            self.verify_static_rank("root", self.root.value.data)
 
 
 ###############################################################################
@@ -239,10 +233,15 @@ class AllReduceOp(CollectiveOp):
     def combine_block(self) -> Block:
         return self.combine.block
 
+    @property
+    def is_generic(self) -> bool:
+        """True for the generic form (a combine region), False for a native kind."""
+        return self.kind is None
+
     def verify_(self) -> None:
         self.verify_group()
         _verify_same_type(self, "input", self.result.type, self.input.type)
-        if self.kind is not None:
+        if not self.is_generic:
             self._verify_native(self.kind)
         else:
             self._verify_generic()
@@ -600,6 +599,7 @@ class VariableAllToAllOp(CollectiveOp):
 
     name = "dist.variable_all_to_all"
 
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), AgreementRidesWithPayload())
     OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
         "input": OperandRole.PAYLOAD,
         "send_counts": OperandRole.SEND_COUNTS,

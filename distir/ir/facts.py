@@ -4,8 +4,10 @@ Each op declares its facts once, on its class, as data:
 
 - traits: `EveryRankEnters` (every rank of the op's group must execute it,
   in the same order: collectives, waves, transfers; point-to-point ops do
-  not have it and may sit under rank-dependent control flow) and
-  `UniformResults` (its results are equal on every rank of the group);
+  not have it and may sit under rank-dependent control flow),
+  `UniformResults` (its results are equal on every rank of the group) and
+  `AgreementRidesWithPayload` (the op's own first exchange carries its
+  precondition check, so the run never hoists it);
 - `OPERAND_ROLES`, a class attribute mapping each operand definition's name
   to an `OperandRole`: what the operand means to the op, which says what
   ranks must agree on before the payload moves and what valid inputs look
@@ -65,6 +67,14 @@ class UniformResults(OpTrait):
     """The op's results are equal on every rank of its group."""
 
 
+class AgreementRidesWithPayload(OpTrait):
+    """The op exchanges per-rank data before its payload anyway (the
+    variable all-to-all's counts): each rank's "accepted" flag and digest
+    ride in that exchange, so the runtime does not hoist the op's
+    precondition into the run's start (it would cost a second exchange)
+    and the op's implementation does the agreement itself."""
+
+
 def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:
     """(operand, role) for every operand of `op`, in operand order; operands
     of ops without declared roles are payloads."""
@@ -82,11 +92,6 @@ def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:
         else:  # a variadic operand
             for v in value:
                 yield v, role
-
-
-def agreed_operands(op: Operation) -> list[SSAValue]:
-    """The operands of `op` whose values every rank must agree on."""
-    return [v for v, role in operand_roles(op) if role in AGREED_ROLES]
 
 
 #: roles whose local checks can fail on one rank only, or whose values the

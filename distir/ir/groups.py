@@ -14,13 +14,14 @@ from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
     IndexType,
+    IntegerAttr,
     ModuleOp,
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
     i64,
 )
-from xdsl.ir import Attribute, Operation
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -155,6 +156,28 @@ class GroupMemberOp(IRDLOperation, ABC):
             top = self.get_toplevel_object()
             if isinstance(top, ModuleOp):
                 lookup_group(self, self.group)
+
+    @staticmethod
+    def rank_operands(
+        rank: int | SSAValue | Operation, name: str, props: dict[str, Attribute]
+    ) -> list[SSAValue]:
+        """A rank the op names (a root, a peer): a static one is recorded as
+        property `name`; a dynamic one is the operand returned."""
+        if isinstance(rank, int):
+            props[name] = IntegerAttr(rank, i64)
+            return []
+        return [SSAValue.get(rank)]
+
+    def verify_static_rank(self, what: str, rank: int) -> None:
+        """A static rank the op names (a root, a peer) is a rank of its group:
+        not negative, and below the group size when the IR proves it."""
+        if rank < 0:
+            raise VerifyException(f"'{self.name}' {what} must be >= 0, got {rank}")
+        size = self.static_group_size()
+        if size is not None and rank >= size:
+            raise VerifyException(
+                f"'{self.name}' {what} {rank} is outside group {self.group} of size {size}"
+            )
 
 
 ###############################################################################

@@ -10,7 +10,7 @@ from abc import ABC
 from collections.abc import Mapping
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, IndexType, IntegerAttr, TensorType, i64
+from xdsl.dialects.builtin import I64, IndexType, IntegerAttr, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -46,27 +46,17 @@ class PeerOp(GroupMemberOp, ABC):
 
     custom_directives = (StaticOrDynamicRank, GroupRef)
 
-    @staticmethod
-    def _peer_operands(peer: Peer, name: str, props: dict[str, Attribute]) -> list[SSAValue]:
-        """Records a static peer as property `name`; a dynamic one is the operand returned."""
-        if isinstance(peer, int):
-            props[name] = IntegerAttr(peer, i64)
-            return []
-        return [SSAValue.get(peer)]
+    def peer(self, which: str) -> int | SSAValue:
+        """The `"dest"` or `"source"` rank: its static value, or the index
+        operand that holds it."""
+        attr = self.properties.get(which)
+        return attr.value.data if isinstance(attr, IntegerAttr) else getattr(self, f"{which}_value")
 
     def _verify_peer(self, attr: IntegerAttr | None, value: SSAValue | None, what: str) -> None:
         if (attr is None) == (value is None):
             raise VerifyException(f"'{self.name}' needs exactly one {what}")
-        if attr is None:
-            return
-        peer = attr.value.data
-        if peer < 0:
-            raise VerifyException(f"'{self.name}' {what} must be >= 0, got {peer}")
-        size = self.static_group_size()
-        if size is not None and peer >= size:
-            raise VerifyException(
-                f"'{self.name}' {what} {peer} is outside group {self.group} of size {size}"
-            )
+        if attr is not None:
+            self.verify_static_rank(what, attr.value.data)
 
 
 @irdl_op_definition
@@ -94,7 +84,7 @@ class SendOp(PeerOp):
 
     def __init__(self, input: SSAValue | Operation, dest: Peer, group: GroupName = None):
         props: dict[str, Attribute] = {}
-        dynamic = self._peer_operands(dest, "dest", props)
+        dynamic = self.rank_operands(dest, "dest", props)
         group_property(props, group)
         super().__init__(operands=[SSAValue.get(input), dynamic], properties=props)
 
@@ -122,7 +112,7 @@ class RecvOp(PeerOp):
 
     def __init__(self, source: Peer, result_type: TensorType, group: GroupName = None):
         props: dict[str, Attribute] = {}
-        dynamic = self._peer_operands(source, "source", props)
+        dynamic = self.rank_operands(source, "source", props)
         group_property(props, group)
         super().__init__(operands=[dynamic], result_types=[result_type], properties=props)
 
@@ -170,8 +160,8 @@ class SendRecvOp(PeerOp):
     ):
         input = SSAValue.get(input)
         props: dict[str, Attribute] = {}
-        dest_operands = self._peer_operands(dest, "dest", props)
-        source_operands = self._peer_operands(source, "source", props)
+        dest_operands = self.rank_operands(dest, "dest", props)
+        source_operands = self.rank_operands(source, "source", props)
         group_property(props, group)
         super().__init__(
             operands=[input, dest_operands, source_operands],

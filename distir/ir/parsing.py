@@ -39,7 +39,7 @@ from pathlib import Path
 from xdsl.context import Context
 from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
-from xdsl.dialects.func import Func
+from xdsl.dialects.func import Func, FuncOp
 from xdsl.dialects.linalg import Linalg
 from xdsl.dialects.math import Math
 from xdsl.dialects.scf import Scf
@@ -393,3 +393,25 @@ def format_location(op: Operation) -> str:
 def describe_op(op: Operation) -> str:
     """`'dist.broadcast' at prog.mlir:4:8`: how errors name an op."""
     return f"'{op.name}' at {format_location(op)}"
+
+
+def function_named(module: ModuleOp, name: str) -> FuncOp | None:
+    """The module's top-level `func.func @name`, or None."""
+    return next(
+        (op for op in module.ops if isinstance(op, FuncOp) and op.sym_name.data == name), None
+    )
+
+
+def find_verify_failure(root: Operation) -> tuple[Operation, Exception] | None:
+    """The innermost op whose verification fails, with its error.
+
+    Ops are visited children first, so when an op's subtree fails but none of
+    its descendants does, the op itself broke a rule (a verifier, a trait, or
+    a structural check such as a missing terminator in its region).
+    """
+    for op in root.walk(region_first=True):
+        try:
+            op.verify()
+        except (DiagnosticException, ValueError) as e:
+            return op, e
+    return None

@@ -19,6 +19,7 @@ import ast
 import dataclasses
 import difflib
 import functools
+import importlib
 import inspect
 import textwrap
 import types
@@ -44,57 +45,26 @@ from distir.passes.options import (
 PassFactory = Callable[[], type[ModulePass]]
 
 
-def _lower_ciphertext_add() -> type[ModulePass]:
-    from distir.passes.lower_ciphertext_add import LowerCiphertextAddPass
-
-    return LowerCiphertextAddPass
-
-
-def _defer_modular_reduction() -> type[ModulePass]:
-    from distir.passes.defer_modular_reduction import DeferModularReductionPass
-
-    return DeferModularReductionPass
-
-
-def _recognize_native_reductions() -> type[ModulePass]:
-    from distir.passes.recognize_native_reductions import RecognizeNativeReductionsPass
-
-    return RecognizeNativeReductionsPass
+#: distir's passes by pipeline name: (module of `distir.passes`, class),
+#: imported only when a pipeline asks for the pass
+_PASS_CLASSES: dict[str, tuple[str, str]] = {
+    "lower-ciphertext-add": ("lower_ciphertext_add", "LowerCiphertextAddPass"),
+    "defer-modular-reduction": ("defer_modular_reduction", "DeferModularReductionPass"),
+    "recognize-native-reductions": ("recognize_native_reductions", "RecognizeNativeReductionsPass"),
+    "select-all-reduce-algorithm": ("select_all_reduce_algorithm", "SelectAllReduceAlgorithmPass"),
+    "bucket-all-reduces": ("bucket_all_reduces", "BucketAllReducesPass"),
+    "verify-spmd": ("verify_spmd", "VerifySPMDPass"),
+    "print-transfer-maps": ("print_transfer_maps", "PrintTransferMapsPass"),
+    "vjp": ("vjp", "VJPPass"),
+}
 
 
-def _select_all_reduce_algorithm() -> type[ModulePass]:
-    from distir.passes.select_all_reduce_algorithm import SelectAllReduceAlgorithmPass
-
-    return SelectAllReduceAlgorithmPass
-
-
-def _bucket_all_reduces() -> type[ModulePass]:
-    from distir.passes.bucket_all_reduces import BucketAllReducesPass
-
-    return BucketAllReducesPass
-
-
-def _verify_spmd() -> type[ModulePass]:
-    from distir.passes.verify_spmd import VerifySPMDPass
-
-    return VerifySPMDPass
-
-
-def _print_transfer_maps() -> type[ModulePass]:
-    from distir.passes.print_transfer_maps import PrintTransferMapsPass
-
-    return PrintTransferMapsPass
+def _lazy(module: str, name: str) -> PassFactory:
+    return lambda: getattr(importlib.import_module(f"distir.passes.{module}"), name)
 
 
 DISTIR_PASSES: dict[str, PassFactory] = {
-    "lower-ciphertext-add": _lower_ciphertext_add,
-    "defer-modular-reduction": _defer_modular_reduction,
-    "recognize-native-reductions": _recognize_native_reductions,
-    "select-all-reduce-algorithm": _select_all_reduce_algorithm,
-    "bucket-all-reduces": _bucket_all_reduces,
-    "verify-spmd": _verify_spmd,
-    "print-transfer-maps": _print_transfer_maps,
-    "vjp": lambda: __import__("distir.passes.vjp", fromlist=["VJPPass"]).VJPPass,
+    name: _lazy(module, cls) for name, (module, cls) in _PASS_CLASSES.items()
 }
 
 

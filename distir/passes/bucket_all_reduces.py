@@ -57,16 +57,14 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 from xdsl.rewriter import InsertPoint
 
 from distir.ir.dialect import AllReduceOp, CollectiveOp, WaveOp
-from distir.passes._rewrite_utils import with_location
+from distir.passes._rewrite_utils import rewrite_once, with_location
 from distir.passes.options import check_options, option
 
 
@@ -84,7 +82,7 @@ def payload_bytes(t: TensorType) -> int | None:
 
 
 def _key(op: AllReduceOp) -> tuple:
-    assert op.kind is not None and isinstance(op.input.type, TensorType)
+    assert not op.is_generic and isinstance(op.input.type, TensorType)
     return (op.kind.data, op.input.type.element_type, op.group)
 
 
@@ -110,7 +108,7 @@ class AllReduceWaveBucketing(RewritePattern):
     created: set[Operation] = field(default_factory=set)
 
     def candidate(self, op: Operation) -> bool:
-        if not isinstance(op, AllReduceOp) or op.kind is None or op.algorithm is not None:
+        if not isinstance(op, AllReduceOp) or op.is_generic or op.algorithm is not None:
             return False
         if op in self.created or op.attributes or isinstance(op.parent_op(), WaveOp):
             return False
@@ -227,10 +225,4 @@ class BucketAllReducesPass(ModulePass):
         check_options(self)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier(
-                [AllReduceWaveBucketing(self.max_op_bytes, self.bucket_bytes, self.min_ops)],
-                dce_enabled=False,
-            ),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, AllReduceWaveBucketing(self.max_op_bytes, self.bucket_bytes, self.min_ops))

@@ -48,9 +48,7 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, i64
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
@@ -64,8 +62,9 @@ from distir.ir.dialect import (
     AssertUniformOp,
     ReductionKind,
 )
+from distir.ir.known_combines import broadcast_moduli
 from distir.ir.parsing import format_location
-from distir.passes._rewrite_utils import broadcast_moduli, with_location
+from distir.passes._rewrite_utils import rewrite_once, with_location
 from distir.passes.options import check_options, option
 
 
@@ -198,10 +197,4 @@ class DeferModularReductionPass(ModulePass):
         check_options(self)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier(
-                [DeferredReduction(self.max_group_size, self.remarks)],
-                dce_enabled=False,
-            ),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, DeferredReduction(self.max_group_size, self.remarks))

@@ -55,69 +55,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith, tensor
+from xdsl.dialects import tensor
 from xdsl.dialects.builtin import (
-    DenseIntOrFPElementsAttr,
-    IntegerAttr,
     ModuleOp,
     StringAttr,
     TensorType,
 )
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 
-from distir.ir.analysis import KNOWN_COMBINE, MODULAR_ADD
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp, YieldOp
-from distir.passes._rewrite_utils import broadcast_moduli, dynamic_sizes, with_location
-
-
-def modular_add_region(ciphertext_type: TensorType, moduli_type: TensorType) -> Region:
-    """The combine region `(lhs, rhs, q) -> (lhs + rhs) mod q` for reduced
-    operands, on tensors of `ciphertext_type`, with moduli `[L]` broadcast
-    inside it."""
-    t = ciphertext_type
-    block = Block(arg_types=[t, t, moduli_type])
-    lhs, rhs, limbs = block.args
-    lhs.name_hint, rhs.name_hint, limbs.name_hint = "lhs", "rhs", "q_limbs"
-    size_ops, sizes = dynamic_sizes(lhs)
-    block.add_ops(size_ops)
-    prelude, q = broadcast_moduli(lhs, limbs, sizes)
-    block.add_ops(prelude)
-    q.name_hint = "mod"
-
-    def named(op: Operation, hint: str) -> Operation:
-        op.results[0].name_hint = hint
-        block.add_op(op)
-        return op
-
-    total = named(arith.AddiOp(lhs, rhs), "sum")
-    minus_q = named(arith.SubiOp(total, q), "sum_minus_q")
-    shift = named(_splat(block, lhs, 63, sizes), "c63")
-    below_q = named(arith.ShRSIOp(minus_q, shift), "below_q")
-    add_back = named(arith.AndIOp(below_q, q), "add_back")
-    reduced = named(arith.AddiOp(minus_q, add_back), "reduced")
-    block.add_op(YieldOp(reduced))
-    return Region(block)
-
-
-def _splat(block: Block, like: SSAValue, value: int, sizes: list[SSAValue]) -> Operation:
-    """A tensor of `like`'s type filled with `value`: a dense constant when
-    the shape is static, else a `tensor.splat` of the dynamic `sizes`."""
-    t = like.type
-    assert isinstance(t, TensorType)
-    if not sizes:
-        return arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [value]))
-    scalar = arith.ConstantOp(IntegerAttr(value, t.element_type))
-    scalar.result.name_hint = f"c{value}_scalar"
-    block.add_op(scalar)
-    return tensor.SplatOp(scalar, sizes, t)
+from distir.ir.known_combines import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
+from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
 @dataclass
@@ -141,7 +95,7 @@ class CiphertextAddLowering(RewritePattern):
         assert isinstance(moduli.type, TensorType)
         reduce = AllReduceOp(
             op.input,
-            combine=modular_add_region(ct_type, moduli.type),
+            combine=modular_add_region(ct_type, moduli.type, YieldOp),
             extras=[moduli],
             commutative=True,
             group=op.group,
@@ -163,7 +117,4 @@ class LowerCiphertextAddPass(ModulePass):
     name = "lower-ciphertext-add"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([CiphertextAddLowering()], dce_enabled=False),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, CiphertextAddLowering())

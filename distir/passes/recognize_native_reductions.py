@@ -32,22 +32,20 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
 
 from distir.ir.analysis import native_kind as region_native_kind
 from distir.ir.dialect import AllReduceOp, ReductionKind
-from distir.passes._rewrite_utils import with_location
+from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
 def native_kind(op: AllReduceOp) -> ReductionKind | None:
     """The native kind a generic all-reduce computes, if its region is one
     recognised op on (lhs, rhs) (`ir.analysis.native_kind`)."""
-    if op.kind is not None or op.algorithm is not None or len(op.combine.blocks) != 1:
+    if not op.is_generic or op.algorithm is not None or len(op.combine.blocks) != 1:
         return None
     return region_native_kind(op.combine.block)
 
@@ -75,7 +73,4 @@ class RecognizeNativeReductionsPass(ModulePass):
     name = "recognize-native-reductions"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([NativeReductionRecognition()], dce_enabled=False),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, NativeReductionRecognition())

@@ -53,9 +53,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
-    GreedyRewritePatternApplier,
     PatternRewriter,
-    PatternRewriteWalker,
     RewritePattern,
     op_type_rewrite_pattern,
 )
@@ -66,6 +64,7 @@ from distir.ir.analysis import (
     elementwise_combine,
 )
 from distir.ir.dialect import AllReduceOp
+from distir.passes._rewrite_utils import rewrite_once
 from distir.passes.options import check_options, option
 
 
@@ -99,7 +98,7 @@ class RecordAllReduceAlgorithm(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: AllReduceOp, rewriter: PatternRewriter) -> None:
-        if op.kind is not None or op.algorithm is not None or len(op.combine.blocks) != 1:
+        if not op.is_generic or op.algorithm is not None or len(op.combine.blocks) != 1:
             return
         op.algorithm = StringAttr(self.choice.for_op(op))
         rewriter.notify_op_modified(op)
@@ -129,7 +128,4 @@ class SelectAllReduceAlgorithmPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         choice = AlgorithmChoice(self.commutative, self.ordered, self.whole, self.group_size)
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([RecordAllReduceAlgorithm(choice)], dce_enabled=False),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        rewrite_once(op, RecordAllReduceAlgorithm(choice))

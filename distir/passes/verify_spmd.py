@@ -7,17 +7,22 @@ others hang, or worse, pair it with a different collective. This pass proves
 the opposite by a forward *uniformity* analysis and fails with a diagnostic
 naming the collective and the condition otherwise.
 
-A value is *rank-varying* when it may differ between ranks:
-- `dist.rank` results and `dist.variable_all_to_all` results;
-- results of point-to-point ops and mesh transfers (each rank gets its own);
+The pass reads the facts each op declares (`distir.ir.facts`): an op with
+`EveryRankEnters` must not sit under rank-dependent control flow; an op with
+`UniformResults` has uniform results. A value is *rank-varying* when it may
+differ between ranks:
+- `dist.rank` results;
+- results of an op that communicates (`CollectiveEffect`) without declaring
+  `UniformResults`: point-to-point ops, the variable all-to-all and mesh
+  transfers (each rank gets its own);
 - the entry function's arguments (each rank passes its own inputs; broadcast
   one to make it uniform);
 - anything computed from a rank-varying value, and results of control flow
   that is itself rank-dependent.
 Point-to-point ops may sit under rank-dependent control flow (rank 0 sends,
-rank 1 receives); waves and mesh transfers may not. Constants,
-`dist.group_size` and the results of broadcast, all-reduce,
-ciphertext all-reduce and all-gather are uniform.
+rank 1 receives); waves and mesh transfers may not. Constants and the
+results of ops declaring `UniformResults` (`dist.group_size`, broadcast,
+all-reduce, ciphertext all-reduce and all-gather) are uniform.
 
 It then looks for point-to-point deadlocks (`PointToPointAnalysis`): when
 every peer, branch condition and loop bound that decides the point-to-point
@@ -47,26 +52,25 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
+from distir.ir.attributes import CollectiveEffect
 from distir.ir.dialect import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AllReduceOp,
-    BroadcastOp,
-    CollectiveOp,
+    GroupMemberOp,
     GroupSizeOp,
     PeerOp,
     RankOp,
     RecvOp,
     SendOp,
     SendRecvOp,
-    TransferOp,
-    VariableAllToAllOp,
     WaveOp,
 )
+from distir.ir.facts import EveryRankEnters, UniformResults
 from distir.ir.parsing import describe_op
 from distir.ir.tensor_arith import CmpiOp, SelectOp
 
-UNIFORM_COLLECTIVES = (BroadcastOp, AllReduceOp, AllReduceAddCiphertextOp, AllGatherOp)
+
+def _communicates_itself(op: Operation) -> bool:
+    """The op moves data between ranks (its declared collective effect)."""
+    return op.has_trait(CollectiveEffect)
 
 
 class SPMDViolation(DiagnosticException):
@@ -107,7 +111,7 @@ class UniformityAnalysis:
             self._op(op, control)
 
     def _op(self, op: Operation, control: _Why | None) -> None:
-        if isinstance(op, CollectiveOp | WaveOp | TransferOp) and control is not None:
+        if op.has_trait(EveryRankEnters) and control is not None:
             raise SPMDViolation(
                 f"{describe_op(op)} runs under control flow that differs between "
                 f"ranks: {control.text}; every rank of the group must reach it"
@@ -120,12 +124,12 @@ class UniformityAnalysis:
             self._block(op.body.block, None)
             self._results_from_terminators(op, None)
             return
-        if isinstance(op, VariableAllToAllOp | PeerOp | TransferOp):
+        if op.has_trait(UniformResults):
+            return  # uniform results, whatever the operands
+        if _communicates_itself(op):
             for r in op.results:
                 self.varying[r] = _Why(f"{describe_op(op)} returns different data per rank")
             return
-        if isinstance(op, (*UNIFORM_COLLECTIVES, GroupSizeOp)):
-            return  # uniform results, whatever the operands
         if isinstance(op, scf.IfOp):
             cond = self._why(op.cond)
             inner = control or (
@@ -271,28 +275,26 @@ class PointToPointAnalysis:
             raise _Unknown()
         return known
 
-    def _peer(self, env: dict, attr: IntegerAttr | None, value: SSAValue | None) -> int:
-        return attr.value.data if attr is not None else self._value(env, value)
+    def _peer(self, env: dict, op: PeerOp, which: str) -> int:
+        peer = op.peer(which)
+        return peer if isinstance(peer, int) else self._value(env, peer)
 
     def _op(self, op: Operation, env: dict, rank: int, size: int, events: list, depth: int):
-        if isinstance(op, WaveOp) or (
-            isinstance(op, CollectiveOp | PeerOp | RankOp | GroupSizeOp)
-            and getattr(op, "group", None) is not None
-        ):
+        if isinstance(op, WaveOp) or (isinstance(op, GroupMemberOp) and op.group is not None):
             raise _Unknown()  # subgroups and waves: not analysed
         if isinstance(op, RankOp):
             env[op.result] = rank
         elif isinstance(op, GroupSizeOp):
             env[op.result] = size
         elif isinstance(op, SendOp):
-            events.append(("send", op, self._peer(env, op.dest, op.dest_value)))
+            events.append(("send", op, self._peer(env, op, "dest")))
         elif isinstance(op, RecvOp):
-            events.append(("recv", op, self._peer(env, op.source, op.source_value)))
+            events.append(("recv", op, self._peer(env, op, "source")))
         elif isinstance(op, SendRecvOp):
             # A paired exchange: its send goes first, so it never waits on itself.
-            events.append(("send", op, self._peer(env, op.dest, op.dest_value)))
-            events.append(("recv", op, self._peer(env, op.source, op.source_value)))
-        elif isinstance(op, CollectiveOp | TransferOp):
+            events.append(("send", op, self._peer(env, op, "dest")))
+            events.append(("recv", op, self._peer(env, op, "source")))
+        elif op.has_trait(EveryRankEnters):
             events.append(("collective", op, None))
         elif isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):
             env[op.result] = op.value.value.data
@@ -412,9 +414,7 @@ _DIVISIONS = (arith.DivUIOp, arith.RemUIOp, arith.DivSIOp, arith.RemSIOp)
 
 
 def _communicates(op: Operation) -> bool:
-    return any(
-        isinstance(o, CollectiveOp | PeerOp | TransferOp | WaveOp | func.CallOp) for o in op.walk()
-    )
+    return any(_communicates_itself(o) or isinstance(o, func.CallOp) for o in op.walk())
 
 
 class PointToPointDeadlock(SPMDViolation):

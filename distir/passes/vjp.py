@@ -101,7 +101,7 @@ from distir.ir.dialect import (
 )
 from distir.ir.mesh import TransferOp
 from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
-from distir.ir.parsing import describe_op
+from distir.ir.parsing import describe_op, function_named
 from distir.passes._rewrite_utils import with_location
 
 #: element types that carry gradients
@@ -129,10 +129,10 @@ class VJPFunctions:
 
 
 def _entry(module: ModuleOp, name: str) -> func.FuncOp:
-    for op in module.ops:
-        if isinstance(op, func.FuncOp) and op.sym_name.data == name:
-            return op
-    raise NotDifferentiable(f"the module has no entry function @{name}")
+    function = function_named(module, name)
+    if function is None:
+        raise NotDifferentiable(f"the module has no entry function @{name}")
+    return function
 
 
 def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
@@ -781,14 +781,14 @@ def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
 def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
-    kind = op.kind.data if op.kind is not None else native_kind(op.combine.block)
+    kind = native_kind(op.combine.block) if op.is_generic else op.kind.data
     if kind is ReductionKind.SUM:
         return [t.all_reduce_sum(ct, op.group)]
-    if op.kind is not None and kind in (ReductionKind.MAX, ReductionKind.MIN):
+    if not op.is_generic and kind in (ReductionKind.MAX, ReductionKind.MIN):
         return [_extremum(t, op, ct)]
     what = (
         f"the native {op.kind.data.value} reduction"
-        if op.kind is not None
+        if not op.is_generic
         else "its combine (only a combine recognised as a sum is known to be linear)"
     )
     raise NotDifferentiable(f"{describe_op(op)}: {what} has no derivative")
@@ -889,20 +889,21 @@ def _variable_all_to_all(t: _Transposer, op: VariableAllToAllOp, cts: list[SSAVa
     return [t.emit(back).results[0], None]
 
 
-def _peer(t: _Transposer, attr: IntegerAttr | None, value: SSAValue | None) -> int | SSAValue:
-    return attr.value.data if attr is not None else t.primal(value)  # type: ignore[arg-type]
+def _peer(t: _Transposer, op: PeerOp, which: str) -> int | SSAValue:
+    peer = op.peer(which)
+    return peer if isinstance(peer, int) else t.primal(peer)
 
 
 @transpose_rule(SendOp)
 def _send(t: _Transposer, op: SendOp, cts: list[SSAValue | None]):
-    received = RecvOp(_peer(t, op.dest, op.dest_value), op.input.type, op.group)  # type: ignore[arg-type]
+    received = RecvOp(_peer(t, op, "dest"), op.input.type, op.group)  # type: ignore[arg-type]
     return [t.emit(received).results[0], None]
 
 
 @transpose_rule(RecvOp)
 def _recv(t: _Transposer, op: RecvOp, cts: list[SSAValue | None]):
     ct = t.or_zeros(cts[0], op.result)
-    t.emit(SendOp(ct, _peer(t, op.source, op.source_value), op.group))
+    t.emit(SendOp(ct, _peer(t, op, "source"), op.group))
     return [None] * len(op.operands)
 
 
@@ -911,8 +912,8 @@ def _sendrecv(t: _Transposer, op: SendRecvOp, cts: list[SSAValue | None]):
     ct = t.or_zeros(cts[0], op.result)
     back = SendRecvOp(
         ct,
-        _peer(t, op.source, op.source_value),
-        _peer(t, op.dest, op.dest_value),
+        _peer(t, op, "source"),
+        _peer(t, op, "dest"),
         op.input.type,  # type: ignore[arg-type]
         op.group,
     )

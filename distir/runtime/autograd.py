@@ -124,13 +124,6 @@ def differentiable_form(program: Program) -> DifferentiableForm:
     return form
 
 
-def backward_text(program: Program) -> str:
-    """The IR of `program` with its derived `_fwd` and `_bwd` functions."""
-    module = program.module.clone()
-    add_vjp(module, program.entry)
-    return str(module)
-
-
 class _ProgramRun(torch.autograd.Function):
     """One run of a program as one autograd node."""
 

@@ -27,17 +27,13 @@ import torch
 from xdsl.ir import Operation
 
 from distir.backends.domain import group_alive
-from distir.backends.groups import (
-    ProcessGroupResource,
-    check_declarations,
-    create_declared_groups,
-)
+from distir.backends.groups import ProcessGroupResource, create_declared_groups
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
 from distir.interpreters.checks import check_group_assumption, check_result_shape, check_root
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import BroadcastOp
 from distir.runtime.planning import Plan
-from distir.runtime.requirements import WorldSizeError, check_world_size
+from distir.runtime.requirements import WorldSizeError, check_declarations, check_world_size
 
 
 def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:
@@ -109,7 +105,7 @@ class Binding:
         """Creates the declared groups and compiles the entry function."""
         plan = self.plan
         size = self.base.size
-        check_declarations(plan.groups, plan.meshes, size)
+        check_declarations(plan.module, size)
         try:
             # The same on every rank: refused before any group is created.
             check_world_size(plan.module, size, plan.entry)

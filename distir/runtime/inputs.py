@@ -33,7 +33,6 @@ from __future__ import annotations
 import importlib.util
 import pickle
 import re
-import traceback
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
@@ -44,7 +43,7 @@ import torch
 from xdsl.dialects import func
 from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 
-from distir.errors import DistirError, ProgramInputError, count
+from distir.errors import DistirError, ProgramInputError, count, one_line
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type, static_shape
 from distir.ir.facts import OperandRole, operand_roles
 from distir.ir.layouts import local_box
@@ -168,20 +167,6 @@ def check_inputs(inputs: Sequence[object], function: func.FuncOp) -> None:
             )
 
 
-def _raised(e: BaseException, path: Path) -> str:
-    """`ValueError: boom (at inputs.py:5)`: an exception and the deepest line
-    of `path` it passed through."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
-    if isinstance(e, SyntaxError) and e.lineno is not None:
-        where = f" (at {path}:{e.lineno})"
-    elif frames:
-        where = f" (at {path}:{frames[-1].lineno})"
-    else:
-        where = ""
-    detail = e.msg if isinstance(e, SyntaxError) else str(e)
-    return f"{type(e).__name__}: {detail}{where}" if detail else f"{type(e).__name__}{where}"
-
-
 _factories: dict[Path, Callable[[int, int], object]] = {}
 
 
@@ -201,7 +186,7 @@ def load_input_factory(path: str | Path) -> Callable[[int, int], object]:
     try:
         spec.loader.exec_module(module)
     except Exception as e:
-        raise DistirError(f"inputs file {path} does not import: {_raised(e, path)}") from None
+        raise DistirError(f"inputs file {path} does not import: {one_line(e, path)}") from None
     factory = getattr(module, "make_inputs", None)
     if not callable(factory):
         raise DistirError(f"{path} must define make_inputs(rank, world_size)")
@@ -250,24 +235,48 @@ def inputs_from_data(data: object, path: str | Path, rank: int, world_size: int)
     return list(data)
 
 
+def _input_file(path: str | Path) -> Path:
+    """`path`, which must be a `.py` or a `.pt` inputs file."""
+    path = Path(path)
+    if path.suffix not in (".py", ".pt"):
+        if not path.exists():
+            raise DistirError(f"inputs file {path} does not exist")
+        raise DistirError(
+            f"inputs file {path} must be a .py defining make_inputs(rank, world_size) or a .pt"
+        )
+    return path
+
+
+def check_inputs_file(path: str | Path, function: func.FuncOp, world_size: int) -> None:
+    """What can be known about an inputs file without running a rank: that
+    it exists and imports (`.py`), or loads and fits `function` on every
+    rank (`.pt`)."""
+    path = _input_file(path)
+    if path.suffix == ".py":
+        load_input_factory(path)
+        return
+    data = read_input_file(path)
+    for rank in range(world_size):
+        try:
+            check_inputs(inputs_from_data(data, path, rank, world_size), function)
+        except ProgramInputError as e:
+            raise DistirError(f"{path}, inputs of rank {rank}: {e}") from None
+
+
 def load_inputs(path: str | Path, rank: int, world_size: int) -> list[torch.Tensor]:
     """Inputs from a file: a `.py` defining `make_inputs(rank, world_size)`, or
     a `.pt` holding one list of tensors (every rank) or a list of such lists
     (one per rank). Every failure is a `DistirError` naming the file."""
-    path = Path(path)
+    path = _input_file(path)
     if path.suffix == ".py":
         factory = load_input_factory(path)
         try:
             made = factory(rank, world_size)
         except Exception as e:
-            raise DistirError(f"{path}: make_inputs raised {_raised(e, path)}") from None
+            raise DistirError(f"{path}: make_inputs raised {one_line(e, path)}") from None
         if isinstance(made, torch.Tensor) or not isinstance(made, Sequence):
             raise DistirError(
                 f"{path}: make_inputs must return a list of tensors, got {type(made).__name__}"
             )
         return list(made)
-    if path.suffix == ".pt":
-        return inputs_from_data(read_input_file(path), path, rank, world_size)
-    raise DistirError(
-        f"inputs file {path} must be a .py defining make_inputs(rank, world_size) or a .pt"
-    )
+    return inputs_from_data(read_input_file(path), path, rank, world_size)

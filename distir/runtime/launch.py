@@ -172,10 +172,6 @@ def stale_rendezvous_variables(environ: Mapping[str, str] | None = None) -> list
     return [name for name in RENDEZVOUS_VARIABLES if name in env]
 
 
-def default_backend() -> str:
-    return "gloo"
-
-
 def check_backend(backend: str, nproc: int | None = None) -> None:
     """Raises `BackendUnavailable` unless `backend` can run `nproc` ranks on
     this machine (NCCL: a CUDA GPU per rank); `nproc=None` checks one rank

@@ -26,13 +26,12 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp
 from xdsl.ir import BlockArgument, Operation
 
 from distir.backends.registry import Implementation, ImplementationRegistry
-from distir.errors import CompileError, ProgramInputError, UnsupportedOpError
+from distir.errors import CompileError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
-from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
-from distir.interpreters.semantics import make_invocation, precondition_rule, semantics_of
-from distir.ir.analysis import default_algorithm, known_combine_error
+from distir.interpreters.semantics import make_invocation, precondition_rule
+from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import (
     AllReduceOp,
     GroupMemberOp,
@@ -42,8 +41,10 @@ from distir.ir.dialect import (
     YieldOp,
     group_declarations,
 )
-from distir.ir.facts import needs_agreement
-from distir.ir.parsing import describe_op
+from distir.ir.facts import AgreementRidesWithPayload, needs_agreement
+from distir.ir.known_combines import known_combine_error
+from distir.ir.parsing import describe_op, function_named
+from distir.runtime.inputs import check_inputs
 
 
 def is_executable_dist_op(op: Operation) -> bool:
@@ -69,12 +70,19 @@ def _hoistable(op: Operation, entry_block: Any) -> bool:
         if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
             return False
     on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
-    semantics = semantics_of(type(op))
     return (
         on_base
-        and not (semantics is not None and semantics.agreement_rides_with_payload)
+        and not op.has_trait(AgreementRidesWithPayload)
         and all(isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands)
     )
+
+
+def entry_function(module: ModuleOp, entry: str) -> func.FuncOp:
+    """The module's entry function `@entry`; a `CompileError` without one."""
+    function = function_named(module, entry)
+    if function is None:
+        raise CompileError(f"the module has no entry function @{entry}")
+    return function
 
 
 class Plan:
@@ -95,10 +103,9 @@ class Plan:
         #: whether every run agrees (else only the first run on each group);
         #: fixed for the program's life and part of its fingerprint
         self.agreement = agreement
-        self.function = self._entry_function()
+        self.function = entry_function(module, entry)
         self._text = f"{entry}\n{module}"
         self.groups: list[GroupOp] = group_declarations(module)
-        self.meshes: list[MeshOp] = [op for op in module.ops if isinstance(op, MeshOp)]
         self.input_types = list(self.function.function_type.inputs.data)
         self.output_types = list(self.function.function_type.outputs.data)
         self.ops = [op for op in module.walk() if is_executable_dist_op(op)]
@@ -111,7 +118,7 @@ class Plan:
             if error is not None:
                 raise CompileError(f"{describe_op(op)}: {error}")
             name = self._requested_name(op)
-            if name is None and isinstance(op, AllReduceOp) and op.kind is None:
+            if name is None and isinstance(op, AllReduceOp) and op.is_generic:
                 self.auto_algorithm.add(op)
                 size = op.static_group_size()
                 self.choices[op] = self.select(op, default_algorithm(op, size))
@@ -136,7 +143,7 @@ class Plan:
                 self.hoisted.append(op)
             regions = (
                 [self.compiler.compile_combine(op)]
-                if isinstance(op, AllReduceOp) and op.kind is None
+                if isinstance(op, AllReduceOp) and op.is_generic
                 else []
             )
             self.invocations[op] = make_invocation(op, regions, options)
@@ -205,24 +212,8 @@ class Plan:
             return op.algorithm.data
         return None
 
-    def _entry_function(self) -> func.FuncOp:
-        for op in self.module.ops:
-            if isinstance(op, func.FuncOp) and op.sym_name.data == self.entry:
-                return op
-        raise CompileError(f"the module has no entry function @{self.entry}")
-
     def check_inputs(self, inputs: Sequence[Any]) -> None:
-        name = f"@{self.entry}"
-        if len(inputs) != len(self.input_types):
-            raise ProgramInputError(
-                f"{name} takes {len(self.input_types)} inputs, got {len(inputs)}"
-            )
-        for i, (value, t) in enumerate(zip(inputs, self.input_types, strict=True)):
-            if not isinstance(value, torch.Tensor) or not matches_type(value, t):
-                raise ProgramInputError(
-                    f"{name} input #{i} must be {t} ({element_dtype(t)}), got "
-                    f"{describe_tensor(value)}"
-                )
+        check_inputs(inputs, self.function)
 
     def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A hoisted op's operands: entry arguments, taken from the run's inputs."""

@@ -31,6 +31,7 @@ from distir.errors import CompileError
 from distir.interpreters.block_compiler import BlockCompiler
 from distir.ir.parsing import (
     describe_op,
+    find_verify_failure,
     format_parse_error,
     make_context,
     parse_file,
@@ -68,19 +69,9 @@ def _verify(module: ModuleOp, when: str) -> None:
     try:
         module.verify()
     except DiagnosticException as e:
-        failing = _find_failing_op(module)
-        where = f" ({describe_op(failing)})" if failing is not None else ""
+        failure = find_verify_failure(module)
+        where = f" ({describe_op(failure[0])})" if failure is not None else ""
         raise CompileError(f"{when}: {e.args[0] if e.args else e}{where}") from None
-
-
-def _find_failing_op(module: ModuleOp) -> Operation | None:
-    """The innermost op whose own verification fails (for a located error)."""
-    for op in module.walk(reverse=True):
-        try:
-            op.verify(verify_nested_ops=False)
-        except DiagnosticException:
-            return op
-    return None
 
 
 class Program:

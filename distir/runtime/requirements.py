@@ -36,7 +36,7 @@ from xdsl.ir import Operation
 from distir.errors import DistirError, count
 from distir.ir.dialect import ASSUMED_GROUP_SIZE, AllGatherOp, GroupOp, MeshOp, WaveOp
 from distir.ir.facts import OperandRole, operand_roles
-from distir.ir.parsing import describe_op
+from distir.ir.parsing import describe_op, function_named
 
 #: what an operand of each counting role holds, for messages
 _COUNT_ROLES = {
@@ -97,13 +97,6 @@ class WorldSizeRequirement:
                 f"{self.reason}"
             )
         return f"this program runs on at most {count(self.at_most, 'rank')}, not {world_size}: {self.reason}"
-
-
-def _entry_function(module: ModuleOp, entry: str) -> func.FuncOp | None:
-    for op in module.ops:
-        if isinstance(op, func.FuncOp) and op.sym_name.data == entry:
-            return op
-    return None
 
 
 def _reachable_functions(module: ModuleOp, entry: str) -> list[func.FuncOp]:
@@ -219,7 +212,7 @@ def world_size_requirements(module: ModuleOp, entry: str = "main") -> list[World
     program order: declarations first, then the ops of the entry function and
     the functions it calls."""
     found = list(_declarations(module))
-    entry_op = _entry_function(module, entry)
+    entry_op = function_named(module, entry)
     for function in _reachable_functions(module, entry):
         for op in function.walk():
             group = op.properties.get("group")
@@ -235,6 +228,19 @@ def world_size_requirements(module: ModuleOp, entry: str = "main") -> list[World
                 if coverage is not None:
                     found.append(coverage)
     return found
+
+
+def check_declarations(module: ModuleOp, world_size: int) -> None:
+    """Declared groups and meshes must name ranks of the base group only.
+
+    Every rank runs the same (agreed) program on a base group of the same
+    size, so every rank raises this same error, before any collective."""
+    for req in _declarations(module):
+        if not req.allows(world_size):
+            raise DistirError(
+                f"{req.explain(world_size)} (declare ranks of the group it runs on; after "
+                "distir.recover, compile it again for the new group size)"
+            )
 
 
 def world_size_range(module: ModuleOp, entry: str = "main") -> tuple[int, int | None]:

@@ -148,3 +148,51 @@ def test_the_lazily_reduced_ciphertext_ring_is_exact(size, bits):
     )  # fmt: skip
     for got in _run(size, body):
         assert torch.equal(got, want)
+
+
+ALL_REDUCES = {
+    "native sum": "%y = dist.all_reduce sum %x : tensor<8xi64>",
+    "commutative elementwise": (
+        "%y = dist.all_reduce %x commutative : tensor<8xi64> combine(%a, %b) {\n"
+        " %m = arith.maxsi %a, %b : tensor<8xi64>\n"
+        " dist.yield %m : tensor<8xi64>\n }"
+    ),
+    "ordered elementwise": (
+        "%y = dist.all_reduce %x : tensor<8xi64> combine(%a, %b) {\n"
+        " %m = arith.addi %a, %b : tensor<8xi64>\n"
+        " dist.yield %m : tensor<8xi64>\n }"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALL_REDUCES))
+def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
+    from distir.backends.collectives import distributed_operation_contributions
+    from distir.ir.analysis import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
+    from distir.ir.parsing import parse_module
+
+    text = f"func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {{\n  {ALL_REDUCES[case]}\n"
+    module = parse_module(text + "  func.return %y : tensor<8xi64>\n}\n")
+    (op,) = [o for o in module.walk() if o.name == "dist.all_reduce"]
+    matching = {
+        impl.name
+        for impl in distributed_operation_contributions()
+        if impl.name in ALGORITHM_NEEDS and impl.matches(op)
+    }
+    native = not op.is_generic
+    allowed = set(candidate_algorithms(elementwise_combine(op), native or bool(op.commutative)))
+    # gather-fold folds a region: a native kind has none
+    assert matching == allowed - ({"gather-fold"} if native else set())
+    assert (
+        matching
+        == {
+            "native sum": {"ring", "halving-doubling", "recursive-doubling"},
+            "commutative elementwise": {
+                "ring",
+                "halving-doubling",
+                "recursive-doubling",
+                "gather-fold",
+            },
+            "ordered elementwise": {"halving-doubling", "recursive-doubling", "gather-fold"},
+        }[case]
+    )

@@ -23,7 +23,7 @@ import torch
 
 import distir
 from distir.cli import run as cli
-from distir.cli.run import checksum, summarize
+from distir.cli.report import checksum, summarize
 from distir.ir.parsing import parse_file
 from distir.runtime import inputs as cli_inputs
 from distir.runtime.inputs import synthesize_inputs

@@ -100,3 +100,14 @@ def test_bad_builder_calls_are_builder_errors_naming_the_call(build, call, messa
     text = str(info.value)
     assert text.startswith(f"{call} at {__file__}:"), text
     assert message in text and "\n" not in text
+
+
+def test_is_generic_tells_a_combine_region_from_a_native_kind() -> None:
+    from distir.ir.dialect import AllReduceOp
+
+    generic = b.build_program(lambda x: b.all_reduce(x, combine=_abs_max), [F4])
+    native = b.build_program(lambda x: b.all_reduce(x, "max"), [F4])
+    found = [
+        op.is_generic for m in (generic, native) for op in m.walk() if isinstance(op, AllReduceOp)
+    ]
+    assert found == [True, False]

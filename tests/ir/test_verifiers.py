@@ -721,7 +721,7 @@ def verifier_rule_fragments() -> list[str]:
 def test_every_verifier_message_of_the_dialect_is_exercised() -> None:
     """A new rule without an invalid program here fails this."""
     fragments = verifier_rule_fragments()
-    assert len(fragments) >= 60
+    assert len(fragments) >= 55  # one raise per rule (the rank-range rule serves every op)
     messages = " | ".join([*(message for _, message in INVALID.values()), CAPTURE_MESSAGE])
     missing = [f for f in fragments if f not in messages and f not in UNREACHABLE]
     assert not missing, f"verifier rules without a test: {missing}"

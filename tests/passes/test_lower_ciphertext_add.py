@@ -13,6 +13,7 @@ from strategies import examples
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr
 from xdsl.ir import Block, Operation
+from xdsl.utils.exceptions import VerifyException
 
 from distir.ir.dialect import AllReduceOp, YieldOp
 from distir.passes.lower_ciphertext_add import LowerCiphertextAddPass
@@ -159,6 +160,40 @@ def test_running_twice_changes_nothing_and_the_output_round_trips(program):
     once = run(program, PASS)
     assert str(rerun(once, PASS)) == str(once)
     assert str(rerun(once, "")) == str(once)
+
+
+@pytest.mark.parametrize("program", [STATIC, DYNAMIC], ids=["static", "dynamic"])
+def test_the_recorded_combine_survives_cleanup_passes(program):
+    op = lowered_all_reduce(run(program, f"{PASS},canonicalize,cse"))
+    assert op.attributes["known_combine"].data == "modular-add"
+
+
+#: edits of the lowered region, each a different combine
+REGION_EDITS = [
+    ("arith.constant dense<63>", "arith.constant dense<62>"),
+    ("arith.andi %below_q, %mod", "arith.ori %below_q, %mod"),
+    ("arith.subi %sum, %mod", "arith.subi %mod, %sum"),
+    ("arith.addi %lhs, %rhs", "arith.muli %lhs, %rhs"),
+    ("arith.addi %sum_minus_q, %add_back", "arith.subi %sum_minus_q, %add_back"),
+    ("dist.yield %reduced", "dist.yield %sum"),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), REGION_EDITS)
+def test_a_region_that_is_not_the_recorded_combine_is_rejected(old, new):
+    text = str(run(STATIC, PASS))
+    assert old in text
+    with pytest.raises(
+        VerifyException,
+        match='records known_combine "modular-add" but its combine region is not that combine',
+    ):
+        run(text.replace(old, new), "")
+
+
+def test_an_unknown_recorded_combine_is_rejected_naming_the_known_ones():
+    text = str(run(STATIC, PASS)).replace('"modular-add"', '"modular-mul"')
+    with pytest.raises(VerifyException, match="the known combines are 'modular-add'"):
+        run(text, "")
 
 
 def test_every_ciphertext_all_reduce_is_lowered_and_other_ops_are_kept():

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from xdsl.dialects.builtin import TensorType
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.rewriter import Rewriter
 
 import distir
 from distir.errors import CompileError
+from distir.ir.attributes import CollectiveEffect
+from distir.ir.facts import EveryRankEnters, UniformResults
 from distir.ir.parsing import parse_module
 from distir.passes.verify_spmd import SPMDViolation, verify_spmd
 
@@ -94,3 +99,61 @@ def test_the_pass_is_available_in_pipelines():
     bad = IF_ON.replace("{source}", "dist.rank : index")
     with pytest.raises(CompileError, match="differs between ranks"):
         distir.compile(bad, "verify-spmd", verify_spmd=False)
+
+
+# The pass reads the facts ops declare, not a list of op types: an op it has
+# never heard of is treated by its traits alone.
+
+
+@irdl_op_definition
+class _EntersOp(IRDLOperation):
+    name = "test.enters"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(CollectiveEffect(), EveryRankEnters())
+
+
+@irdl_op_definition
+class _UniformOp(IRDLOperation):
+    name = "test.uniform"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), UniformResults())
+
+
+def _swapped(text: str, op_type: type[IRDLOperation]):
+    """The module of `text` with its first `dist.all_reduce` replaced by `op_type`."""
+    module = parse_module(text, "spmd.mlir")
+    old = next(op for op in module.walk() if op.name == "dist.all_reduce")
+    new = op_type.create(operands=[old.operands[0]], result_types=[old.results[0].type])
+    Rewriter.replace_op(old, new)
+    return module
+
+
+def test_an_op_declaring_every_rank_enters_is_rejected_under_a_rank_condition():
+    module = _swapped(IF_ON.replace("{source}", "dist.rank : index"), _EntersOp)
+    with pytest.raises(
+        SPMDViolation, match="'test.enters' at <unknown location> runs under control"
+    ):
+        verify_spmd(module)
+
+
+def _condition_from(op_type: type[IRDLOperation]):
+    text = IF_ON.replace("{source}", "dist.rank : index").replace(
+        "%c = arith.cmpi eq, %r, %z : index",
+        "%rt = tensor.from_elements %r : tensor<1xindex>\n"
+        "  %rs = dist.all_reduce max %rt : tensor<1xindex>\n"
+        "  %zero = arith.constant 0 : index\n"
+        "  %m = tensor.extract %rs[%zero] : tensor<1xindex>\n"
+        "  %c = arith.cmpi eq, %m, %z : index",
+    )
+    return _swapped(text, op_type)
+
+
+def test_results_of_an_op_declaring_uniform_results_are_uniform():
+    verify_spmd(_condition_from(_UniformOp))
+
+
+def test_results_of_a_communicating_op_without_uniform_results_vary():
+    with pytest.raises(SPMDViolation, match="'test.enters' .* returns different data per rank"):
+        verify_spmd(_condition_from(_EntersOp))

@@ -408,3 +408,21 @@ def test_programs_compile_from_the_examples() -> None:
     for path in examples:
         program = distir.compile(path)
         assert program.plan_summary(), path
+
+
+def test_entry_argument_checks_are_hoisted_except_where_agreement_rides_with_the_payload():
+    # Both ops take entry arguments only; the all-to-all declares that its
+    # check rides in its own count exchange, so only assert_uniform's moves
+    # to the run's start.
+    program = distir.compile("""\
+func.func @main(%x: tensor<?x2xi64>, %c: tensor<2xi64>, %u: tensor<3xi64>) -> tensor<?x2xi64> {
+  dist.assert_uniform %u : tensor<3xi64>
+  %y, %r = dist.variable_all_to_all %x, %c axis 0 : tensor<?x2xi64>, tensor<2xi64> -> tensor<?x2xi64>
+  func.return %y : tensor<?x2xi64>
+}
+""")
+    assert [op.name for op in program.plan.hoisted] == ["dist.assert_uniform"]
+    assert [op.name for op in program.plan.ops if program.plan.invocations[op].options["agree"]] == [
+        "dist.assert_uniform",
+        "dist.variable_all_to_all",
+    ]

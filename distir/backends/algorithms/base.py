@@ -18,7 +18,7 @@ from distir.backends.buffers import pooled_empty
 from distir.backends.combines import BoundCombine, build_combine
 from distir.backends.exchange import Exchange, TorchExchange
 from distir.backends.registry import Implementation, Invocation
-from distir.ir.analysis import elementwise_combine
+from distir.ir.analysis import algorithm_applies
 from distir.ir.dialect import AllReduceOp
 
 #: Bytes per message segment; None picks one eighth of a chunk, clamped to
@@ -67,17 +67,20 @@ def real_rank(virtual: int, size: int, p2: int) -> int:
     return 2 * virtual if virtual < extra else virtual + extra
 
 
-def elementwise(op: AllReduceOp) -> bool:
-    """Whether the op's combine may run chunk by chunk."""
-    return isinstance(op, AllReduceOp) and elementwise_combine(op)
+class AllReduceAlgorithm(Implementation):
+    """An all-reduce algorithm, chosen by its `name`: it runs the ops whose
+    combine it computes exactly, as `ir.analysis.ALGORITHM_NEEDS` says."""
+
+    operation_types = (AllReduceOp,)
+
+    def matches(self, op) -> bool:
+        return isinstance(op, AllReduceOp) and algorithm_applies(self.name, op)
 
 
-class FlatAllReduce(Implementation):
+class FlatAllReduce(AllReduceAlgorithm):
     """Shared plumbing: the op's precondition, flatten, the result buffer (the
     input itself when writable), P = 1 and N = 0, and the combine, built
     once per op."""
-
-    operation_types = (AllReduceOp,)
 
     def __init__(self) -> None:
         self._combines: dict[int, tuple[Invocation, Any]] = {}

@@ -15,7 +15,6 @@ import torch
 
 from distir.backends.algorithms.base import (
     FlatAllReduce,
-    elementwise,
     real_rank,
     segment_elements,
     segment_ranges,
@@ -23,6 +22,7 @@ from distir.backends.algorithms.base import (
 )
 from distir.backends.combines import SCRATCH, BoundCombine
 from distir.backends.exchange import Exchange
+from distir.ir.analysis import HALVING_DOUBLING
 
 
 def halving_doubling_all_reduce(
@@ -112,10 +112,7 @@ class HalvingDoublingAllReduceImplementation(FlatAllReduce):
     """Recursive halving + doubling that keeps rank order, for elementwise
     combines (commutative or not) and native kinds."""
 
-    name = "halving-doubling"
-
-    def matches(self, op) -> bool:
-        return elementwise(op)
+    name = HALVING_DOUBLING
 
     def run(self, flat, out, combine, ex) -> None:
         halving_doubling_all_reduce(flat, out, combine, ex)

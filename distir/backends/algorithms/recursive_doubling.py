@@ -13,12 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.algorithms.base import real_rank, virtual_layout
+from distir.backends.algorithms.base import AllReduceAlgorithm, real_rank, virtual_layout
 from distir.backends.buffers import pooled_copy
 from distir.backends.exchange import Exchange, TorchExchange
-from distir.backends.registry import Implementation
 from distir.interpreters.kernels import NATIVE_FOLDS
-from distir.ir.dialect import AllReduceOp
+from distir.ir.analysis import RECURSIVE_DOUBLING
 
 WholeCombine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -67,11 +66,10 @@ def owned(t: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
     return t
 
 
-class RecursiveDoublingAllReduceImplementation(Implementation):
+class RecursiveDoublingAllReduceImplementation(AllReduceAlgorithm):
     """Whole-tensor recursive doubling that keeps rank order, for any combine."""
 
-    name = "recursive-doubling"
-    operation_types = (AllReduceOp,)
+    name = RECURSIVE_DOUBLING
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x, *extras = inputs

@@ -16,13 +16,13 @@ import torch
 
 from distir.backends.algorithms.base import (
     FlatAllReduce,
-    elementwise,
     segment_elements,
     segment_ranges,
     split_even,
 )
 from distir.backends.combines import SCRATCH, BoundCombine
 from distir.backends.exchange import Exchange
+from distir.ir.analysis import RING
 
 #: combine_for_step(s) -> the bound combine used at reduce-scatter step s.
 StepCombines = Callable[[int], BoundCombine]
@@ -92,10 +92,7 @@ class RingAllReduceImplementation(FlatAllReduce):
     """Ring reduce-scatter + all-gather for commutative elementwise combines
     and native kinds."""
 
-    name = "ring"
-
-    def matches(self, op) -> bool:
-        return elementwise(op) and (op.kind is not None or op.commutative is not None)
+    name = RING
 
     def run(self, flat, out, combine, ex) -> None:
         ring_all_reduce(flat, out, lambda step: combine, ex)

@@ -74,10 +74,6 @@ class OpSemantics:
     #: (invocation, inputs, group size, group rank) -> Precondition, or None
     #: when the op has nothing to check or agree on before its payload
     precondition: ClassVar[PreconditionRule | None] = None
-    #: whether the op's own first exchange carries its precondition's digest
-    #: (the variable all-to-all exchanges its counts anyway): the runtime then
-    #: never hoists the check into the agreement at the start of a run
-    agreement_rides_with_payload: ClassVar[bool] = False
 
     def decode(self, op: Operation) -> dict[str, Any]:
         """The op's static properties as plain Python values."""

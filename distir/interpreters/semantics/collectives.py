@@ -183,7 +183,6 @@ class AllGatherSemantics(_AlongAxis):
 
 class VariableAllToAllSemantics(_AlongAxis):
     op = VariableAllToAllOp
-    agreement_rides_with_payload = True  # its counts are exchanged anyway
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         x, axis = inputs[0], inv.properties["axis"]
