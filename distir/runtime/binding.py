@@ -36,6 +36,7 @@ from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
 from distir.interpreters.checks import check_group_assumption, check_result_shape, check_root
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import BroadcastOp
+from distir.runtime.concurrency import gate_for
 from distir.runtime.planning import Plan
 from distir.runtime.requirements import WorldSizeError, check_world_size
 
@@ -71,6 +72,8 @@ class Binding:
         self._known_agreed = False
         self.resources: list[ProcessGroupResource] = [self.base]
         self.compiled: CompiledBlock | None = None
+        #: the run gate of the base group's domain (`distir.runtime.concurrency`)
+        self.gate = gate_for(self.base.domain)
 
     @property
     def ready(self) -> bool:
