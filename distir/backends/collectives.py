@@ -337,10 +337,12 @@ class AllGatherImplementation(Implementation):
 
 
 class VariableAllToAllImplementation(Implementation):
-    """Counts, then rows. With agreement, one all-gather carries every rank's
-    "accepted" flag, its layout digest and its send counts, so receive
-    counts and the check cost one exchange; without it, an all-to-all of the
-    counts."""
+    """Counts, then rows. When the run agreement carried the send counts
+    (`Plan.counts_in_agreement`, in a run that agreed), the receive counts
+    are already known: only the rows move. Otherwise, with agreement, one
+    exchange carries every rank's "accepted" flag, its layout digest and its
+    send counts, so receive counts and the check cost one exchange; without
+    it, an all-to-all of the counts."""
 
     name = "all-to-all-single"
     operation_types = (VariableAllToAllOp,)
@@ -351,7 +353,10 @@ class VariableAllToAllImplementation(Implementation):
         size, me = resources.size, resources.rank
         pre = resources.local_precondition(invocation, inputs)
         send = pre.decoded.get("send", [0] * size)
-        if resources.agreement and invocation.options.get("agree", False):
+        options = invocation.options
+        if options.get("counts_in_agreement") and resources.hoisted:
+            recv = resources.agreed_counts  # agreed with the run, with `pre`
+        elif resources.agreement and options.get("agree", False):
             rows = resources.exchange_rows([int(pre.ok), pre.digest(), *send], invocation)
             if any(row[0] != 1 or row[1] != rows[0][1] for row in rows):
                 resources.explain(invocation, pre, rows)

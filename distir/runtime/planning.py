@@ -11,7 +11,8 @@ compare to know they execute the same plan), each op's
 op exchanges a precondition before its payload), and which ops' preconditions
 are *hoisted* into the one agreement exchange at the start of every run:
 ops of the entry block, on the program's base group, whose every operand is
-an entry argument, so their checks depend on the run's inputs only.
+an entry argument, so their checks depend on the run's inputs only (the
+first such variable all-to-all also sends its counts in that exchange).
 """
 
 from __future__ import annotations
@@ -65,21 +66,20 @@ def is_executable_dist_op(op: Operation) -> bool:
 
 #: bumped whenever a change to distir changes what goes on the wire for the
 #: same plan (a new row format, a new algorithm schedule)
-WIRE_FORMAT = 1
+WIRE_FORMAT = 2
 
 
 def _hoistable(op: Operation, entry_block: Any) -> bool:
+    """Whether `op` runs exactly once per run, on the base group, on entry
+    arguments only: then its check can move into the run agreement."""
     parent = op.parent_block()
     if parent is not entry_block:
         wave = parent.parent_op() if parent is not None else None
         if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
             return False
     on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
-    # Variable all-to-all exchanges its counts anyway: its check rides on that.
-    return (
-        on_base
-        and not isinstance(op, VariableAllToAllOp)
-        and all(isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands)
+    return on_base and all(
+        isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands
     )
 
 
@@ -137,6 +137,10 @@ class Plan:
         self.compiler.compile_function(entry)
         entry_block = self.function.body.block
         self.hoisted: list[Operation] = []
+        #: the variable all-to-all whose send counts travel in the run
+        #: agreement (the first hoistable one), so that its receive counts
+        #: cost no exchange of their own
+        self.counts_in_agreement: Operation | None = None
         self.invocations: dict[Operation, Invocation] = {}
         for op in self.ops:
             options: dict[str, Any] = {"agree": needs_agreement(op)}
@@ -145,7 +149,18 @@ class Plan:
             deadline = op.attributes.get("deadline_ms")
             if isinstance(deadline, IntegerAttr):
                 options["deadline_s"] = deadline.value.data / 1000.0
-            if options["agree"] and _hoistable(op, entry_block):
+            # A variable all-to-all's send counts ride in the run agreement's
+            # row (one slot per peer, so for one such op per program); any
+            # other exchanges its counts itself, and its check rides on that.
+            counts = isinstance(op, VariableAllToAllOp)
+            if (
+                options["agree"]
+                and _hoistable(op, entry_block)
+                and not (counts and self.counts_in_agreement is not None)
+            ):
+                if counts:
+                    options["counts_in_agreement"] = True
+                    self.counts_in_agreement = op
                 options["hoisted"] = len(self.hoisted)
                 self.hoisted.append(op)
             regions = (
