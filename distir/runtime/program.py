@@ -208,7 +208,7 @@ class Program:
                 del self._bindings[key]
             binding = self._bindings[group] = Binding(self.plan, group)
         base = binding.base
-        base.domain.check(f"@{self.entry}")
+        base.domain.check(self._what)
         try:
             if autograd.records_gradient(inputs):  # one autograd node per run
                 return autograd.run_recorded(
