@@ -6,8 +6,9 @@ block names the distir variants (pipeline, implementation choices,
 `agreement=False`, donated inputs), the dtypes and reduction ops it can run,
 and its bus factor; the setup function builds, on one rank and for one message
 size, the program, the inputs, the raw torch.distributed baseline, the
-`raw clone+op` row where the family has one, and the exact reference when the
-raw call does not compute the same thing. The runner and the report read
+`raw clone+op` row where the family has one, other raw baselines (`raw +
+tiny exchange`, the all-to-all's given-splits floor), and the exact
+reference when the raw call does not compute the same thing. The runner and the report read
 these and nothing else, so adding a family is one block:
 
     def _my_setup(case: Case) -> Setup: ...
