@@ -231,7 +231,7 @@ def bench_rank(context: Any, config: BenchConfig) -> list[dict]:
                 times = time_calls(calls, iters, warmup, device)
                 raw_median = statistics.median(times[RAW])
                 mine = [make_row(family, case, call, setup.nbytes, times[call.name], raw_median,
-                                 verdicts.get(call.name)) for call in calls]  # fmt: skip
+                                 verdicts.get(call.name), times[RAW]) for call in calls]  # fmt: skip
                 rows.extend(mine)
                 if rank == 0:
                     _progress(mine)
@@ -240,9 +240,16 @@ def bench_rank(context: Any, config: BenchConfig) -> list[dict]:
 
 
 def make_row(family: Family, case: Case, call: Call, nbytes: int, times: Sequence[float],
-             raw_median: float, verdict: tuple[str, str] | None) -> dict:  # fmt: skip
-    """One JSON row (the keys the report and saved results read)."""
+             raw_median: float, verdict: tuple[str, str] | None,
+             raw_times: Sequence[float] = ()) -> dict:  # fmt: skip
+    """One JSON row (the keys the report and saved results read).
+
+    `paired_ratio` is the median over iterations of this row's time over
+    raw's in the same iteration (the two ran a few calls apart): a drift of
+    the machine's load between iterations cancels in it, where the ratio of
+    medians (`ratio_to_raw`, the table's) keeps it."""
     median = statistics.median(times)
+    paired = [t / r for t, r in zip(times, raw_times) if r > 0]
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
     plan = [name for _, name in call.program.plan_summary()] if call.program is not None else []
     return {
@@ -264,6 +271,7 @@ def make_row(family: Family, case: Case, call: Call, nbytes: int, times: Sequenc
         "busbw_GBps": algbw * family.bus_factor(case.world_size),
         "raw_median_ms": raw_median * 1e3,
         "ratio_to_raw": median / raw_median if raw_median > 0 else float("nan"),
+        "paired_ratio": statistics.median(paired) if paired else float("nan"),
         "implementations": sorted(set(plan)),
         "check": verdict[0] if verdict else None,
         "check_detail": verdict[1] if verdict else "",
