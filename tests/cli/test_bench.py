@@ -42,6 +42,8 @@ def test_a_checked_tiny_run_fills_a_timestamped_directory(tmp_path, monkeypatch,
         assert row["P"] == 2 and row["size_label"] == "4K" and row["iterations"] == 2
         assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
         assert math.isfinite(row["ratio_to_raw"]) and row["ratio_to_raw"] > 0
+        assert row["paired_ratio"] > 0 and (row["variant"] != "raw" or row["paired_ratio"] == 1)
+        assert row["min_ms"] <= row["q1_ms"] <= row["median_ms"] <= row["q3_ms"] <= row["max_ms"]
         assert row["busbw_GBps"] == pytest.approx(
             row["algbw_GBps"] * FAMILIES[row["family"]].bus_factor(2)
         )
