@@ -335,17 +335,19 @@ class AllGatherImplementation(Implementation):
 
 
 class VariableAllToAllImplementation(Implementation):
-    """Counts, then rows. With agreement, one all-gather carries every rank's
-    "accepted" flag, its layout digest and its send counts, so receive
-    counts and the check cost one exchange; without it, an all-to-all of the
-    counts."""
+    """Counts, then rows. When the run agreement carried the send counts
+    (`Plan.counts_in_agreement`, in a run that agreed), the receive counts
+    are already known: only the rows move. Otherwise, with agreement, one
+    exchange carries every rank's "accepted" flag, its layout digest and its
+    send counts, so receive counts and the check cost one exchange; without
+    it, an all-to-all of the counts."""
 
     name = "all-to-all-single"
     operation_types = (VariableAllToAllOp,)
 
     def unsupported(self, op):
-        # The agreement below is the op's only one because the op declares it
-        # rides with the payload (the planner then never hoists its check).
+        # The op agrees in its counts exchange (or the run agreement carries
+        # its counts) because it declares that its agreement rides with them.
         if not op.has_trait(AgreementRidesWithPayload):
             return f"{self.name} agrees in its count exchange, which {op.name} does not declare"
         return None
@@ -356,7 +358,10 @@ class VariableAllToAllImplementation(Implementation):
         size, me = resources.size, resources.rank
         pre = resources.local_precondition(invocation, inputs)
         send = pre.decoded.get("send", [0] * size)
-        if resources.agreement and invocation.options.get("agree", False):
+        options = invocation.options
+        if options.get("counts_in_agreement") and resources.hoisted:
+            recv = resources.agreed_counts  # agreed with the run, with `pre`
+        elif resources.agreement and options.get("agree", False):
             rows = resources.exchange_rows([int(pre.ok), pre.digest(), *send], invocation)
             if any(row[0] != 1 or row[1] != rows[0][1] for row in rows):
                 resources.explain(invocation, pre, rows)

@@ -2,7 +2,11 @@
 
 An `Exchange` is one execution's point-to-point messages inside one group,
 addressed by *group* rank: `send(tensor, peer)`, `recv(tensor, peer)`
-returning a handle, `wait(handle)`, and `finish()` (every send completed).
+returning a handle, `wait(handle)`, and `finish()` (every send completed);
+and two whole-group steps for algorithms whose every message is one
+segment: `all_to_all(out, x)` (even split: piece j of `x` goes to rank j,
+piece j of `out` comes from rank j) and `all_gather(out, mine)` (piece j of
+`out` is rank j's `mine`), each complete when it returns.
 `TorchExchange` runs them on torch.distributed under the op's deadline;
 `InProcessExchange` runs P ranks as threads of one process, so every
 algorithm can be checked against the reference for any group size (tests
@@ -35,6 +39,10 @@ class Exchange(Protocol):
     def wait(self, handle: Any) -> None: ...
 
     def finish(self) -> None: ...
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> None: ...
+
+    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None: ...
 
 
 class _SendThread:
@@ -135,6 +143,13 @@ class TorchExchange:
                 raise work
             self.wait(work)
 
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        splits = [x.numel() // self.size] * self.size
+        self.resources.all_to_all(out, x, splits, splits, self.invocation, wait=True)
+
+    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
+        self.resources.all_gather(out, mine, self.invocation, wait=True)
+
 
 class InProcessWorld:
     """Mailboxes shared by the ranks of an `InProcessExchange` group."""
@@ -183,3 +198,26 @@ class InProcessExchange:
 
     def finish(self) -> None:
         return None
+
+    def _pieces(self, t: torch.Tensor) -> list[torch.Tensor]:
+        return list(t.reshape(self.size, -1).unbind(0))
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        sent, received = self._pieces(x), self._pieces(out)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.send(sent[peer], peer)
+        received[self.rank].copy_(sent[self.rank])
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.wait(self.recv(received[peer], peer))
+
+    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
+        received = self._pieces(out)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.send(mine, peer)
+        received[self.rank].copy_(mine.reshape(-1))
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.wait(self.recv(received[peer], peer))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+from array import array
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -127,6 +128,8 @@ class ProcessGroupResource:
         #: whether collectives that are waited for at once run inline (gloo)
         self.inline = self.backend == "gloo"
         self._cached_options: dict[tuple, Any] = {}
+        #: row length -> the arrays and tensors of `exchange_rows`
+        self._row_buffers: dict[int, tuple] = {}
         self.domain = domain if domain is not None else domain_for(group)
         #: where exchange rows live: NCCL only moves CUDA tensors
         self.device = (
@@ -141,6 +144,9 @@ class ProcessGroupResource:
         #: preconditions checked and agreed at the start of this run, by
         #: `Invocation.options["hoisted"]` index
         self.hoisted: list[Precondition] = []
+        #: the receive counts of the variable all-to-all whose send counts
+        #: rode in this run's agreement (valid while `hoisted` is set)
+        self.agreed_counts: list[int] = []
 
     # -- completion under a deadline --------------------------------------------
 
@@ -197,27 +203,30 @@ class ProcessGroupResource:
     # -- collectives, submitted under the deadline -------------------------------
     #
     # Straight to the process group (not through torch.distributed's Python
-    # wrappers, about 15 us per call) with the op's deadline as the backend's
-    # own timeout. With `wait`, the call returns once the collective is done
-    # (a backend error raises as a named distir error):
-    # gloo then runs it in the calling thread (no hand-off to its worker
-    # thread; a timeout closes the group's pairs, which the poisoned domain
-    # never uses again), NCCL completes it under the deadline. Without, it
-    # returns the work for `complete` (waves submit before they wait).
+    # wrappers, 3-5 us per call) with the op's deadline as the backend's own
+    # timeout. With `wait`, the call returns once the collective is done (a
+    # backend error raises as a named distir error; a gloo timeout closes the
+    # group's pairs, which the poisoned domain never uses again). This is the
+    # c10d sequence of `dist.all_reduce(t)` exactly: one submit and one
+    # `wait`, with options built once. `asyncOp` changes nothing on gloo
+    # (torch 2.13, measured: the work runs on gloo's worker thread either way,
+    # submit 17-21 us and wait 146-159 us at 4 KiB, P=2). Without `wait`, the
+    # call returns the work for `complete` (waves submit before they wait).
 
-    def _options(self, kind: Any, invocation: Any, wait: bool, **fields: Any) -> Any:
+    def _options(self, kind: Any, invocation: Any, wait: bool, *fields: tuple[str, Any]) -> Any:
         """The backend's options for one call, reused across calls (options
         hold no tensors): `kind` (an options class), the deadline as its
-        timeout, `asyncOp` off when the call runs inline."""
-        deadline = self.deadline_for(invocation)
-        inline = wait and self.inline
-        key = (kind, deadline, inline, *fields.items())
+        timeout, `asyncOp` off when the call runs inline, and `fields`
+        (name, value) pairs. The lookup is one dict probe on a flat key: it
+        runs on every collective of every run."""
+        deadline = invocation.options.get("deadline_s") or self.deadline_s
+        key = (kind, deadline, wait, *fields)
         opts = self._cached_options.get(key)
         if opts is None:
             opts = kind()
             opts.timeout = timedelta(seconds=deadline)
-            opts.asyncOp = not inline
-            for name, value in fields.items():
+            opts.asyncOp = not (wait and self.inline)
+            for name, value in fields:
                 setattr(opts, name, value)
             self._cached_options[key] = opts
         return opts
@@ -236,16 +245,34 @@ class ProcessGroupResource:
         return None
 
     def all_reduce(self, tensor: torch.Tensor, op: Any, invocation: Any, wait: bool = False) -> Any:
-        opts = self._options(dist.AllreduceOptions, invocation, wait, reduceOp=op)
-        return self._run(lambda o: self.pg.allreduce([tensor], o), opts, invocation, wait)
+        opts = self._options(dist.AllreduceOptions, invocation, wait, ("reduceOp", op))
+        start = time.monotonic()
+        try:  # `_run`, inline: the path of every native all-reduce
+            work = self.pg.allreduce([tensor], opts)
+            if not wait:
+                return work
+            work.wait(timeout=opts.timeout)
+        except RuntimeError as e:
+            raise self.failure(e, invocation, time.monotonic() - start) from None
+        return None
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, invocation: Any, wait: bool = False
     ) -> Any:
         """`root` is a rank of this group."""
-        opts = self._options(dist.BroadcastOptions, invocation, wait, rootRank=root, rootTensor=0)
-        tensor = as_bytes(tensor, written=True)
-        return self._run(lambda o: self.pg.broadcast([tensor], o), opts, invocation, wait)
+        opts = self._options(dist.BroadcastOptions, invocation, wait, ("rootRank", root),
+                             ("rootTensor", 0))  # fmt: skip
+        if tensor.dtype not in COLLECTIVE_DTYPES:
+            tensor = as_bytes(tensor, written=True)
+        start = time.monotonic()
+        try:
+            work = self.pg.broadcast([tensor], opts)
+            if not wait:
+                return work
+            work.wait(timeout=opts.timeout)
+        except RuntimeError as e:
+            raise self.failure(e, invocation, time.monotonic() - start) from None
+        return None
 
     def all_gather(
         self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False
@@ -272,12 +299,36 @@ class ProcessGroupResource:
 
         An all-to-all of the row repeated P times: the same data as an
         all-gather, in one exchange step where gloo's all-gather takes P - 1
-        (at P=4 on two cores: 1.0 ms against 3.7 ms)."""
-        k = len(row)
-        mine = torch.tensor(list(row) * self.size, dtype=torch.int64, device=self.device)
-        rows = torch.empty(self.size * k, dtype=torch.int64, device=self.device)
-        self.all_to_all(rows, mine, [k] * self.size, [k] * self.size, invocation, wait=True)
-        return rows.view(self.size, -1).tolist()
+        (at P=4 on two cores: 1.0 ms against 3.7 ms). On CPU the row goes
+        through two int64 arrays kept per row length and shared with their
+        tensors, so an exchange allocates nothing and converts no list to a
+        tensor (it runs on every verified run: 4 us of the 5 it cost went
+        into `torch.tensor` and `tolist`). The buffers are safe to reuse: the
+        exchange completes before this returns, and the runs of a group, the
+        only users of its resources, execute one at a time."""
+        k, size = len(row), self.size
+        if self.device.type != "cpu":
+            mine = torch.tensor(list(row) * size, dtype=torch.int64, device=self.device)
+            rows = torch.empty(size * k, dtype=torch.int64, device=self.device)
+            self.all_to_all(rows, mine, [k] * size, [k] * size, invocation, wait=True)
+            return rows.view(size, -1).tolist()
+        buffers = self._row_buffers.get(k)
+        if buffers is None:
+            send, received = array("q", bytes(8 * k * size)), array("q", bytes(8 * k * size))
+            buffers = self._row_buffers[k] = (
+                send, torch.frombuffer(send, dtype=torch.int64),
+                received, torch.frombuffer(received, dtype=torch.int64),
+            )  # fmt: skip
+        send, send_t, received, received_t = buffers
+        send[:] = array("q", row) * size
+        opts = self._options(c10d.AllToAllOptions, invocation, True)
+        start = time.monotonic()
+        try:  # even splits: the backend cuts k words per peer
+            self.pg.alltoall_base(received_t, send_t, [], [], opts).wait(timeout=opts.timeout)
+        except RuntimeError as e:
+            raise self.failure(e, invocation, time.monotonic() - start) from None
+        flat = received.tolist()
+        return [flat[r * k : (r + 1) * k] for r in range(size)]
 
     def gather_objects(self, obj: Any, invocation: Any) -> list[Any]:
         """Every rank's picklable `obj`, under the deadline (failure paths)."""

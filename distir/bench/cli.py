@@ -26,10 +26,12 @@ from distir.bench.dispatch import run_dispatch
 from distir.bench.families import FAMILIES, NATIVE_DTYPES, OPS, Family
 from distir.bench.report import (
     Report,
+    check_targets,
     fit_cost_model,
     format_cost_model,
     format_dispatch,
     format_table,
+    format_targets,
     format_wrong,
     save,
 )
@@ -77,7 +79,7 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
                        help="an explicit list of sizes instead of -b/-e/-f")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help=f"preset: P={' and '.join(map(str, DEFAULT_NPROC))}, sizes "
-                             f"{' '.join(QUICK_SIZES)}, few iterations")  # fmt: skip
+                             f"{' '.join(QUICK_SIZES)}, fewer iterations (200 at 4K)")  # fmt: skip
     parser.add_argument("--nproc", type=int, nargs="+", metavar="P",
                         help="group sizes to run (default " + " ".join(map(str, DEFAULT_NPROC)) + ")")  # fmt: skip
     parser.add_argument("--families", nargs="+", default=list(registry), choices=list(registry),
@@ -90,7 +92,7 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
                         metavar="OP", help=f"reductions of the native all_reduce ({' '.join(OPS)} "
                                            "or all; default sum)")  # fmt: skip
     parser.add_argument("-n", "--iters", type=int, metavar="N",
-                        help="timed iterations per row (default: by size, 30 at 4K to 5 at 64M)")  # fmt: skip
+                        help="timed iterations per row (default: by size, 300 at 4K to 7 at 64M)")  # fmt: skip
     parser.add_argument("-w", "--warmup", type=int, metavar="N",
                         help="untimed iterations per row (default: by size, 3 to 1)")  # fmt: skip
     parser.add_argument("-c", "--check", action="store_true",
@@ -202,6 +204,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, Family] = 
     fit = fit_cost_model(report.rows)
     if fit is not None:
         print(format_cost_model(fit))
+    targets = format_targets(check_targets(report.rows))
+    if targets:
+        print(targets)
     print(f"\nresults in {out}/: {', '.join(p.name for p in written)} ({meta['wall_s']} s; load "
           f"average before {meta['load_before']}, after {meta['load_after']})")  # fmt: skip
     wrong = report.wrong_rows()

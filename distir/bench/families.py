@@ -6,8 +6,9 @@ block names the distir variants (pipeline, implementation choices,
 `agreement=False`, donated inputs), the dtypes and reduction ops it can run,
 and its bus factor; the setup function builds, on one rank and for one message
 size, the program, the inputs, the raw torch.distributed baseline, the
-`raw clone+op` row where the family has one, and the exact reference when the
-raw call does not compute the same thing. The runner and the report read
+`raw clone+op` row where the family has one, other raw baselines (`raw +
+tiny exchange`, the all-to-all's given-splits floor), and the exact
+reference when the raw call does not compute the same thing. The runner and the report read
 these and nothing else, so adding a family is one block:
 
     def _my_setup(case: Case) -> Setup: ...
@@ -112,6 +113,19 @@ class Setup:
     reset: Callable[[], object] | None = None
     clone_op: Callable[[], tuple[Any, ...]] | None = None
     reference: Callable[[], tuple[Any, ...]] | None = None
+    baselines: tuple[Baseline, ...] = ()
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Another raw torch.distributed row a family's variants are judged
+    against (the table gives its ratio to `raw` like any row): `raw + tiny
+    exchange` (what a verified run can at best cost), or the given-splits
+    floor of the all-to-all. `reset` runs untimed before every call."""
+
+    name: str
+    run: Callable[[], tuple[Any, ...]]
+    reset: Callable[[], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,10 +214,23 @@ def _all_gather_single() -> Callable[..., Any]:
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _tiny_exchange(case: Case) -> Callable[[], None]:
+    """One all_to_all_single of 4 int64 words per peer: the size and shape of
+    distir's run agreement (`RunAgreement`), the least a verified run adds."""
+    import torch
+    import torch.distributed as dist
+
+    words = torch.zeros(4 * case.world_size, dtype=torch.int64, device=case.device)
+    received = torch.empty_like(words)
+    return lambda: dist.all_to_all_single(received, words)
+
+
 SELECT = "select-all-reduce-algorithm"
 DISTIR = Variant("distir")
 NO_AGREEMENT = Variant("distir, no agreement", agreement=False)
 DONATED = Variant("distir, donated", donate=True)
+TRUSTED_DONATED = Variant("distir, no agreement, donated", agreement=False, donate=True)
+TINY = "raw + tiny exchange"
 # Multi-input programs donate their payload only (counts and moduli are not reusable storage).
 DONATED_PAYLOAD = Variant("distir, donated", donate=(0,))
 
@@ -231,13 +258,22 @@ def all_reduce_setup(case: Case) -> Setup:
         dist.all_reduce(y, op=op)
         return (y,)
 
+    tiny = _tiny_exchange(case)
+
+    def raw_tiny():
+        tiny()
+        return raw()
+
     text = program([("x", t)], f"%y = dist.all_reduce {case.op} %x : {t}", [("y", t)])
-    return Setup(text, (x,), raw, x.nbytes, lambda: buf.copy_(x), clone_op)
+    reset = lambda: buf.copy_(x)  # noqa: E731
+    return Setup(text, (x,), raw, x.nbytes, reset, clone_op,
+                 baselines=(Baseline(TINY, raw_tiny, reset),))  # fmt: skip
 
 
 register(Family(
     "all_reduce", "`dist.all_reduce <op>` vs dist.all_reduce in place", all_reduce_setup,
-    variants=(DISTIR, NO_AGREEMENT, DONATED), bus="all_reduce", dtypes=NATIVE_DTYPES, ops=OPS,
+    variants=(DISTIR, NO_AGREEMENT, DONATED, TRUSTED_DONATED), bus="all_reduce",
+    dtypes=NATIVE_DTYPES, ops=OPS,
 ))  # fmt: skip
 
 
@@ -263,13 +299,21 @@ def broadcast_setup(case: Case) -> Setup:
         dist.broadcast(y, src=0)
         return (y,)
 
+    tiny = _tiny_exchange(case)
+
+    def raw_tiny():
+        tiny()
+        return raw()
+
     text = program([("x", t)], f"%y = dist.broadcast %x root 0 : {t}", [("y", t)])
-    return Setup(text, (x,), raw, x.nbytes, lambda: buf.copy_(x), clone_op)
+    reset = lambda: buf.copy_(x)  # noqa: E731
+    return Setup(text, (x,), raw, x.nbytes, reset, clone_op,
+                 baselines=(Baseline(TINY, raw_tiny, reset),))  # fmt: skip
 
 
 register(Family(
     "broadcast", "`dist.broadcast root 0` vs dist.broadcast", broadcast_setup,
-    variants=(DISTIR, DONATED), bus="broadcast", dtypes=NATIVE_DTYPES,
+    variants=(DISTIR, DONATED, TRUSTED_DONATED), bus="broadcast", dtypes=NATIVE_DTYPES,
 ))  # fmt: skip
 
 
@@ -327,8 +371,19 @@ def all_to_all_setup(case: Case) -> Setup:
     out = torch.empty(sum(recv), dtype=x.dtype, device=x.device)
     counts = torch.tensor(send, dtype=torch.int64, device=x.device)
     received = torch.tensor(recv, dtype=torch.int64, device=x.device)
+    exchanged = torch.empty_like(counts)
 
     def raw():
+        # What a mixture-of-experts dispatch must do: exchange the counts
+        # (one all_to_all_single of one word per peer), then the rows. The
+        # output buffer is reused when the counts allow (a generous raw).
+        dist.all_to_all_single(exchanged, counts)
+        splits = exchanged.tolist()
+        rows = out if sum(splits) == out.numel() else torch.empty(sum(splits), dtype=x.dtype)
+        dist.all_to_all_single(rows, x, splits, send)
+        return (rows, exchanged)
+
+    def given_splits():  # the floor: the raw call is handed its receive splits
         dist.all_to_all_single(out, x, recv, send)
         return (out, received)
 
@@ -340,12 +395,16 @@ def all_to_all_setup(case: Case) -> Setup:
     tx, tc, ty = case.tensor_type(n), f"tensor<{p}xi64>", f"tensor<?x{DTYPES[case.dtype]}>"
     body = f"%y, %rc = dist.variable_all_to_all %x, %c axis 0 : {tx}, {tc} -> {ty}"
     text = program([("x", tx), ("c", tc)], body, [("y", ty), ("rc", tc)])
-    return Setup(text, (x, counts), raw, x.nbytes, None, clone_op)
+    return Setup(text, (x, counts), raw, x.nbytes, None, clone_op,
+                 baselines=(Baseline(GIVEN_SPLITS, given_splits),))  # fmt: skip
 
 
+GIVEN_SPLITS = "raw, splits given"
 register(Family(
-    "all_to_all", "`dist.variable_all_to_all` (uneven counts) vs all_to_all_single with splits",
-    all_to_all_setup, variants=(DISTIR, DONATED_PAYLOAD), bus="all_to_all", dtypes=NATIVE_DTYPES,
+    "all_to_all", "`dist.variable_all_to_all` (uneven counts) vs all_to_all_single of the "
+    "counts, then of the rows", all_to_all_setup,
+    variants=(DISTIR, DONATED_PAYLOAD, Variant("distir, no agreement", agreement=False)),
+    bus="all_to_all", dtypes=NATIVE_DTYPES,
 ))  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distir.bench.families import DONATED, TINY, TRUSTED_DONATED
 from distir.bench.runner import RAW
 from distir.bench.sizes import format_size
 
@@ -34,6 +35,7 @@ class Report:
             "rows": self.rows,
             "dispatch": self.dispatch,
             "cost_model": fit_cost_model(self.rows),
+            "targets": check_targets(self.rows),
         }
 
     @classmethod
@@ -45,7 +47,7 @@ class Report:
         return [r for r in self.rows if r.get("check") == "WRONG"]
 
 
-_COLUMNS = ("P", "family", "dtype", "op", "variant", "size", "median ms", "min-max ms",
+_COLUMNS = ("P", "family", "dtype", "op", "variant", "size", "median ms", "p25-p75 ms",
             "algbw GB/s", "busbw GB/s", "x raw", "check")  # fmt: skip
 _LEFT = {"family", "dtype", "op", "variant", "check"}
 
@@ -58,7 +60,8 @@ def format_table(rows: Sequence[dict]) -> str:
     for r in rows:
         line = (
             str(r["P"]), r["family"], r.get("dtype", ""), r.get("op", ""), r["variant"],
-            r["size_label"], f"{r['median_ms']:.3f}", f"{r['min_ms']:.2f}-{r['max_ms']:.2f}",
+            r["size_label"], f"{r['median_ms']:.3f}",
+            f"{r.get('q1_ms', r['min_ms']):.2f}-{r.get('q3_ms', r['max_ms']):.2f}",
             f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
             "" if r["variant"] == RAW else f"{r['ratio_to_raw']:.2f}",
             r.get("check") or "",
@@ -73,6 +76,84 @@ def format_table(rows: Sequence[dict]) -> str:
         if k == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ratio the latency work (issue 26) holds a row to: the median of
+    `variant` over the median of `baseline`, same family, P and size, for
+    sizes in [min_size, max_size], at most `bound`."""
+
+    family: str
+    variant: str
+    baseline: str
+    bound: float
+    min_size: int = 0
+    max_size: int | None = None
+    world_sizes: tuple[int, ...] | None = None
+
+
+_KIB, _MIB = 1 << 10, 1 << 20
+TRUSTED, VERIFIED = TRUSTED_DONATED.name, DONATED.name
+#: The "Done when" of the small-message latency issue, as data.
+TARGETS = (
+    Target("all_reduce", TRUSTED, RAW, 1.10, 4 * _KIB, 4 * _KIB),
+    Target("all_reduce", TRUSTED, RAW, 1.10, _MIB, _MIB),
+    Target("broadcast", TRUSTED, RAW, 1.10, 4 * _KIB, 4 * _KIB),
+    Target("broadcast", TRUSTED, RAW, 1.10, _MIB, _MIB),
+    Target("all_reduce", VERIFIED, TINY, 1.10, 4 * _KIB, 4 * _KIB),
+    Target("all_reduce", VERIFIED, RAW, 1.10, _MIB),
+    Target("broadcast", VERIFIED, TINY, 1.10, 4 * _KIB, 4 * _KIB),
+    Target("broadcast", VERIFIED, RAW, 1.10, _MIB),
+    Target("all_to_all", "distir", RAW, 1.15),
+    Target("all_to_all", "distir, donated", RAW, 1.15),
+    Target("combine", "ring", RAW, 1.20, _MIB),
+    Target("combine", "ring, donated", RAW, 1.20, _MIB),
+    Target("ciphertext", "auto, donated", RAW, 1.15, 16 * _MIB, 16 * _MIB, (2,)),
+    Target("ciphertext", "auto, donated", RAW, 1.35, 16 * _MIB, 16 * _MIB, (4,)),
+)
+
+
+def check_targets(rows: Sequence[dict], targets: Sequence[Target] = TARGETS) -> list[dict]:
+    """Every (target, P, size, dtype, op) the rows cover: the ratio of
+    medians, its bound and whether it was met."""
+    by_key = {(r["family"], r["variant"], r["P"], r["size"], r.get("dtype"), r.get("op")): r
+              for r in rows}  # fmt: skip
+    found = []
+    for t in targets:
+        for r in rows:
+            if (r["family"], r["variant"]) != (t.family, t.variant) or r["size"] < t.min_size:
+                continue
+            if (t.max_size is not None and r["size"] > t.max_size) or (
+                t.world_sizes is not None and r["P"] not in t.world_sizes
+            ):
+                continue
+            base = by_key.get((t.family, t.baseline, r["P"], r["size"], r.get("dtype"),
+                               r.get("op")))  # fmt: skip
+            if base is None or base["median_ms"] <= 0:
+                continue
+            ratio = r["median_ms"] / base["median_ms"]
+            # The paired ratio against raw, rescaled to the baseline's.
+            paired = r.get("paired_ratio", float("nan")) / base.get("paired_ratio", 1.0)
+            found.append({"family": t.family, "variant": t.variant, "baseline": t.baseline,
+                          "P": r["P"], "size_label": r["size_label"], "ratio": ratio,
+                          "paired": paired, "bound": t.bound, "met": ratio <= t.bound})  # fmt: skip
+    return found
+
+
+def format_targets(checked: Sequence[dict]) -> str:
+    """One line per checked target (empty when no row was covered)."""
+    if not checked:
+        return ""
+    lines = ["targets (ratio of medians, interleaved; issue 26; `paired`: the median of "
+             "per-iteration ratios):"]
+    for c in checked:
+        lines.append(
+            f"  P={c['P']} {c['family']:<10} {c['size_label']:>4}  {c['variant']!r} / "
+            f"{c['baseline']!r} = {c['ratio']:.2f} (<= {c['bound']:.2f}: "
+            f"{'met' if c['met'] else 'MISSED'}; paired {c.get('paired', float('nan')):.2f})"
+        )
+    return "\n".join(lines)
 
 
 def format_wrong(rows: Sequence[dict]) -> str:
@@ -196,6 +277,9 @@ def save(report: Report, out: Path, *, plots: bool = True) -> list[Path]:
     fit = fit_cost_model(report.rows)
     if fit is not None:
         text += "\n\n" + format_cost_model(fit)
+    targets = format_targets(check_targets(report.rows))
+    if targets:
+        text += "\n\n" + targets
     if report.wrong_rows():
         text += "\n\n" + format_wrong(report.wrong_rows())
     written[1].write_text(text + "\n")

@@ -2,11 +2,15 @@
 
 For every family, (dtype, op), and message size, each rank builds the
 family's `Setup`, compiles every variant once, then runs `warmup + iters`
-iterations; each iteration runs the raw call, the `raw clone+op` row and
-every variant one after the other, each after an untimed reset (the raw
-call's buffer, a donated variant's inputs) and a `dist.barrier()`, so that
-they all see the same machine. The time of an iteration is the maximum over
-ranks (one all-reduce MAX after the loop). With `check`, every call first
+iterations; each iteration runs the raw call, the `raw clone+op` row, the
+family's other baselines and every variant one after the other, each after
+an untimed reset (the raw call's buffer, a donated variant's inputs) and a
+`dist.barrier()`, so that they all see the same machine. Each iteration
+starts one row further down the list (a rotation), so no row always runs
+first, right after another row's allocations or the previous size. The time
+of an iteration is the maximum over ranks (one all-reduce MAX after the
+loop); a row reports the median, the quartiles and min-max over iterations,
+and its ratio is the median over raw's median. With `check`, every call first
 runs once, untimed, and its results are compared on every rank with the raw
 call's (or the family's exact reference); a variant must also leave the
 inputs it was not donated unchanged.
@@ -44,14 +48,20 @@ class BenchConfig:
 
 
 def iterations_for(size: int, quick: bool = False) -> tuple[int, int]:
-    """(timed iterations, warm-up iterations) for a message size."""
+    """(timed iterations, warm-up iterations) for a message size: enough
+    that the median of a small message is stable (a 4 KiB call lasts 0.1-0.5
+    ms and one scheduler hiccup on a loaded machine costs more: hundreds of
+    iterations keep the median where it is; measured, 10 iterations moved
+    --quick's 4K ratios by 30% between runs)."""
     if quick:
-        return (10, 2) if size <= 64 * KIB else (5, 1) if size <= MIB else (3, 1)
+        if size <= 64 * KIB:
+            return 200, 20
+        return (40, 4) if size <= MIB else (12, 2) if size <= 16 * MIB else (5, 1)
     if size <= 64 * KIB:
-        return 30, 3
+        return 300, 30
     if size <= MIB:
-        return 15, 2
-    return (7, 1) if size <= 16 * MIB else (5, 1)
+        return 60, 5
+    return (15, 2) if size <= 16 * MIB else (7, 1)
 
 
 @dataclass
@@ -94,6 +104,7 @@ def make_calls(family: Family, setup: Setup, world_size: int) -> list[Call]:
     calls = [Call(RAW, setup.raw, setup.reset)]
     if setup.clone_op is not None:
         calls.append(Call(CLONE_OP, setup.clone_op, inputs=setup.inputs))
+    calls.extend(Call(b.name, b.run, b.reset) for b in setup.baselines)
     for variant in family.variants:
         program = distir.compile(setup.program, variant.pipeline_for(world_size),
                                  implementations=variant.implementations,
@@ -182,7 +193,8 @@ def time_calls(
     sync = sync_for(device)
     times: dict[str, list[float]] = {call.name: [] for call in calls}
     for i in range(warmup + iters):
-        for call in calls:
+        shift = i % len(calls)
+        for call in [*calls[shift:], *calls[:shift]]:
             if call.reset is not None:
                 call.reset()
             sync()
@@ -219,7 +231,7 @@ def bench_rank(context: Any, config: BenchConfig) -> list[dict]:
                 times = time_calls(calls, iters, warmup, device)
                 raw_median = statistics.median(times[RAW])
                 mine = [make_row(family, case, call, setup.nbytes, times[call.name], raw_median,
-                                 verdicts.get(call.name)) for call in calls]  # fmt: skip
+                                 verdicts.get(call.name), times[RAW]) for call in calls]  # fmt: skip
                 rows.extend(mine)
                 if rank == 0:
                     _progress(mine)
@@ -228,9 +240,16 @@ def bench_rank(context: Any, config: BenchConfig) -> list[dict]:
 
 
 def make_row(family: Family, case: Case, call: Call, nbytes: int, times: Sequence[float],
-             raw_median: float, verdict: tuple[str, str] | None) -> dict:  # fmt: skip
-    """One JSON row (the keys the report and saved results read)."""
+             raw_median: float, verdict: tuple[str, str] | None,
+             raw_times: Sequence[float] = ()) -> dict:  # fmt: skip
+    """One JSON row (the keys the report and saved results read).
+
+    `paired_ratio` is the median over iterations of this row's time over
+    raw's in the same iteration (the two ran a few calls apart): a drift of
+    the machine's load between iterations cancels in it, where the ratio of
+    medians (`ratio_to_raw`, the table's) keeps it."""
     median = statistics.median(times)
+    paired = [t / r for t, r in zip(times, raw_times) if r > 0]
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
     plan = [name for _, name in call.program.plan_summary()] if call.program is not None else []
     return {
@@ -245,15 +264,26 @@ def make_row(family: Family, case: Case, call: Call, nbytes: int, times: Sequenc
         "median_ms": median * 1e3,
         "min_ms": min(times) * 1e3,
         "max_ms": max(times) * 1e3,
+        "q1_ms": _quartiles(times)[0] * 1e3,
+        "q3_ms": _quartiles(times)[1] * 1e3,
         "iterations": len(times),
         "algbw_GBps": algbw,
         "busbw_GBps": algbw * family.bus_factor(case.world_size),
         "raw_median_ms": raw_median * 1e3,
         "ratio_to_raw": median / raw_median if raw_median > 0 else float("nan"),
+        "paired_ratio": statistics.median(paired) if paired else float("nan"),
         "implementations": sorted(set(plan)),
         "check": verdict[0] if verdict else None,
         "check_detail": verdict[1] if verdict else "",
     }
+
+
+def _quartiles(times: Sequence[float]) -> tuple[float, float]:
+    """The 25th and 75th percentiles (min and max for fewer than 2 values)."""
+    if len(times) < 2:
+        return min(times), max(times)
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, q3
 
 
 def _progress(rows: Sequence[dict]) -> None:

@@ -68,11 +68,13 @@ class UniformResults(OpTrait):
 
 
 class AgreementRidesWithPayload(OpTrait):
-    """The op exchanges per-rank data before its payload anyway (the
-    variable all-to-all's counts): each rank's "accepted" flag and digest
-    ride in that exchange, so the runtime does not hoist the op's
-    precondition into the run's start (it would cost a second exchange)
-    and the op's implementation does the agreement itself."""
+    """The op exchanges per-rank counts before its payload anyway (the
+    variable all-to-all): its agreement rides with those counts instead of
+    costing an exchange of its own. For the first such op of a program
+    whose operands are entry arguments, the counts travel in the run's
+    agreement row (the planner hoists it: its receive counts then cost no
+    exchange); for any other, each rank's "accepted" flag and digest ride
+    in the op's own counts exchange, which its implementation makes."""
 
 
 def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:

@@ -1,23 +1,30 @@
-"""The agreement at the start of every run: one exchange of 32 bytes per rank.
+"""The agreement at the start of every run: one exchange of 4 + P int64 words per rank.
 
 Before the first collective of a run, every rank of the program's base
-group contributes one fixed-size row of four int64 words:
+group (of P ranks) contributes one row of 4 + P int64 words:
 
-    [MAGIC, accepted, plan fingerprint, digest of the hoisted preconditions]
+    [MAGIC, accepted, plan fingerprint, digest of the hoisted preconditions,
+     send counts of the plan's first hoisted variable all-to-all (P words,
+     zeros when it has none)]
 
 `accepted` is 1 when the rank's inputs match the entry signature and every
 hoisted precondition (the checks of entry-block ops whose operands are all
 entry arguments: dynamic roots, counts, moduli and limbs, extras, dynamic
 shapes) holds on this rank; the digest covers what those ops need equal on
-every rank. When every row matches, the run goes on, and the hoisted ops
-skip their own exchange. Otherwise every rank saw it: they exchange reports
-(the failure path) and all raise, naming the rank and the op.
+every rank. When the first four words of every row match, the run goes on,
+and the hoisted ops skip their own exchange; the variable all-to-all whose
+counts rode along (`Plan.counts_in_agreement`) reads its receive counts
+from the rows (`ProcessGroupResource.agreed_counts`), so a mixture-of-experts
+dispatch costs the counts exchange and the rows, as raw torch.distributed
+does, with the agreement folded into the counts. Otherwise every rank saw
+it: they exchange reports (the failure path) and all raise, naming the rank
+and the op.
 
 The plan fingerprint (`Plan.bound_fingerprint`) covers everything that
 decides what a rank executes: the lowered IR, the implementation and
 algorithm of every op, the agreement mode and the wire format. The row has
-the same size for every program, so an agreement can never be matched with
-another program's exchange of another size.
+the same size for every program on a group of P ranks, so an agreement can
+never be matched with another program's exchange of another size.
 
 What is agreed when: a program compiled with `agreement=True` agrees at
 every run. One compiled with `agreement=False` (trusted) agrees only the
@@ -44,7 +51,9 @@ from distir.interpreters.checks import (
 from distir.interpreters.semantics import precondition_rule
 from distir.runtime.planning import Plan
 
-MAGIC = 0x6469737469720001  # "distir", row format 1
+MAGIC = 0x6469737469720002  # "distir", row format 2 (4 + P words)
+#: words of the row every rank must have equal
+AGREED_WORDS = 4
 
 
 class RunAgreement:
@@ -54,6 +63,12 @@ class RunAgreement:
         self.plan = plan
         self.step = Step(f"@{plan.entry} (program agreement)")
         self.rules = [precondition_rule(type(op)) for op in plan.hoisted]
+        #: the hoisted position of the op whose send counts ride in the row
+        self.counts_index = (
+            None
+            if plan.counts_in_agreement is None
+            else plan.hoisted.index(plan.counts_in_agreement)
+        )
 
     def agree(
         self,
@@ -85,9 +100,15 @@ class RunAgreement:
                 )
         accepted = input_error is None and all(p.ok for p in hoisted)
         digest = digest_of(who.encode(), *(p.digest().to_bytes(8, "little") for p in hoisted))
-        mine = [MAGIC, int(accepted), fingerprint, digest]
-        rows = base.exchange_rows(mine, self.step)
-        if all(row == rows[0] for row in rows) and accepted:
+        counts = [0] * base.size
+        if self.counts_index is not None and accepted:
+            counts = hoisted[self.counts_index].decoded["send"]
+        rows = base.exchange_rows([MAGIC, int(accepted), fingerprint, digest, *counts], self.step)
+        agreed = rows[0][:AGREED_WORDS]
+        if accepted and all(row[:AGREED_WORDS] == agreed for row in rows):
+            if self.counts_index is not None:
+                me = AGREED_WORDS + base.rank
+                base.agreed_counts = [row[me] for row in rows]
             return hoisted
         raise self._disagreement(rows, input_error, hoisted, base, fingerprint, who)
 

@@ -32,6 +32,7 @@ from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
 from distir.interpreters.checks import check_group_assumption, check_result_shape, check_root
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import BroadcastOp
+from distir.runtime.concurrency import gate_for
 from distir.runtime.planning import Plan
 from distir.runtime.requirements import WorldSizeError, check_declarations, check_world_size
 
@@ -67,6 +68,10 @@ class Binding:
         self._known_agreed = False
         self.resources: list[ProcessGroupResource] = [self.base]
         self.compiled: CompiledBlock | None = None
+        #: the run gate of the base group's domain (`distir.runtime.concurrency`)
+        self.gate = gate_for(self.base.domain)
+        #: the deadline every resource holds (None: not yet set)
+        self._configured: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -97,9 +102,13 @@ class Binding:
             _AGREED_PLANS.setdefault(self.base.domain, set()).add(self.fingerprint)
 
     def configure(self, deadline_s: float) -> None:
+        """Sets the run's deadline on every resource (once per change)."""
+        if deadline_s == self._configured:
+            return
         for resource in self.resources:
             resource.deadline_s = deadline_s
             resource.agreement = self.plan.agreement
+        self._configured = deadline_s
 
     def prepare(self, deadline_s: float) -> None:
         """Creates the declared groups and compiles the entry function."""
@@ -169,6 +178,7 @@ class Binding:
 
         compiled = BlockCompiler(plan.module, bind, bind_start).compile_function(plan.entry)
         self.resources = live
+        self._configured = None  # new resources: set them all
         self.configure(self.base.deadline_s)
         self.compiled = compiled
 

@@ -74,6 +74,8 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
     donated = donated_indices(donate, len(inputs))
     if not donated:
         return donated
+    if len(inputs) == 1:  # nothing else to overlap: only the layout matters
+        return donated if _dense(inputs[0]) else frozenset()
     spans = [storage_span(x) for x in inputs]
     return frozenset(
         i

@@ -11,7 +11,8 @@ compare to know they execute the same plan), each op's
 op exchanges a precondition before its payload), and which ops' preconditions
 are *hoisted* into the one agreement exchange at the start of every run:
 ops of the entry block, on the program's base group, whose every operand is
-an entry argument, so their checks depend on the run's inputs only.
+an entry argument, so their checks depend on the run's inputs only (the
+first such variable all-to-all also sends its counts in that exchange).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from xdsl.ir import BlockArgument, Operation
 from distir.backends.registry import Implementation, ImplementationRegistry
 from distir.errors import CompileError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
+from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import LOCAL_KERNELS
 from distir.interpreters.semantics import make_invocation, precondition_rule
@@ -60,20 +62,20 @@ def is_executable_dist_op(op: Operation) -> bool:
 
 #: bumped whenever a change to distir changes what goes on the wire for the
 #: same plan (a new row format, a new algorithm schedule)
-WIRE_FORMAT = 1
+WIRE_FORMAT = 2
 
 
 def _hoistable(op: Operation, entry_block: Any) -> bool:
+    """Whether `op` runs exactly once per run, on the base group, on entry
+    arguments only: then its check can move into the run agreement."""
     parent = op.parent_block()
     if parent is not entry_block:
         wave = parent.parent_op() if parent is not None else None
         if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
             return False
     on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
-    return (
-        on_base
-        and not op.has_trait(AgreementRidesWithPayload)
-        and all(isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands)
+    return on_base and all(
+        isinstance(v, BlockArgument) and v.block is entry_block for v in op.operands
     )
 
 
@@ -107,6 +109,14 @@ class Plan:
         self._text = f"{entry}\n{module}"
         self.groups: list[GroupOp] = group_declarations(module)
         self.input_types = list(self.function.function_type.inputs.data)
+        #: (dtype, torch.Size when every dim is static, else None) per input:
+        #: what `check_inputs` compares on every run without reading the IR
+        self._input_specs = [
+            (element_dtype(t), None if None in shape else torch.Size(shape))
+            for t in self.input_types
+            for shape in (static_shape(t),)
+        ]
+        self._static_inputs = all(size is not None for _, size in self._input_specs)
         self.output_types = list(self.function.function_type.outputs.data)
         self.ops = [op for op in module.walk() if is_executable_dist_op(op)]
         #: generic all-reduces whose algorithm follows from the group size,
@@ -130,6 +140,10 @@ class Plan:
         self.compiler.compile_function(entry)
         entry_block = self.function.body.block
         self.hoisted: list[Operation] = []
+        #: the variable all-to-all whose send counts travel in the run
+        #: agreement (the first hoistable one), so that its receive counts
+        #: cost no exchange of their own
+        self.counts_in_agreement: Operation | None = None
         self.invocations: dict[Operation, Invocation] = {}
         for op in self.ops:
             options: dict[str, Any] = {"agree": needs_agreement(op)}
@@ -138,7 +152,18 @@ class Plan:
             deadline = op.attributes.get("deadline_ms")
             if isinstance(deadline, IntegerAttr):
                 options["deadline_s"] = deadline.value.data / 1000.0
-            if options["agree"] and _hoistable(op, entry_block):
+            # A variable all-to-all's send counts ride in the run agreement's
+            # row (one slot per peer, so for one such op per program); any
+            # other exchanges its counts itself, and its check rides on that.
+            counts = op.has_trait(AgreementRidesWithPayload)
+            if (
+                options["agree"]
+                and _hoistable(op, entry_block)
+                and not (counts and self.counts_in_agreement is not None)
+            ):
+                if counts:
+                    options["counts_in_agreement"] = True
+                    self.counts_in_agreement = op
                 options["hoisted"] = len(self.hoisted)
                 self.hoisted.append(op)
             regions = (
@@ -213,6 +238,17 @@ class Plan:
         return None
 
     def check_inputs(self, inputs: Sequence[Any]) -> None:
+        """Raises `ProgramInputError` unless `inputs` match the entry
+        signature (dtype and every static dim)."""
+        specs = self._input_specs
+        if self._static_inputs and len(inputs) == len(specs):
+            for value, (dtype, size) in zip(inputs, specs):
+                if not (
+                    isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == size
+                ):
+                    break
+            else:  # the common case: fully static types, every input matches
+                return
         check_inputs(inputs, self.function)
 
     def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -98,6 +98,7 @@ class Program:
         self._run_agreement = RunAgreement(self.plan)
         self._maybe_shared = results_maybe_shared(self.plan.function)
         self._bindings: dict[Any, Binding] = {}
+        self._what = f"@{entry}"
 
     # -- inspection -----------------------------------------------------------
 
@@ -142,9 +143,8 @@ class Program:
     def run(self, *inputs: torch.Tensor, group: Any = None, **options: Any) -> Any:
         """Runs the entry function on this rank of `group`; see `_run_now`
         for the options, and `distir.runtime.concurrency` for threads."""
-        gate = gate_for(domain_for(group))
-        return gate.run(
-            f"@{self.entry}", lambda who: self._run_now(*inputs, group=group, _who=who, **options)
+        return self._gate(group).run(
+            self._what, lambda who: self._run_now(*inputs, group=group, _who=who, **options)
         )
 
     def run_async(
@@ -153,10 +153,19 @@ class Program:
         """`run`, queued on the group's distir worker: returns at once a
         future of what `run` returns (or of its named error). Runs of a
         group execute one at a time, in submission order."""
-        gate = gate_for(domain_for(group))
-        return gate.submit(
-            f"@{self.entry}", lambda who: self._run_now(*inputs, group=group, _who=who, **options)
+        return self._gate(group).submit(
+            self._what, lambda who: self._run_now(*inputs, group=group, _who=who, **options)
         )
+
+    def _gate(self, group: Any) -> Any:
+        """The run gate of `group`'s execution domain: the one of the live
+        binding on that group (the same domain: a binding is alive while its
+        process group object is registered, and domains are keyed by that
+        object), else looked up."""
+        binding = self._bindings.get(group)
+        if binding is not None and binding.alive:
+            return binding.gate
+        return gate_for(domain_for(group))
 
     def _run_now(
         self,
@@ -190,7 +199,7 @@ class Program:
                 del self._bindings[key]
             binding = self._bindings[group] = Binding(self.plan, group)
         base = binding.base
-        base.domain.check(f"@{self.entry}")
+        base.domain.check(self._what)
         try:
             if autograd.records_gradient(inputs):  # one autograd node per run
                 return autograd.run_recorded(

@@ -196,3 +196,64 @@ def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
             "ordered elementwise": {"halving-doubling", "recursive-doubling", "gather-fold"},
         }[case]
     )
+
+
+def _counting_all_to_alls(monkeypatch) -> list[int]:
+    """Counts `InProcessExchange.all_to_all` calls (the ring's one-segment path)."""
+    from distir.backends.exchange import InProcessExchange
+
+    calls: list[int] = []
+    original = InProcessExchange.all_to_all
+
+    def counted(self, out, x):
+        calls.append(self.rank)
+        return original(self, out, x)
+
+    monkeypatch.setattr(InProcessExchange, "all_to_all", counted)
+    return calls
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8, 13])
+def test_one_segment_chunks_fold_between_an_all_to_all_and_an_all_gather(size, monkeypatch):
+    # Default segments (1 MiB and up): every chunk of these inputs is one segment.
+    monkeypatch.setattr(base, "SEGMENT_BYTES", None)
+    calls = _counting_all_to_alls(monkeypatch)
+    for n in (size, 3 * size, 100 * size):
+        xs = _values(size, n)
+        out = _run(size, lambda ex, xs=xs: _ring(xs[ex.rank], ex, in_place=ex.rank % 2 == 1))
+        for got in out:
+            assert torch.equal(got, sum(xs))
+    assert len(calls) == 3 * size  # one all-to-all per rank and input, no ring steps
+    uneven = _values(size, 3 * size + 1)  # chunks of unequal length: the ring
+    out = _run(size, lambda ex: _ring(uneven[ex.rank], ex, in_place=False))
+    assert all(torch.equal(got, sum(uneven)) for got in out) and len(calls) == 3 * size
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+@pytest.mark.parametrize("bits", [59, 62])
+def test_the_lazily_reduced_ciphertext_fold_is_exact(size, bits, monkeypatch):
+    monkeypatch.setattr(base, "SEGMENT_BYTES", None)
+    calls = _counting_all_to_alls(monkeypatch)
+    moduli = [(1 << bits) - 57, (1 << bits) - 87, (1 << (bits - 1)) - 1]
+    q = torch.tensor(moduli)
+    g = torch.Generator().manual_seed(size + bits)
+    shape = (size, 3, 8)  # 24 * size elements: P even chunks of whole rows
+    cts = [torch.remainder(torch.randint(0, 1 << 62, shape, generator=g), q.view(-1, 1))
+           for _ in range(size)]  # fmt: skip
+
+    def body(ex):
+        ct = cts[ex.rank].clone()
+        out = ct.reshape(-1) if ex.rank % 2 else torch.empty_like(ct).reshape(-1)
+        lazy = LazyModularAdd(ModuliPieces.per_row(q, ct.shape))
+        steps = [lazy.step_combine(b) for b in lazy_reduction_schedule(ex.size, max(moduli))]
+        ring_all_reduce(ct.reshape(-1), out, steps.__getitem__, ex)
+        return out.view(ct.shape)
+
+    flat = [c.tolist() for c in cts]
+    want = torch.tensor(
+        [[[sum(f[b][limb][k] for f in flat) % moduli[limb] for k in range(8)]
+          for limb in range(3)] for b in range(size)]
+    )  # fmt: skip
+    for got in _run(size, body):
+        assert torch.equal(got, want)
+    assert len(calls) == size

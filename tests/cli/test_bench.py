@@ -42,6 +42,8 @@ def test_a_checked_tiny_run_fills_a_timestamped_directory(tmp_path, monkeypatch,
         assert row["P"] == 2 and row["size_label"] == "4K" and row["iterations"] == 2
         assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
         assert math.isfinite(row["ratio_to_raw"]) and row["ratio_to_raw"] > 0
+        assert row["paired_ratio"] > 0 and (row["variant"] != "raw" or row["paired_ratio"] == 1)
+        assert row["min_ms"] <= row["q1_ms"] <= row["median_ms"] <= row["q3_ms"] <= row["max_ms"]
         assert row["busbw_GBps"] == pytest.approx(
             row["algbw_GBps"] * FAMILIES[row["family"]].bus_factor(2)
         )
@@ -55,6 +57,13 @@ def test_a_checked_tiny_run_fills_a_timestamped_directory(tmp_path, monkeypatch,
     assert {("combine", "ring, donated"), ("ciphertext", "auto, donated"),
             ("all_reduce", "distir, no agreement"), ("wave", "bucketed")} <= variants  # fmt: skip
     assert ("combine", "raw clone+op") not in variants
+    # The baselines of the latency targets: a verified run against raw plus one
+    # tiny exchange, the all-to-all against raw that exchanges its counts first.
+    assert {("all_reduce", "raw + tiny exchange"), ("broadcast", "raw + tiny exchange"),
+            ("all_to_all", "raw, splits given"),
+            ("broadcast", "distir, no agreement, donated")} <= variants  # fmt: skip
+    covered = {(t["family"], t["variant"], t["baseline"]) for t in report["targets"]}
+    assert ("all_reduce", "distir, donated", "raw + tiny exchange") in covered
     auto = next(r for r in rows if r["family"] == "ciphertext" and r["variant"] == "auto")
     assert auto["implementations"] == ["ciphertext-auto"]
     assert report["dispatch"]["chain"] == 20 and "overhead_us_per_op" in report["dispatch"]
@@ -90,13 +99,14 @@ def test_a_wrong_variant_fails_the_check_loudly(tmp_path, capsys):
     assert code == 1
     rows = json.loads((out / "results.json").read_text())["rows"]
     verdicts = {r["variant"]: r["check"] for r in rows}
-    assert verdicts == {"raw": "ref", "raw clone+op": "ok", "distir": "WRONG",
-                        "distir, no agreement": "WRONG", "distir, donated": "WRONG"}  # fmt: skip
+    assert verdicts == {"raw": "ref", "raw clone+op": "ok", "raw + tiny exchange": "ok",
+                        "distir": "WRONG", "distir, no agreement": "WRONG",
+                        "distir, donated": "WRONG", "distir, no agreement, donated": "WRONG"}  # fmt: skip
     detail = next(r["check_detail"] for r in rows if r["variant"] == "distir")
     assert "rank 0: result #0:" in detail and "rank 1: result #0:" in detail
     captured = capsys.readouterr()
     assert "WRONG RESULT" in captured.err and "'distir, donated'" in captured.err
-    assert captured.out.count("WRONG") == 3
+    assert captured.out.count("WRONG") == 4
     assert "WRONG RESULT" in (out / "table.txt").read_text()
 
 
@@ -162,6 +172,27 @@ def test_results_compare_exactly_for_integers_and_within_ulps_for_floats():
     assert "differ" in compare((floats + 1e-3,), (floats,), 2)
     assert "expected" in compare((floats,), (floats, ints), 2)
     assert "(10,)" in compare((floats[:10],), (floats,), 2)
+
+
+def test_targets_compare_medians_of_the_same_p_size_and_dtype():
+    from distir.bench.report import check_targets, format_targets
+
+    def row(variant, median, size=4096, p=2):
+        return {"family": "all_reduce", "variant": variant, "P": p, "size": size,
+                "size_label": format_size(size), "dtype": "float32", "op": "sum",
+                "median_ms": median}  # fmt: skip
+
+    rows = [row("raw", 1.0), row("raw + tiny exchange", 2.0), row("distir, donated", 2.1),
+            row("distir, no agreement, donated", 1.2), row("raw", 4.0, p=4),
+            row("distir, no agreement, donated", 4.2, p=4)]  # fmt: skip
+    found = {(t["variant"], t["baseline"], t["P"]): (round(t["ratio"], 3), t["met"])
+             for t in check_targets(rows)}  # fmt: skip
+    assert found == {
+        ("distir, no agreement, donated", "raw", 2): (1.2, False),
+        ("distir, no agreement, donated", "raw", 4): (1.05, True),
+        ("distir, donated", "raw + tiny exchange", 2): (1.05, True),
+    }
+    assert "MISSED" in format_targets(check_targets(rows)) and format_targets([]) == ""
 
 
 def test_the_table_lines_up_and_shows_the_check_only_when_checked():
