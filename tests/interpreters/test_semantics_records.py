@@ -44,13 +44,15 @@ def _op(text: str, op_type: type):
     return next(op for op in parse_module(text).walk() if isinstance(op, op_type))
 
 
-def test_the_all_to_all_check_rides_with_its_payload_and_is_never_hoisted() -> None:
+def test_the_all_to_all_agreement_rides_with_its_counts() -> None:
     # the fact is declared on the op (a trait), read by planning and the backend
     assert VariableAllToAllOp.has_trait(AgreementRidesWithPayload)
     assert not AllGatherOp.has_trait(AgreementRidesWithPayload)
     plan = distir.compile(GATHER_AND_ALL_TO_ALL).plan
-    # Both read only entry arguments; only the gather's check moves to the run's start.
-    assert [op.name for op in plan.hoisted] == ["dist.all_gather"]
+    # Both read only entry arguments: both checks move to the run's start, the
+    # all-to-all's send counts travelling in the run's agreement row.
+    assert [op.name for op in plan.hoisted] == ["dist.all_gather", "dist.variable_all_to_all"]
+    assert plan.counts_in_agreement is plan.hoisted[1]
 
 
 def test_records_decode_static_properties() -> None:

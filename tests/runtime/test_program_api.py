@@ -410,19 +410,23 @@ def test_programs_compile_from_the_examples() -> None:
         assert program.plan_summary(), path
 
 
-def test_entry_argument_checks_are_hoisted_except_where_agreement_rides_with_the_payload():
-    # Both ops take entry arguments only; the all-to-all declares that its
-    # check rides in its own count exchange, so only assert_uniform's moves
-    # to the run's start.
+def test_entry_argument_checks_are_hoisted_and_one_all_to_all_s_counts_ride_in_the_agreement():
+    # Every op takes entry arguments only. The run's agreement row has room
+    # for the send counts of one variable all-to-all: the first one's check
+    # moves to the run's start with its counts, the second agrees in its own
+    # counts exchange (its declared AgreementRidesWithPayload).
     program = distir.compile("""\
-func.func @main(%x: tensor<?x2xi64>, %c: tensor<2xi64>, %u: tensor<3xi64>) -> tensor<?x2xi64> {
+func.func @main(%x: tensor<?x2xi64>, %c: tensor<2xi64>, %u: tensor<3xi64>) -> (tensor<?x2xi64>, tensor<?x2xi64>) {
   dist.assert_uniform %u : tensor<3xi64>
   %y, %r = dist.variable_all_to_all %x, %c axis 0 : tensor<?x2xi64>, tensor<2xi64> -> tensor<?x2xi64>
-  func.return %y : tensor<?x2xi64>
+  %z, %s = dist.variable_all_to_all %x, %c axis 0 : tensor<?x2xi64>, tensor<2xi64> -> tensor<?x2xi64>
+  func.return %y, %z : tensor<?x2xi64>, tensor<?x2xi64>
 }
 """)
-    assert [op.name for op in program.plan.hoisted] == ["dist.assert_uniform"]
-    assert [op.name for op in program.plan.ops if program.plan.invocations[op].options["agree"]] == [
-        "dist.assert_uniform",
-        "dist.variable_all_to_all",
-    ]
+    plan = program.plan
+    first, second = [op for op in plan.ops if op.name == "dist.variable_all_to_all"]
+    assert [op.name for op in plan.hoisted] == ["dist.assert_uniform", "dist.variable_all_to_all"]
+    assert plan.hoisted[1] is first and plan.counts_in_agreement is first
+    assert plan.invocations[first].options.get("counts_in_agreement") is True
+    assert "hoisted" not in plan.invocations[second].options
+    assert all(plan.invocations[op].options["agree"] for op in plan.ops)
