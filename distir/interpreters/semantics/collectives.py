@@ -23,7 +23,7 @@ from distir.interpreters.checks import (
     check_axis_rows,
     check_ciphertext,
     check_counts,
-    check_root,
+    named_rank,
 )
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
@@ -73,8 +73,7 @@ class BroadcastSemantics(OpSemantics):
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         static_root = inv.properties["root"]
-        root = int(inputs[1]) if static_root is None else static_root
-        check_root(inv, root, size)
+        root = named_rank(inv, "root", list(inputs[1:]), size)
         agreed = [Agreed.value("roots", root)] if static_root is None else []
         if inv.dynamic(0):
             agreed.append(Agreed.layout("message layouts", inputs[0]))
