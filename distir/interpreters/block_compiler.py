@@ -21,12 +21,14 @@ from dataclasses import dataclass, replace
 
 import torch
 from xdsl.dialects import func, scf
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from distir.errors import DistirError, OpError, UnsupportedOpError
 from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
 from distir.interpreters.semantics import semantics_of
 from distir.ir.dialect import WaveOp, YieldOp
+from distir.ir.parsing import function_named
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
@@ -189,7 +191,11 @@ class BlockCompiler:
     def compile_function(self, name: str) -> CompiledBlock:
         if name in self._functions:
             return self._functions[name]
-        fn = self._lookup_function(name)
+        fn = function_named(self.module, name) if isinstance(self.module, ModuleOp) else None
+        if fn is None:
+            raise DistirError(f"no function @{name} in the module")
+        if not fn.body.blocks:
+            raise UnsupportedOpError(fn, f"@{name} has no body")
         if name in self._compiling:
             raise UnsupportedOpError(fn, f"recursive call to @{name} is not supported")
         self._compiling.add(name)
@@ -347,15 +353,6 @@ class BlockCompiler:
             return else_block(*caps[n_then:]) if else_block else ()
 
         return run, captured
-
-    def _lookup_function(self, name: str) -> func.FuncOp:
-        if self.module is not None:
-            for op in self.module.regions[0].block.ops if self.module.regions else ():
-                if isinstance(op, func.FuncOp) and op.sym_name.data == name:
-                    if not op.body.blocks:
-                        raise UnsupportedOpError(op, f"@{name} has no body")
-                    return op
-        raise DistirError(f"no function @{name} in the module")
 
 
 def _eager_start(kernel: DistKernel) -> Starter:

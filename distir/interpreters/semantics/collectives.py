@@ -91,7 +91,7 @@ class AllReduceSemantics(OpSemantics):
     def decode(self, op: AllReduceOp) -> dict[str, Any]:
         assumed = op.attributes.get(ASSUMED_GROUP_SIZE)
         return {
-            "kind": None if op.kind is None else str(op.kind.data),
+            "kind": None if op.is_generic else str(op.kind.data),
             "assumed_max_group_size": (
                 assumed.value.data if isinstance(assumed, IntegerAttr) else None
             ),
@@ -99,7 +99,7 @@ class AllReduceSemantics(OpSemantics):
 
     def fresh_results(self, op: AllReduceOp) -> bool:
         # A generic all-reduce's combine region may yield one of its operands.
-        return op.kind is not None
+        return not op.is_generic
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         agreed = [Agreed.layout("input layouts", inputs[0])] if inv.dynamic(0) else []
