@@ -28,7 +28,7 @@ from distir.errors import DistirError, OpError, UnsupportedOpError
 from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
 from distir.interpreters.semantics import semantics_of
 from distir.ir.dialect import WaveOp, YieldOp
-from distir.ir.parsing import function_named
+from distir.ir.parsing import NO_KERNEL, NO_KERNEL_OPS, function_named
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
@@ -288,11 +288,12 @@ class BlockCompiler:
         if isinstance(op, scf.IfOp):
             kernel, captured = self._if_kernel(op)
             return kernel, captured, False
+        if type(op) in NO_KERNEL_OPS:
+            raise UnsupportedOpError(op, NO_KERNEL)
         raise UnsupportedOpError(
             op,
-            "no kernel for this op (supported: dist; arith and math, but for ops with pairs "
-            "of results, bit counts and ipowi; tensor; linalg.broadcast; func.call; scf.for; "
-            "scf.if)",
+            "no kernel for this op (supported: dist; arith; math; tensor; linalg.broadcast; "
+            "func.call; scf.for; scf.if)",
         )
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
