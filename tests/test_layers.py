@@ -225,6 +225,7 @@ def test_every_dist_op_has_exactly_one_semantics_record() -> None:
     from distir.interpreters.kernels import LOCAL_KERNELS
     from distir.interpreters.semantics import SEMANTICS
     from distir.ir.dialect import GroupOp, MeshOp, WaveOp, YieldOp, dist_ops
+    from distir.ir.facts import LocalCheck
 
     structural = {GroupOp, MeshOp, YieldOp, WaveOp}  # declarations, terminator, wave
     for op in dist_ops():
@@ -235,9 +236,11 @@ def test_every_dist_op_has_exactly_one_semantics_record() -> None:
             assert len(records) == 1, f"{op.name} has {len(records)} semantics records"
             assert type(records[0]).reference is not OpSemantics.reference, op.name
     assert {r.op for r in SEMANTICS} <= set(dist_ops())
+    # The dist ops with a local kernel are exactly those the IR declares local checks.
     assert [op for op in dist_ops() if op in LOCAL_KERNELS] == [
-        op for op in dist_ops() if op.name == "dist.assert_reduced"
+        op for op in dist_ops() if op.has_trait(LocalCheck)
     ]
+    assert [op.name for op in dist_ops() if op.has_trait(LocalCheck)] == ["dist.assert_reduced"]
 
 
 def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:

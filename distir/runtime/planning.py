@@ -29,7 +29,6 @@ from distir.backends.registry import Implementation, ImplementationRegistry
 from distir.errors import CompileError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
 from distir.interpreters.invocation import Invocation
-from distir.interpreters.kernels import LOCAL_KERNELS
 from distir.interpreters.semantics import make_invocation, precondition_rule
 from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import (
@@ -41,7 +40,7 @@ from distir.ir.dialect import (
     YieldOp,
     group_declarations,
 )
-from distir.ir.facts import AgreementRidesWithPayload, needs_agreement
+from distir.ir.facts import AgreementRidesWithPayload, LocalCheck, needs_agreement
 from distir.ir.known_combines import known_combine_error
 from distir.ir.parsing import describe_op, function_named
 from distir.runtime.inputs import check_inputs
@@ -49,12 +48,12 @@ from distir.runtime.inputs import check_inputs
 
 def is_executable_dist_op(op: Operation) -> bool:
     """Ops an implementation executes (a wave is executed through its ops;
-    groups, meshes and yields are declarations and terminators; local checks
-    such as `dist.assert_reduced` are plain kernels)."""
+    groups, meshes and yields are declarations and terminators; a
+    `LocalCheck` such as `dist.assert_reduced` is a plain kernel)."""
     return (
         op.name.startswith("dist.")
         and not isinstance(op, WaveOp | GroupOp | MeshOp | YieldOp)
-        and type(op) not in LOCAL_KERNELS
+        and not op.has_trait(LocalCheck)
     )
 
 
