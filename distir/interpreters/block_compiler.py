@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 
 from distir.errors import DistirError, OpError, UnsupportedOpError
 from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
@@ -206,9 +206,9 @@ class BlockCompiler:
         self._functions[name] = compiled
         return compiled
 
-    def compile_combine(self, op: Operation) -> CompiledBlock:
-        """The `combine` region of an op (a generic all-reduce's): local ops only."""
-        return BlockCompiler(self.module, None).compile_block(op.combine.block)
+    def compile_local_region(self, region: Region) -> CompiledBlock:
+        """A region of a dist op (a generic all-reduce's combine): local ops only."""
+        return BlockCompiler(self.module, None).compile_block(region.block)
 
     def compile_block(self, block: Block) -> CompiledBlock:
         slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(block.args)}

@@ -140,11 +140,8 @@ class Plan:
             if options["agree"] and _hoistable(op, entry_block):
                 options["hoisted"] = len(self.hoisted)
                 self.hoisted.append(op)
-            regions = (
-                [self.compiler.compile_combine(op)]
-                if isinstance(op, AllReduceOp) and op.is_generic
-                else []
-            )
+            # A region with a body (a generic all-reduce's combine) runs as local kernels.
+            regions = [self.compiler.compile_local_region(r) for r in op.regions if r.blocks]
             self.invocations[op] = make_invocation(op, regions, options)
 
     def implementation_for(self, op: Operation, size: int | None) -> Implementation:
