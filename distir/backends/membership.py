@@ -46,9 +46,7 @@ failure and needs no server besides the store.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -57,10 +55,20 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distir.backends.domain import StoreUnavailable, call_bounded, resolve_group
+from distir.backends.epochs import (
+    STORE_PREFIX,
+    Membership,
+    decision_key,
+    default_store,
+    excluded,
+    exclusion,  # noqa: F401 - domain.py's failure path imports it from here, until it reads epochs
+    membership,
+    parse_members,
+    read_decision,
+    set_membership,
+)
 from distir.durations import Duration, seconds
-from distir.errors import DistirError, Excluded, RecoveryFailed
-
-_PREFIX = "distir/membership/"
+from distir.errors import DistirError, RecoveryFailed
 
 #: the key the launcher writes when a rank's process is gone (value: why)
 GONE_KEY = "distir/gone/{rank}"
@@ -69,27 +77,6 @@ GONE_KEY = "distir/gone/{rank}"
 _POLL_S = 0.01
 
 
-@dataclass(frozen=True)
-class Membership:
-    """Who runs together after `epoch` recoveries.
-
-    `ranks` are global ranks (sorted); `group` is the process group over
-    them (the default group at epoch 0); `rank` is this process's
-    rank in `group`; `lost` the ranks of the previous membership left out."""
-
-    epoch: int
-    ranks: tuple[int, ...]
-    group: Any = field(repr=False, compare=False)
-    rank: int
-    lost: tuple[int, ...] = ()
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-
-_lock = threading.Lock()
-_current: Membership | None = None
 #: the launcher's store, where it reports gone ranks (None under torchrun)
 _job_store: Any = None
 
@@ -100,64 +87,8 @@ def set_job_store(store: Any) -> None:
     _job_store = store
 
 
-def membership() -> Membership:
-    """The current membership (epoch 0: the whole default group)."""
-    global _current
-    if not dist.is_initialized():
-        raise DistirError("torch.distributed is not initialised")
-    with _lock:
-        world = resolve_group(None)
-        if _current is None or (_current.epoch == 0 and _current.group is not world):
-            ranks = tuple(range(dist.get_world_size()))
-            _current = Membership(0, ranks, world, dist.get_rank())
-        return _current
-
-
-def _store() -> Any:
-    return c10d._get_default_store()
-
-
-def _decision_key(epoch: int) -> str:
-    return f"{_PREFIX}decision/{epoch}"
-
-
 def _join_key(epoch: int, rank: int) -> str:
-    return f"{_PREFIX}join/{epoch}/{rank}"
-
-
-def _parse(value: bytes) -> tuple[int, ...]:
-    return tuple(int(r) for r in value.decode().split(",") if r)
-
-
-def _read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:
-    key = _decision_key(epoch)
-    if not store.check([key]):
-        return None
-    return _parse(store.get(key))
-
-
-def exclusion() -> Excluded | None:
-    """`Excluded` if the survivors decided an epoch after this rank's
-    without it (reads the store: for failure paths only, unbounded: the
-    caller bounds it)."""
-    if not dist.is_initialized():
-        return None
-    current = membership()
-    me = dist.get_rank()
-    decided = _read_decision(_store(), current.epoch + 1)
-    if decided is None or me in decided:
-        return None
-    return _excluded(me, current.epoch + 1, decided)
-
-
-def _excluded(me: int, epoch: int, members: tuple[int, ...]) -> Excluded:
-    return Excluded(
-        f"rank {me} was excluded at epoch {epoch}: the survivors "
-        f"{', '.join(map(str, members))} moved on without it (it was frozen, late or cut "
-        "off for longer than their join window); it must not take part in their "
-        "collectives, so it stops here",
-        epoch,
-    )
+    return f"{STORE_PREFIX}join/{epoch}/{rank}"
 
 
 def recover(
@@ -186,7 +117,6 @@ def recover(
         except distir.errors.DistirError:
             m = distir.recover()
     """
-    global _current
     deadline = seconds(deadline, "deadline")
     start = time.monotonic()
     end = start + deadline
@@ -199,7 +129,7 @@ def recover(
             "recover returned last, or None"
         )
     me = dist.get_rank()
-    store = _store()
+    store = default_store()
     previous = current
     failures: list[str] = []
     while True:
@@ -207,7 +137,7 @@ def recover(
         members = _decide(store, current, epoch, me, min(end, time.monotonic() + window), end)
         if me not in members:
             _fence(previous, epoch, members)
-            raise _excluded(me, epoch, members)
+            raise excluded(me, epoch, members)
         formed = _form(members, epoch, me, end)
         if isinstance(formed, str):
             failures.append(f"epoch {epoch} over ranks {list(members)}: {formed}")
@@ -226,8 +156,7 @@ def recover(
             members.index(me),
             tuple(r for r in previous.ranks if r not in members),
         )
-        with _lock:
-            _current = result
+        set_membership(result)
         _release(previous.group)
         return result
 
@@ -239,7 +168,7 @@ def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
     if previous.group is not None and dist.is_initialized():
         try:
             domain_for(previous.group if previous.epoch else None).poison(
-                _excluded(dist.get_rank(), epoch, members)
+                excluded(dist.get_rank(), epoch, members)
             )
         except Exception:
             pass
@@ -250,11 +179,11 @@ def _decide(
 ) -> tuple[int, ...]:
     """The members of `epoch`: read, or proposed once every member of the
     current epoch joined or is gone, or the window closed."""
-    key = _decision_key(epoch)
+    key = decision_key(epoch)
     bound = max(0.5, end - time.monotonic())
 
     def first_look() -> tuple[int, ...] | None:
-        decided = _read_decision(store, epoch)
+        decided = read_decision(store, epoch)
         if decided is None:
             store.set(_join_key(epoch, me), "1")
         return decided
@@ -265,7 +194,7 @@ def _decide(
     pending = [r for r in current.ranks if r != me]
 
     def look() -> tuple[tuple[int, ...] | None, list[int]]:
-        decided = _read_decision(store, epoch)
+        decided = read_decision(store, epoch)
         if decided is not None:
             return decided, []
         joined = [r for r in current.ranks if store.check([_join_key(epoch, r)])]
@@ -286,7 +215,7 @@ def _decide(
 
     def propose() -> tuple[int, ...]:
         joined = sorted(r for r in current.ranks if store.check([_join_key(epoch, r)]))
-        return _parse(store.compare_set(key, "", ",".join(map(str, joined))))
+        return parse_members(store.compare_set(key, "", ",".join(map(str, joined))))
 
     return _bounded(propose, max(0.5, end - time.monotonic()), "proposing")
 

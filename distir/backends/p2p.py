@@ -16,7 +16,7 @@ import torch.distributed as dist
 from distir.backends.groups import ProcessGroupResource
 from distir.backends.registry import Implementation, Invocation
 from distir.errors import CollectiveMismatchError
-from distir.interpreters.checks import check_peer
+from distir.interpreters.checks import named_rank
 from distir.interpreters.dtypes import fits_shape
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp
 
@@ -48,13 +48,6 @@ def describe_header(row: Sequence[int]) -> str:
     name = str(dtype).replace("torch.", "") if dtype is not None else "?"
     dims = row[2 : 2 + min(row[1], HEADER_DIMS)]
     return f"{name}[{', '.join(map(str, dims))}]" if row[1] else f"{name} scalar"
-
-
-def _peer(invocation: Invocation, static: str, dynamic: torch.Tensor | None, size: int) -> int:
-    peer = invocation.properties.get(static)
-    peer = int(dynamic) if peer is None else peer
-    check_peer(invocation, "destination" if static == "dest" else "source", peer, size)
-    return peer
 
 
 def _wait_all(resources: ProcessGroupResource, works: Sequence, invocation: Invocation) -> None:
@@ -94,7 +87,7 @@ class SendImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x = inputs[0].contiguous()
-        peer = _peer(invocation, "dest", inputs[1] if len(inputs) > 1 else None, resources.size)
+        peer = named_rank(invocation, "dest", list(inputs[1:]), resources.size)
         works = dist.batch_isend_irecv(
             [_p2p(dist.isend, _header(x), peer, resources), _p2p(dist.isend, x, peer, resources)]
         )
@@ -107,7 +100,7 @@ class RecvImplementation(Implementation):
     operation_types = (RecvOp,)
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
-        peer = _peer(invocation, "source", inputs[0] if inputs else None, resources.size)
+        peer = named_rank(invocation, "source", list(inputs), resources.size)
         header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=resources.device)
         _wait_all(resources, dist.batch_isend_irecv(
             [_p2p(dist.irecv, header, peer, resources)]), invocation)
@@ -124,12 +117,8 @@ class SendRecvImplementation(Implementation):
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         x = inputs[0].contiguous()
         dynamic = list(inputs[1:])
-        dest = _peer(invocation, "dest",
-                     dynamic.pop(0) if invocation.properties.get("dest") is None else None,
-                     resources.size)
-        source = _peer(invocation, "source",
-                       dynamic.pop(0) if invocation.properties.get("source") is None else None,
-                       resources.size)
+        dest = named_rank(invocation, "dest", dynamic, resources.size)
+        source = named_rank(invocation, "source", dynamic, resources.size)
         header_in = torch.empty(HEADER_SIZE, dtype=torch.int64, device=x.device)
         works = dist.batch_isend_irecv([
             _p2p(dist.isend, _header(x), dest, resources),

@@ -46,6 +46,7 @@ from xdsl.utils.exceptions import (
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from distir.ir.parsing import (
+    NO_KERNEL,
     LocatedParser,
     find_verify_failure,
     format_parse_error,
@@ -312,7 +313,7 @@ class DistirOptMain(xDSLOptMain):
         op = unsupported_op(module)
         if op is not None:
             location = _op_location(op) or self.get_input_name()
-            message = f"'{op.name}' has no kernel in distir: no program can run it"
+            message = f"'{op.name}' {NO_KERNEL}"
             raise LocatedVerifyException(location, message, op)
 
     # Running ---------------------------------------------------------------

@@ -21,12 +21,14 @@ from dataclasses import dataclass, replace
 
 import torch
 from xdsl.dialects import func, scf
-from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 
 from distir.errors import DistirError, OpError, UnsupportedOpError
 from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
 from distir.interpreters.semantics import semantics_of
 from distir.ir.dialect import WaveOp, YieldOp
+from distir.ir.parsing import NO_KERNEL, NO_KERNEL_OPS, function_named
 
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
@@ -189,7 +191,11 @@ class BlockCompiler:
     def compile_function(self, name: str) -> CompiledBlock:
         if name in self._functions:
             return self._functions[name]
-        fn = self._lookup_function(name)
+        fn = function_named(self.module, name) if isinstance(self.module, ModuleOp) else None
+        if fn is None:
+            raise DistirError(f"no function @{name} in the module")
+        if not fn.body.blocks:
+            raise UnsupportedOpError(fn, f"@{name} has no body")
         if name in self._compiling:
             raise UnsupportedOpError(fn, f"recursive call to @{name} is not supported")
         self._compiling.add(name)
@@ -200,9 +206,9 @@ class BlockCompiler:
         self._functions[name] = compiled
         return compiled
 
-    def compile_combine(self, op: Operation) -> CompiledBlock:
-        """The `combine` region of an op (a generic all-reduce's): local ops only."""
-        return BlockCompiler(self.module, None).compile_block(op.combine.block)
+    def compile_local_region(self, region: Region) -> CompiledBlock:
+        """A region of a dist op (a generic all-reduce's combine): local ops only."""
+        return BlockCompiler(self.module, None).compile_block(region.block)
 
     def compile_block(self, block: Block) -> CompiledBlock:
         slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(block.args)}
@@ -282,11 +288,12 @@ class BlockCompiler:
         if isinstance(op, scf.IfOp):
             kernel, captured = self._if_kernel(op)
             return kernel, captured, False
+        if type(op) in NO_KERNEL_OPS:
+            raise UnsupportedOpError(op, NO_KERNEL)
         raise UnsupportedOpError(
             op,
-            "no kernel for this op (supported: dist; arith and math, but for ops with pairs "
-            "of results, bit counts and ipowi; tensor; linalg.broadcast; func.call; scf.for; "
-            "scf.if)",
+            "no kernel for this op (supported: dist; arith; math; tensor; linalg.broadcast; "
+            "func.call; scf.for; scf.if)",
         )
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
@@ -347,15 +354,6 @@ class BlockCompiler:
             return else_block(*caps[n_then:]) if else_block else ()
 
         return run, captured
-
-    def _lookup_function(self, name: str) -> func.FuncOp:
-        if self.module is not None:
-            for op in self.module.regions[0].block.ops if self.module.regions else ():
-                if isinstance(op, func.FuncOp) and op.sym_name.data == name:
-                    if not op.body.blocks:
-                        raise UnsupportedOpError(op, f"@{name} has no body")
-                    return op
-        raise DistirError(f"no function @{name} in the module")
 
 
 def _eager_start(kernel: DistKernel) -> Starter:

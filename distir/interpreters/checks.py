@@ -33,14 +33,29 @@ def fail(invocation: Invocation, message: str) -> OpError:
 # Local checks -----------------------------------------------------------------
 
 
+#: how an error names the rank in each property an op may name one in
+RANK_PROPERTIES = {"root": "root", "dest": "destination", "source": "source"}
+
+
+def check_group_rank(invocation: Invocation, name: str, rank: int, size: int) -> int:
+    """`rank`, after checking that the rank named by property `name` (a root
+    or a peer, see RANK_PROPERTIES) is a rank of the group at run time. The
+    IR's half of the rule is `GroupMemberOp.verify_static_rank`."""
+    if not 0 <= rank < size:
+        raise fail(invocation, f"{RANK_PROPERTIES[name]} {rank} is outside the group (size {size})")
+    return rank
+
+
+def named_rank(invocation: Invocation, name: str, dynamic: list[torch.Tensor], size: int) -> int:
+    """The rank in property `name` or, when the IR leaves it dynamic, the
+    next index operand of `dynamic` (consumed), checked by check_group_rank."""
+    rank = invocation.properties.get(name)
+    return check_group_rank(invocation, name, int(dynamic.pop(0)) if rank is None else rank, size)
+
+
 def check_root(invocation: Invocation, root: int, size: int) -> None:
-    if not 0 <= root < size:
-        raise fail(invocation, f"root {root} is outside the group (size {size})")
-
-
-def check_peer(invocation: Invocation, what: str, peer: int, size: int) -> None:
-    if not 0 <= peer < size:
-        raise fail(invocation, f"{what} {peer} is outside the group (size {size})")
+    # Kept only for runtime/binding.py until it calls check_group_rank.
+    check_group_rank(invocation, "root", root, size)
 
 
 def check_counts(

@@ -97,7 +97,3 @@ def describe_tensor(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"tensor of shape {list(value.shape)} and dtype {value.dtype}"
     return f"{type(value).__name__}"
-
-
-def is_integer_dtype(dtype: torch.dtype) -> bool:
-    return not dtype.is_floating_point and not dtype.is_complex

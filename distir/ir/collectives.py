@@ -51,6 +51,7 @@ from distir.ir.attributes import (
 from distir.ir.facts import (
     AgreementRidesWithPayload,
     EveryRankEnters,
+    LocalCheck,
     OperandRole,
     UniformResults,
 )
@@ -415,7 +416,7 @@ class AssertReducedOp(IRDLOperation):
     moduli = operand_def(TensorType)
     max_modulus_bits = opt_prop_def(IntegerAttr[I64])
 
-    traits = traits_def(RaisesEffect())
+    traits = traits_def(RaisesEffect(), LocalCheck())
     OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
         "input": OperandRole.LIMBS,
         "moduli": OperandRole.MODULI,

@@ -7,7 +7,8 @@ Each op declares its facts once, on its class, as data:
   not have it and may sit under rank-dependent control flow),
   `UniformResults` (its results are equal on every rank of the group) and
   `AgreementRidesWithPayload` (the op's own first exchange carries its
-  precondition check, so the run never hoists it);
+  precondition check, so the run never hoists it) and `LocalCheck` (the op
+  looks at local data only and runs as a local kernel);
 - `OPERAND_ROLES`, a class attribute mapping each operand definition's name
   to an `OperandRole`: what the operand means to the op, which says what
   ranks must agree on before the payload moves and what valid inputs look
@@ -75,6 +76,12 @@ class AgreementRidesWithPayload(OpTrait):
     agreement row (the planner hoists it: its receive counts then cost no
     exchange); for any other, each rank's "accepted" flag and digest ride
     in the op's own counts exchange, which its implementation makes."""
+
+
+class LocalCheck(OpTrait):
+    """The op checks this rank's own data and talks to no other rank
+    (`dist.assert_reduced`): it runs as a local kernel, like arith, not
+    through a backend implementation or the agreement protocol."""
 
 
 def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:

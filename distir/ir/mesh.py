@@ -37,7 +37,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from distir.ir.attributes import CollectiveEffect
 from distir.ir.facts import EveryRankEnters, OperandRole
-from distir.ir.layouts import Layout, Mesh, check_layout, check_shape
+from distir.ir.layouts import Layout, Mesh, check_layout, check_shape, local_box
 from distir.ir.syntax import REPLICATED, MeshLayout
 from distir.ir.transfers import TransferPlan, transfer_map
 
@@ -191,6 +191,14 @@ class TransferOp(IRDLOperation):
             Layout(dst_dims),
             tuple(self.global_shape.get_values()),
         )
+
+    def source_shard_sizes(self, rank: int) -> tuple[int, ...] | None:
+        """The sizes of the source shard `rank` holds, or None when `rank` is
+        outside the source mesh (its input is then empty)."""
+        src_mesh, src_layout, _, _, shape = self.transfer_spec()
+        if rank not in src_mesh.ranks:
+            return None
+        return local_box(src_mesh, src_layout, shape, rank).sizes
 
     def transfer_plan(self) -> TransferPlan:
         """What this transfer moves, computed once at compile time and read by

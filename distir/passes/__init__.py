@@ -46,8 +46,9 @@ PassFactory = Callable[[], type[ModulePass]]
 
 
 #: distir's passes by pipeline name: (module of `distir.passes`, class),
-#: imported only when a pipeline asks for the pass
-_PASS_CLASSES: dict[str, tuple[str, str]] = {
+#: imported only when a pipeline asks for the pass (tests/test_layers.py
+#: reads this table as imports of `distir.passes`)
+PASS_CLASSES: dict[str, tuple[str, str]] = {
     "lower-ciphertext-add": ("lower_ciphertext_add", "LowerCiphertextAddPass"),
     "defer-modular-reduction": ("defer_modular_reduction", "DeferModularReductionPass"),
     "recognize-native-reductions": ("recognize_native_reductions", "RecognizeNativeReductionsPass"),
@@ -64,7 +65,7 @@ def _lazy(module: str, name: str) -> PassFactory:
 
 
 DISTIR_PASSES: dict[str, PassFactory] = {
-    name: _lazy(module, cls) for name, (module, cls) in _PASS_CLASSES.items()
+    name: _lazy(module, cls) for name, (module, cls) in PASS_CLASSES.items()
 }
 
 

@@ -46,7 +46,6 @@ from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from distir.errors import DistirError, ProgramInputError, count, one_line
 from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type, static_shape
 from distir.ir.facts import OperandRole, operand_roles
-from distir.ir.layouts import local_box
 
 #: Odd 60-bit moduli: P·(q−1) < 2^63 holds up to P = 8, as in SEAL's 60-bit primes.
 DEFAULT_MODULI = [(1 << 60) - 93, (1 << 60) - 173, (1 << 60) - 233, (1 << 60) - 299]
@@ -119,14 +118,13 @@ def synthesize_inputs(
                 for payload in _payload_args(op):
                     set_rows(payload, _axis(op), sum(sends))
             elif role == OperandRole.SHARD and arg is not None:
-                src_mesh, src_layout, _, _, shape = op.transfer_spec()  # type: ignore[attr-defined]
+                sizes = op.source_shard_sizes(rank)  # type: ignore[attr-defined]
                 # Outside the source mesh: empty, size 0 along the dynamic dims.
-                sizes = (
-                    local_box(src_mesh, src_layout, shape, rank).sizes
-                    if rank in src_mesh.ranks
-                    else tuple(0 if d is None else d for d in shapes[arg])
+                shapes[arg] = (
+                    list(sizes)
+                    if sizes is not None
+                    else [0 if d is None else d for d in shapes[arg]]
                 )
-                shapes[arg] = list(sizes)
 
     inputs: list[torch.Tensor] = []
     for i, t in enumerate(types):

@@ -31,7 +31,6 @@ from distir.errors import CompileError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
 from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.interpreters.invocation import Invocation
-from distir.interpreters.kernels import LOCAL_KERNELS
 from distir.interpreters.semantics import make_invocation, precondition_rule
 from distir.ir.analysis import default_algorithm
 from distir.ir.dialect import (
@@ -43,7 +42,7 @@ from distir.ir.dialect import (
     YieldOp,
     group_declarations,
 )
-from distir.ir.facts import AgreementRidesWithPayload, needs_agreement
+from distir.ir.facts import AgreementRidesWithPayload, LocalCheck, needs_agreement
 from distir.ir.known_combines import known_combine_error
 from distir.ir.parsing import describe_op, function_named
 from distir.runtime.inputs import check_inputs
@@ -51,12 +50,12 @@ from distir.runtime.inputs import check_inputs
 
 def is_executable_dist_op(op: Operation) -> bool:
     """Ops an implementation executes (a wave is executed through its ops;
-    groups, meshes and yields are declarations and terminators; local checks
-    such as `dist.assert_reduced` are plain kernels)."""
+    groups, meshes and yields are declarations and terminators; a
+    `LocalCheck` such as `dist.assert_reduced` is a plain kernel)."""
     return (
         op.name.startswith("dist.")
         and not isinstance(op, WaveOp | GroupOp | MeshOp | YieldOp)
-        and type(op) not in LOCAL_KERNELS
+        and not op.has_trait(LocalCheck)
     )
 
 
@@ -166,11 +165,8 @@ class Plan:
                     self.counts_in_agreement = op
                 options["hoisted"] = len(self.hoisted)
                 self.hoisted.append(op)
-            regions = (
-                [self.compiler.compile_combine(op)]
-                if isinstance(op, AllReduceOp) and op.is_generic
-                else []
-            )
+            # A region with a body (a generic all-reduce's combine) runs as local kernels.
+            regions = [self.compiler.compile_local_region(r) for r in op.regions if r.blocks]
             self.invocations[op] = make_invocation(op, regions, options)
 
     def implementation_for(self, op: Operation, size: int | None) -> Implementation:

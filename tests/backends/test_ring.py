@@ -512,7 +512,7 @@ def test_chunked_region_evaluation_equals_the_compiled_region(text, make_inputs)
     from distir.interpreters.block_compiler import BlockCompiler
 
     op, program = _generic_op(text)
-    whole = BlockCompiler(program.module, None).compile_combine(op)
+    whole = BlockCompiler(program.module, None).compile_local_region(op.combine)
     lhs, rhs, *extras = make_inputs(torch.Generator().manual_seed(7))
     (expected,) = whole(lhs, rhs, *extras)
     bound = combines.RegionCombine(op.combine.block).bind(extras, lhs)

@@ -288,3 +288,20 @@ func.func @main(%x: tensor<4xi64>) -> tensor<?xi64> {
 """
     with pytest.raises(Exception, match=r"'dist.recv' at <program>:11:5: group rank 0 sent"):
         distir.simulate(text, [[torch.arange(4)], [torch.arange(4)]], timeout=10)
+
+
+@pytest.mark.parametrize("which, message", [("to", "destination 5"), ("from", "source 5")])
+def test_a_dynamic_peer_outside_the_group_is_an_error_naming_the_op(which, message):
+    # One rule (interpreters.checks.check_group_rank) for roots and both peers.
+    peers = "to %far from %r" if which == "to" else "to %r from %far"
+    text = f"""
+func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {{
+  %r = dist.rank : index
+  %far = arith.constant 5 : index
+  %y = dist.sendrecv %x {peers} : tensor<4xi64> -> tensor<4xi64>
+  func.return %y : tensor<4xi64>
+}}
+"""
+    pattern = rf"'dist.sendrecv' at <program>:5:3: {message} is outside the group \(size 2\)"
+    with pytest.raises(Exception, match=pattern):
+        distir.simulate(text, [[torch.arange(4)], [torch.arange(4)]], timeout=10)

@@ -45,7 +45,7 @@ def test_a_store_that_does_not_answer_ends_recovery_in_time(
     one_rank_world, monkeypatch, store
 ) -> None:
     frozen = store()
-    monkeypatch.setattr(membership, "_store", lambda: frozen)
+    monkeypatch.setattr(membership, "default_store", lambda: frozen)
     start = time.monotonic()
     with pytest.raises(RecoveryFailed, match=r"recover: joining"):
         distir.recover(deadline=2)

@@ -23,7 +23,7 @@ from distir.interpreters.checks import (
     check_axis_rows,
     check_ciphertext,
     check_counts,
-    check_root,
+    named_rank,
 )
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
@@ -73,8 +73,7 @@ class BroadcastSemantics(OpSemantics):
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         static_root = inv.properties["root"]
-        root = int(inputs[1]) if static_root is None else static_root
-        check_root(inv, root, size)
+        root = named_rank(inv, "root", list(inputs[1:]), size)
         agreed = [Agreed.value("roots", root)] if static_root is None else []
         if inv.dynamic(0):
             agreed.append(Agreed.layout("message layouts", inputs[0]))
@@ -92,7 +91,7 @@ class AllReduceSemantics(OpSemantics):
     def decode(self, op: AllReduceOp) -> dict[str, Any]:
         assumed = op.attributes.get(ASSUMED_GROUP_SIZE)
         return {
-            "kind": None if op.kind is None else str(op.kind.data),
+            "kind": None if op.is_generic else str(op.kind.data),
             "assumed_max_group_size": (
                 assumed.value.data if isinstance(assumed, IntegerAttr) else None
             ),
@@ -100,7 +99,7 @@ class AllReduceSemantics(OpSemantics):
 
     def fresh_results(self, op: AllReduceOp) -> bool:
         # A generic all-reduce's combine region may yield one of its operands.
-        return op.kind is not None
+        return not op.is_generic
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         agreed = [Agreed.layout("input layouts", inputs[0])] if inv.dynamic(0) else []

@@ -14,7 +14,7 @@ import torch
 from xdsl.ir import Operation
 
 from distir.errors import CollectiveMismatchError
-from distir.interpreters.checks import check_peer
+from distir.interpreters.checks import named_rank
 from distir.interpreters.dtypes import element_dtype, fits_shape
 from distir.interpreters.semantics.base import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ir.dialect import RecvOp, SendOp, SendRecvOp
@@ -33,13 +33,6 @@ def _decode(op: SendOp | RecvOp | SendRecvOp) -> dict[str, Any]:
         props["source"] = _static_peer(op, "source")
         props["result_dtype"] = element_dtype(op.result.type)
     return props
-
-
-def _peer(call: ReferenceCall, name: str, dynamic: list[torch.Tensor]) -> int:
-    value = call.invocation.properties.get(name)
-    value = int(dynamic.pop(0)) if value is None else value
-    check_peer(call.invocation, "destination" if name == "dest" else "source", value, call.size)
-    return value
 
 
 def _receive(call: ReferenceCall, source: int) -> torch.Tensor:
@@ -62,7 +55,7 @@ class SendSemantics(OpSemantics):
         return _decode(op)
 
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
-        call.post(_peer(call, "dest", list(inputs[1:])), inputs[0])
+        call.post(named_rank(call.invocation, "dest", list(inputs[1:]), call.size), inputs[0])
         return ()
 
 
@@ -73,7 +66,7 @@ class RecvSemantics(OpSemantics):
         return _decode(op)
 
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
-        return (_receive(call, _peer(call, "source", list(inputs))),)
+        return (_receive(call, named_rank(call.invocation, "source", list(inputs), call.size)),)
 
 
 class SendRecvSemantics(OpSemantics):
@@ -84,7 +77,7 @@ class SendRecvSemantics(OpSemantics):
 
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
         dynamic = list(inputs[1:])
-        dest = _peer(call, "dest", dynamic)
-        source = _peer(call, "source", dynamic)
+        dest = named_rank(call.invocation, "dest", dynamic, call.size)
+        source = named_rank(call.invocation, "source", dynamic, call.size)
         call.post(dest, inputs[0])
         return (_receive(call, source),)

@@ -1,0 +1,110 @@
+"""The current membership and the store's record of later ones: what a rank
+reads to learn whether the survivors moved on without it.
+
+`distir.backends.membership` runs the recovery protocol (join, decide, form)
+and records each new membership here; the failure path of an execution
+domain (`distir.backends.domain`) reads `exclusion()` from here. This module
+sits below both, so neither needs the other to answer "was this rank left
+out?".
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from distir.errors import DistirError, Excluded
+
+#: the store keys of the protocol start with this
+STORE_PREFIX = "distir/membership/"
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who runs together after `epoch` recoveries.
+
+    `ranks` are global ranks (sorted); `group` is the process group over
+    them (the default group at epoch 0); `rank` is this process's
+    rank in `group`; `lost` the ranks of the previous membership left out."""
+
+    epoch: int
+    ranks: tuple[int, ...]
+    group: Any = field(repr=False, compare=False)
+    rank: int
+    lost: tuple[int, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+_lock = threading.Lock()
+_current: Membership | None = None
+
+
+def membership() -> Membership:
+    """The current membership (epoch 0: the whole default group)."""
+    global _current
+    if not dist.is_initialized():
+        raise DistirError("torch.distributed is not initialised")
+    with _lock:
+        world = c10d._get_default_group()
+        if _current is None or (_current.epoch == 0 and _current.group is not world):
+            ranks = tuple(range(dist.get_world_size()))
+            _current = Membership(0, ranks, world, dist.get_rank())
+        return _current
+
+
+def set_membership(new: Membership) -> None:
+    """Records the membership recovery formed."""
+    global _current
+    with _lock:
+        _current = new
+
+
+def default_store() -> Any:
+    return c10d._get_default_store()
+
+
+def decision_key(epoch: int) -> str:
+    return f"{STORE_PREFIX}decision/{epoch}"
+
+
+def parse_members(value: bytes) -> tuple[int, ...]:
+    return tuple(int(r) for r in value.decode().split(",") if r)
+
+
+def read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:
+    """The members decided for `epoch`, or None while undecided."""
+    key = decision_key(epoch)
+    if not store.check([key]):
+        return None
+    return parse_members(store.get(key))
+
+
+def excluded(me: int, epoch: int, members: tuple[int, ...]) -> Excluded:
+    return Excluded(
+        f"rank {me} was excluded at epoch {epoch}: the survivors "
+        f"{', '.join(map(str, members))} moved on without it (it was frozen, late or cut "
+        "off for longer than their join window); it must not take part in their "
+        "collectives, so it stops here",
+        epoch,
+    )
+
+
+def exclusion() -> Excluded | None:
+    """`Excluded` if the survivors decided an epoch after this rank's
+    without it (reads the store: for failure paths only, unbounded: the
+    caller bounds it)."""
+    if not dist.is_initialized():
+        return None
+    current = membership()
+    me = dist.get_rank()
+    decided = read_decision(default_store(), current.epoch + 1)
+    if decided is None or me in decided:
+        return None
+    return excluded(me, current.epoch + 1, decided)
