@@ -175,26 +175,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
-#: Cycles that remain, each through function-level imports, in modules outside
-#: the interpreters (see issue 20). The list may only shrink: a cycle fixed
-#: fails `test_known_cycles_still_exist` until it is removed from here.
-KNOWN_CYCLES = {
-    # recovery: membership forms groups (groups.create_group) and fences
-    # domains; domains ask membership whether this rank was excluded. It goes
-    # when domain.py imports `exclusion` from backends.epochs (below both).
-    frozenset({"backends.domain", "backends.groups", "backends.membership"}),
-}
-
-
 def test_the_import_graph_has_no_cycle() -> None:
-    new = [sorted(c) for c in _cycles(_import_graph()) if c not in KNOWN_CYCLES]
-    assert not new, f"import cycles (function-level imports included): {new}"
-
-
-def test_known_cycles_still_exist() -> None:
-    cycles = set(_cycles(_import_graph()))
-    fixed = [sorted(c) for c in KNOWN_CYCLES if c not in cycles]
-    assert not fixed, f"no longer cycles, remove them from KNOWN_CYCLES: {fixed}"
+    cycles = [sorted(c) for c in _cycles(_import_graph())]
+    assert not cycles, f"import cycles (function-level imports included): {cycles}"
 
 
 def test_the_cycle_finder_sees_function_level_imports() -> None:

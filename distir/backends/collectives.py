@@ -11,7 +11,7 @@ how a native collective runs at the speed of the raw in-place call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,7 @@ from distir.backends.registry import Implementation, Invocation
 from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.interpreters.dtypes import element_dtype
+from distir.interpreters.kernels import fold_in_rank_order
 from distir.ir.analysis import GATHER_FOLD, algorithm_applies
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import (
@@ -190,15 +191,7 @@ class NativeAllReduceImplementation(Implementation):
         )
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
-        resources.precondition(invocation, inputs)
-        kind = invocation.properties["kind"]
-        y = writable_result(inputs[0], 0, writable)
-        if kind in ("max", "min") and y.dtype in _ORDER_KEYS:
-            keys = to_order_keys(y, kind)
-            resources.all_reduce(keys, C10D_REDUCTIONS[kind], invocation, True)
-            return (from_order_keys(keys, y),)
-        resources.all_reduce(y, c10d_reduction(kind, y.dtype), invocation, True)
-        return (y,)
+        return self.start(invocation, inputs, resources, writable)()
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
         resources.precondition(invocation, inputs)
@@ -215,17 +208,6 @@ class NativeAllReduceImplementation(Implementation):
             return decode
         work = resources.all_reduce(y, c10d_reduction(kind, y.dtype), invocation)
         return _awaiting(resources, work, invocation, (y,))
-
-
-def fold_in_rank_order(
-    combine: Callable[..., tuple[torch.Tensor, ...]],
-    values: Sequence[torch.Tensor],
-    extras: Sequence[torch.Tensor],
-) -> torch.Tensor:
-    acc = values[0]
-    for value in values[1:]:
-        (acc,) = combine(acc, value, *extras)
-    return acc
 
 
 class GatherFoldAllReduceImplementation(Implementation):

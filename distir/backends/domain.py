@@ -147,7 +147,7 @@ class ExecutionDomain:
         key = _STORE_PREFIX + self.key
 
         def read() -> tuple[str | None, DistirError | None]:
-            from distir.backends.membership import exclusion
+            from distir.backends.epochs import exclusion
 
             published = store.get(key).decode(errors="replace") if store.check([key]) else None
             return published, exclusion()

@@ -246,15 +246,7 @@ class ProcessGroupResource:
 
     def all_reduce(self, tensor: torch.Tensor, op: Any, invocation: Any, wait: bool = False) -> Any:
         opts = self._options(dist.AllreduceOptions, invocation, wait, ("reduceOp", op))
-        start = time.monotonic()
-        try:  # `_run`, inline: the path of every native all-reduce
-            work = self.pg.allreduce([tensor], opts)
-            if not wait:
-                return work
-            work.wait(timeout=opts.timeout)
-        except RuntimeError as e:
-            raise self.failure(e, invocation, time.monotonic() - start) from None
-        return None
+        return self._run(lambda o: self.pg.allreduce([tensor], o), opts, invocation, wait)
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, invocation: Any, wait: bool = False
@@ -264,15 +256,7 @@ class ProcessGroupResource:
                              ("rootTensor", 0))  # fmt: skip
         if tensor.dtype not in COLLECTIVE_DTYPES:
             tensor = as_bytes(tensor, written=True)
-        start = time.monotonic()
-        try:
-            work = self.pg.broadcast([tensor], opts)
-            if not wait:
-                return work
-            work.wait(timeout=opts.timeout)
-        except RuntimeError as e:
-            raise self.failure(e, invocation, time.monotonic() - start) from None
-        return None
+        return self._run(lambda o: self.pg.broadcast([tensor], o), opts, invocation, wait)
 
     def all_gather(
         self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False

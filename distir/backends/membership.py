@@ -61,7 +61,6 @@ from distir.backends.epochs import (
     decision_key,
     default_store,
     excluded,
-    exclusion,  # noqa: F401 - domain.py's failure path imports it from here, until it reads epochs
     membership,
     parse_members,
     read_decision,

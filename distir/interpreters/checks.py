@@ -53,11 +53,6 @@ def named_rank(invocation: Invocation, name: str, dynamic: list[torch.Tensor], s
     return check_group_rank(invocation, name, int(dynamic.pop(0)) if rank is None else rank, size)
 
 
-def check_root(invocation: Invocation, root: int, size: int) -> None:
-    # Kept only for runtime/binding.py until it calls check_group_rank.
-    check_group_rank(invocation, "root", root, size)
-
-
 def check_counts(
     invocation: Invocation, what: str, counts: torch.Tensor, size: int
 ) -> list[int]:

@@ -29,7 +29,7 @@ from xdsl.ir import Operation
 from distir.backends.domain import group_alive
 from distir.backends.groups import ProcessGroupResource, create_declared_groups
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
-from distir.interpreters.checks import check_group_assumption, check_result_shape, check_root
+from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import BroadcastOp
 from distir.runtime.concurrency import gate_for
@@ -135,7 +135,7 @@ class Binding:
                 check_group_assumption(invocation, resource.size)
                 root = invocation.properties.get("root")
                 if isinstance(op, BroadcastOp) and root is not None:
-                    check_root(invocation, root, resource.size)  # the same on every rank
+                    check_group_rank(invocation, "root", root, resource.size)  # same on every rank
                 # What the fingerprint covered for this size.
                 implementation = plan.implementation_for(op, resource.size)
             return implementation, invocation, resource
@@ -145,12 +145,10 @@ class Binding:
             check = result_check(invocation)
 
             def kernel(xs: Sequence[torch.Tensor], writable: frozenset[int]):
-                try:
-                    results = implementation.execute(invocation, xs, resource, writable)
-                except RuntimeError as e:  # raised by the backend when submitting
-                    raise resource.failure(e, invocation) from None
-                check(results)
-                return results
+                return _checked(
+                    lambda: implementation.execute(invocation, xs, resource, writable),
+                    resource, invocation, check,
+                )  # fmt: skip
 
             return kernel
 
@@ -164,15 +162,7 @@ class Binding:
                 except RuntimeError as e:
                     raise resource.failure(e, invocation) from None
 
-                def finish() -> tuple[torch.Tensor, ...]:
-                    try:
-                        results = wait()
-                    except RuntimeError as e:
-                        raise resource.failure(e, invocation) from None
-                    check(results)
-                    return results
-
-                return finish
+                return lambda: _checked(wait, resource, invocation, check)
 
             return start
 
@@ -182,3 +172,13 @@ class Binding:
         self.configure(self.base.deadline_s)
         self.compiled = compiled
 
+
+def _checked(call: Any, resource: Any, invocation: Any, check: Any) -> tuple[torch.Tensor, ...]:
+    """`call()`'s results after `check`; a backend error raised on the way
+    (submitting or completing) is a named distir error."""
+    try:
+        results = call()
+    except RuntimeError as e:
+        raise resource.failure(e, invocation) from None
+    check(results)
+    return results
