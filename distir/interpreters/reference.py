@@ -12,6 +12,7 @@ rejects, and nothing else.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,45 @@ class SimulatedWorld:
         #: ranks whose program returned: they will never reach another collective
         self.finished: set[int] = set()
         self.failed: BaseException | None = None
+        # Deadlock detection: every change a waiting rank may wait for (an
+        # arrival, a message, a rank finishing or failing) starts a new
+        # generation; a waiting rank notes the generation in which it last
+        # found nothing to do. When every rank still running has found
+        # nothing to do in the current generation, no rank can ever change
+        # anything again: the program is deadlocked, named at once instead of
+        # at the timeout.
+        self._generation = 0
+        self._stuck: dict[int, tuple[int, str]] = {}
+        #: why no waiting rank can go on, once that is so
+        self.deadlock: str | None = None
+
+    def _changed(self) -> None:
+        """Under the lock: a change waiting ranks must look at."""
+        self._generation += 1
+        self._cond.notify_all()
+
+    def _wait(self, rank: int, waits_for: str, ready: Callable[[], bool]) -> bool:
+        """Under the lock: waits until `ready()`, a failure or a deadlock
+        (True), or the timeout (False)."""
+        end = time.monotonic() + self.timeout
+        try:
+            while True:
+                if ready() or self.failed is not None or self.deadlock is not None:
+                    return True
+                self._stuck[rank] = (self._generation, waits_for)
+                running = [r for r in range(self.size) if r not in self.finished]
+                if all(self._stuck.get(r, (-1,))[0] == self._generation for r in running):
+                    self.deadlock = "deadlock: every rank still running waits (" + "; ".join(
+                        f"rank {r}: {self._stuck[r][1]}" for r in running
+                    ) + ") and none can go on"
+                    self._cond.notify_all()
+                    return True
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        finally:
+            self._stuck.pop(rank, None)
 
     def exchange(
         self, key: tuple, members: tuple[int, ...], me: int, description: str, payload: Any
@@ -62,22 +102,21 @@ class SimulatedWorld:
         with self._cond:
             meeting = self._meetings.setdefault(key, _Meeting({}))
             meeting.arrived[me] = (description, payload)
-            self._cond.notify_all()
+            self._changed()
 
             def gone() -> list[int]:
                 return [m for m in members if m in self.finished and m not in meeting.arrived]
 
-            ok = self._cond.wait_for(
-                lambda: len(meeting.arrived) == len(members)
-                or self.failed is not None
-                or bool(gone()),
-                timeout=self.timeout,
+            ok = self._wait(
+                me, description, lambda: len(meeting.arrived) == len(members) or bool(gone())
             )
             if len(meeting.arrived) < len(members):
                 if self.failed is not None:
                     raise SimulationError(
                         f"{description}: another rank failed first ({self.failed})"
                     )
+                if self.deadlock is not None:
+                    raise SimulationError(f"{description}: {self.deadlock}")
                 if gone():
                     raise SimulationError(
                         f"{description}: ranks {gone()} finished the program without "
@@ -104,30 +143,38 @@ class SimulatedWorld:
     def finish(self, rank: int) -> None:
         with self._cond:
             self.finished.add(rank)
-            self._cond.notify_all()
+            self._changed()
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
             if self.failed is None:
                 self.failed = error
-            self._cond.notify_all()
+            self._changed()
 
     # Point-to-point: one FIFO mailbox per (group, source, destination).
 
     def post(self, key: tuple, payload: torch.Tensor) -> None:
         with self._cond:
             self._mailboxes.setdefault(key, []).append(payload)
-            self._cond.notify_all()
+            self._changed()
 
     def take(self, key: tuple, description: str) -> torch.Tensor:
+        """The next message to group rank key[2] from group rank key[1] of
+        the group of global ranks key[0]."""
+        members, source, me = key
         with self._cond:
             box = self._mailboxes.setdefault(key, [])
-            ok = self._cond.wait_for(lambda: box or self.failed is not None,
-                                     timeout=self.timeout)
+            waits_for = f"{description}, a message from group rank {source}"
+            ok = self._wait(members[me], waits_for, lambda: bool(box))
             if box:
                 return box.pop(0)
             if self.failed is not None:
                 raise SimulationError(f"{description}: another rank failed first ({self.failed})")
+            if self.deadlock is not None:
+                raise SimulationError(
+                    f"{description}: no message from group rank {source} can ever come: "
+                    f"{self.deadlock}"
+                )
             assert not ok
             raise SimulationError(
                 f"{description}: no message from group rank {key[1]} within {self.timeout} s"

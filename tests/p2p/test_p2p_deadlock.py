@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -167,3 +168,30 @@ def test_verify_spmd_rejects_exactly_the_orders_that_hang(data) -> None:
         assert "no message from group rank" in str(e), e
         hung = True
     assert rejected == hung, (rank0, rank1)
+
+
+def test_the_simulator_names_a_deadlock_at_once_with_every_rank_s_wait() -> None:
+    # Both ranks receive first: no rank can ever send. The simulator sees that
+    # every running rank waits with nothing left to change, and says so
+    # without waiting for its timeout (an hour here).
+    program = distir.compile(two_ranks(["recv", "send"], ["recv", "send"]), verify_spmd=False)
+    start = time.monotonic()
+    with pytest.raises(distir.errors.DistirError) as raised:
+        program.simulate([[torch.ones(2)], [torch.full((2,), 2.0)]], timeout=3600)
+    assert time.monotonic() - start < 60
+    message = str(raised.value)
+    assert "no message from group rank" in message and "can ever come" in message
+    assert "deadlock: every rank still running waits (rank 0: 'dist.recv' at" in message
+    assert "a message from group rank 1; rank 1: 'dist.recv' at" in message
+    assert message.endswith("a message from group rank 0) and none can go on")
+
+
+def test_a_rank_that_waits_while_another_computes_is_no_deadlock() -> None:
+    # Rank 1 receives at once; rank 0 sends only after work of its own (a
+    # chain of local ops): waiting alone is not a deadlock.
+    work = "\n".join(f"    %w{i} = arith.addf %x, %x : {T}" for i in range(200))
+    text = two_ranks(["send"], ["recv"]).replace(
+        f"    dist.send %x to 1 : {T}", f"{work}\n    dist.send %w199 to 1 : {T}"
+    )
+    out = distir.compile(text).simulate([[torch.ones(2)], [torch.zeros(2)]], timeout=60)
+    assert torch.equal(out[1], torch.full((2,), 2.0))
