@@ -6,7 +6,7 @@ machine where torch sees no CUDA device. Select or drop the slow multi-rank
 tests with `-m multirank` / `-m "not multirank"`.
 
 `--fast` runs the process-free development subset: it drops tests marked
-`multirank`, `slow` or `cuda`, loads the `dev` hypothesis profile (unless
+`multirank`, `slow`, `large` or `cuda`, loads the `dev` hypothesis profile (unless
 HYPOTHESIS_PROFILE says otherwise) and fails any remaining test that starts
 a process (a subprocess or a multiprocessing child), naming the marker it
 lacks, so that the subset stays process-free as tests are added.
@@ -41,7 +41,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-_NOT_FAST = ("multirank", "slow", "cuda")
+_NOT_FAST = ("multirank", "slow", "large", "cuda")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
