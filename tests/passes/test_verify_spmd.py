@@ -62,16 +62,19 @@ def test_a_uniform_condition_passes():
     check(IF_ON.replace("{source}", "dist.group_size : index"))
 
 
+#: a branch on the all-reduced rank: uniform because the all-reduce's results are
+IF_ON_REDUCED_RANK = IF_ON.replace("{source}", "dist.rank : index").replace(
+    "%c = arith.cmpi eq, %r, %z : index",
+    "%rt = tensor.from_elements %r : tensor<1xindex>\n"
+    "  %rs = dist.all_reduce max %rt : tensor<1xindex>\n"
+    "  %zero = arith.constant 0 : index\n"
+    "  %m = tensor.extract %rs[%zero] : tensor<1xindex>\n"
+    "  %c = arith.cmpi eq, %m, %z : index",
+)
+
+
 def test_a_condition_derived_from_a_collective_result_is_uniform():
-    text = IF_ON.replace("{source}", "dist.rank : index").replace(
-        "%c = arith.cmpi eq, %r, %z : index",
-        "%rt = tensor.from_elements %r : tensor<1xindex>\n"
-        "  %rs = dist.all_reduce max %rt : tensor<1xindex>\n"
-        "  %zero = arith.constant 0 : index\n"
-        "  %m = tensor.extract %rs[%zero] : tensor<1xindex>\n"
-        "  %c = arith.cmpi eq, %m, %z : index",
-    )
-    check(text)
+    check(IF_ON_REDUCED_RANK)
 
 
 def test_a_rank_dependent_trip_count_is_rejected():
@@ -139,15 +142,7 @@ def test_an_op_declaring_every_rank_enters_is_rejected_under_a_rank_condition():
 
 
 def _condition_from(op_type: type[IRDLOperation]):
-    text = IF_ON.replace("{source}", "dist.rank : index").replace(
-        "%c = arith.cmpi eq, %r, %z : index",
-        "%rt = tensor.from_elements %r : tensor<1xindex>\n"
-        "  %rs = dist.all_reduce max %rt : tensor<1xindex>\n"
-        "  %zero = arith.constant 0 : index\n"
-        "  %m = tensor.extract %rs[%zero] : tensor<1xindex>\n"
-        "  %c = arith.cmpi eq, %m, %z : index",
-    )
-    return _swapped(text, op_type)
+    return _swapped(IF_ON_REDUCED_RANK, op_type)
 
 
 def test_results_of_an_op_declaring_uniform_results_are_uniform():
