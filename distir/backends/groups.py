@@ -306,11 +306,9 @@ class ProcessGroupResource:
         send, send_t, received, received_t = buffers
         send[:] = array("q", row) * size
         opts = self._options(c10d.AllToAllOptions, invocation, True)
-        start = time.monotonic()
-        try:  # even splits: the backend cuts k words per peer
-            self.pg.alltoall_base(received_t, send_t, [], [], opts).wait(timeout=opts.timeout)
-        except RuntimeError as e:
-            raise self.failure(e, invocation, time.monotonic() - start) from None
+        # even splits: the backend cuts k words per peer
+        self._run(lambda o: self.pg.alltoall_base(received_t, send_t, [], [], o), opts,
+                  invocation, True)  # fmt: skip
         flat = received.tolist()
         return [flat[r * k : (r + 1) * k] for r in range(size)]
 

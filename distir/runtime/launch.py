@@ -309,8 +309,6 @@ def _rank_start() -> tuple[Any, int]:
         server.ensure_running()  # restarts a server that died
         pid = server._forkserver_pid
         if running is None or running[0] != pid:
-            if running is None:
-                atexit.register(_stop_fork_server)
             _server_started_under = (pid, _startup_variables())
     return mp.get_context("forkserver"), pid
 
@@ -337,6 +335,9 @@ def _stop_fork_server() -> None:
             forkserver._forkserver._stop()  # reaps it and forgets it
         except (AttributeError, OSError, ChildProcessError):
             pass
+
+
+atexit.register(_stop_fork_server)  # does nothing when no server was started
 
 
 class _LauncherOutput:
