@@ -16,6 +16,7 @@ process that compiles a thousand programs creates them once.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 import time
@@ -100,6 +101,13 @@ class Step:
         self.options: dict[str, Any] = {}
 
 
+@functools.lru_cache(maxsize=64)
+def _timeout(deadline_s: float) -> timedelta:
+    """A deadline as the backend's timeout, built once per value (it is
+    passed on every collective of every run)."""
+    return timedelta(seconds=deadline_s)
+
+
 class ProcessGroupResource:
     """One initialised process group (`None` means the default group)."""
 
@@ -143,7 +151,7 @@ class ProcessGroupResource:
         self.agreement = True
         #: preconditions checked and agreed at the start of this run, by
         #: `Invocation.options["hoisted"]` index
-        self.hoisted: list[Precondition] = []
+        self.hoisted: Sequence[Precondition] = ()
         #: the receive counts of the variable all-to-all whose send counts
         #: rode in this run's agreement (valid while `hoisted` is set)
         self.agreed_counts: list[int] = []
@@ -158,7 +166,7 @@ class ProcessGroupResource:
         deadline = self.deadline_for(invocation)
         start = time.monotonic()
         try:
-            work.wait(timeout=timedelta(seconds=deadline))
+            work.wait(timeout=_timeout(deadline))
         except RuntimeError as e:
             raise self.failure(e, invocation, time.monotonic() - start) from None
 
@@ -219,12 +227,12 @@ class ProcessGroupResource:
         timeout, `asyncOp` off when the call runs inline, and `fields`
         (name, value) pairs. The lookup is one dict probe on a flat key: it
         runs on every collective of every run."""
-        deadline = invocation.options.get("deadline_s") or self.deadline_s
+        deadline = self.deadline_for(invocation)
         key = (kind, deadline, wait, *fields)
         opts = self._cached_options.get(key)
         if opts is None:
             opts = kind()
-            opts.timeout = timedelta(seconds=deadline)
+            opts.timeout = _timeout(deadline)
             opts.asyncOp = not (wait and self.inline)
             for name, value in fields:
                 setattr(opts, name, value)
@@ -239,7 +247,8 @@ class ProcessGroupResource:
             work = submit(opts)
             if not wait:
                 return work
-            work.wait(timeout=opts.timeout)
+            # The cached timedelta: reading `opts.timeout` converts anew.
+            work.wait(timeout=_timeout(self.deadline_for(invocation)))
         except RuntimeError as e:
             raise self.failure(e, invocation, time.monotonic() - start) from None
         return None

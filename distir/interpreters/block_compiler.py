@@ -17,7 +17,7 @@ donated. Intermediates die after their last use.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from xdsl.dialects import func, scf
@@ -59,6 +59,22 @@ class Step:
     writable: frozenset[int] = _NOTHING
     #: (operand position, block argument index): writable when donated
     donatable: tuple[tuple[int, int], ...] = ()
+    #: donated block arguments -> the operand positions then writable
+    #: (filled as runs meet them: a program sees few donation patterns)
+    _writable_when: dict[frozenset[int], frozenset[int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def writable_when(self, donated: frozenset[int]) -> frozenset[int]:
+        """The operand positions this step may overwrite when the run's
+        caller donated the block arguments `donated`."""
+        if not donated or not self.donatable:
+            return self.writable
+        writable = self._writable_when.get(donated)
+        if writable is None:
+            writable = self.writable | {p for p, arg in self.donatable if arg in donated}
+            self._writable_when[donated] = writable
+        return writable
 
 
 def _with_liveness(steps: list[Step], keep: tuple[int, ...]) -> list[Step]:
@@ -119,10 +135,7 @@ def _run_steps(steps: list[Step], env: list, donated: frozenset[int]) -> None:
         args = [env[i] for i in step.inputs]
         try:
             if step.dist:
-                writable = step.writable
-                if donated and step.donatable:
-                    writable = writable | {p for p, arg in step.donatable if arg in donated}
-                results = step.kernel(args, writable)
+                results = step.kernel(args, step.writable_when(donated))
             else:
                 results = step.kernel(*args)
         except DistirError:

@@ -65,9 +65,12 @@ class Program(Protocol):
 
 def records_gradient(inputs: Sequence[Any]) -> bool:
     """Whether autograd would record a run on `inputs`."""
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in inputs
-    )
+    if not torch.is_grad_enabled():
+        return False
+    for x in inputs:  # a loop, not any(...): it runs on every run
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return True
+    return False
 
 
 @dataclass(frozen=True)

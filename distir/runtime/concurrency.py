@@ -96,17 +96,27 @@ class RunGate:
             if not self._in_flight:
                 self._owner = None
 
-    def run(self, what: str, fn: Callable[[str], T]) -> T:
-        """Runs `fn(which run)` on this thread, or after this thread's
-        queued runs."""
+    def enter(self, what: str) -> str | None:
+        """Claims a synchronous run on this thread and returns which run it
+        is, or None when this thread's async runs are queued: the run then
+        goes through `submit` after them (they were submitted first). A
+        claimed run ends with `leave`."""
         with self._lock:
             # On the worker itself (a future's callback), run inline: the
             # worker waiting for its own queue would never return.
-            queued = self._worker is not None and self._worker is not threading.current_thread()
-            if not queued:
-                who = self._claim(what)
-        if queued:
-            # The thread's own async runs come first: they were submitted first.
+            if self._worker is not None and self._worker is not threading.current_thread():
+                return None
+            return self._claim(what)
+
+    def leave(self) -> None:
+        """Ends a run claimed by `enter`."""
+        self._release()
+
+    def run(self, what: str, fn: Callable[[str], T]) -> T:
+        """Runs `fn(which run)` on this thread, or after this thread's
+        queued runs."""
+        who = self.enter(what)
+        if who is None:
             return self.submit(what, fn).wait()
         try:
             return fn(who)

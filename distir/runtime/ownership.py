@@ -20,6 +20,7 @@ are all caught, while disjoint slices of one buffer are not.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,12 +56,20 @@ def _dense(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_contiguous()
 
 
+_NONE: frozenset[int] = frozenset()
+
+
+@functools.lru_cache(maxsize=32)
+def _all_of(count: int) -> frozenset[int]:
+    return frozenset(range(count))
+
+
 def donated_indices(donate: bool | Sequence[int], count: int) -> frozenset[int]:
     """The donated input indices (`donate=True`: all of them)."""
     if donate is True:
-        return frozenset(range(count))
+        return _all_of(count)
     if donate is False:
-        return frozenset()
+        return _NONE
     indices = frozenset(donate)
     bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < count]
     if bad:
