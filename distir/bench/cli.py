@@ -99,6 +99,10 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
                         help="compare every result with raw's (or an exact reference) on every "
                              "rank, untimed; a wrong one fails the run")  # fmt: skip
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--bind", choices=("core", "none"), default="core",
+                        help="core (default): every thread of rank r runs on the r-th CPU "
+                             "this process may use, when P <= CPUs (as mpirun --bind-to "
+                             "core); none: wherever the scheduler puts them")  # fmt: skip
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help=f"directory for results.json, table.txt and the plots (default "
                              f"{RESULTS_ROOT}/<timestamp>/)")  # fmt: skip
@@ -162,6 +166,7 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, Family] = 
         families=tuple(registry[name] for name in dict.fromkeys(args.families)),
         sizes=tuple(sizes), dtypes=tuple(dtypes), ops=tuple(ops), check=args.check,
         quick=args.quick, iters=args.iters, warmup=args.warmup, backend=args.backend,
+        bind=args.bind,
     )  # fmt: skip
     meta = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -179,6 +184,7 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, Family] = 
         "quick": args.quick,
         "iters": args.iters,
         "warmup": args.warmup,
+        "bind": args.bind,
         "load_before": _load(),
     }
     start = time.perf_counter()

@@ -45,6 +45,14 @@ def storage_span(x: Any) -> Span | None:
     return (x.untyped_storage().data_ptr(), start, start + (last + 1) * x.element_size())
 
 
+def storage_of(x: Any) -> int | None:
+    """The address of the storage a tensor's elements live in (None: it
+    has none)."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        return None
+    return x.untyped_storage().data_ptr()
+
+
 def overlap(a: Span | None, b: Span | None) -> bool:
     return (
         a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
@@ -103,19 +111,26 @@ def owned_results(
     """`results`, copying any that shares storage with an input the run may
     not write, or (positions in `maybe_shared`, see `results_maybe_shared`)
     that may be program state and is not a writable input's memory."""
-    kept = [storage_span(x) for i, x in enumerate(inputs) if i not in writable]
-    kept = [s for s in kept if s is not None]
+    kept = [x for i, x in enumerate(inputs) if i not in writable and storage_of(x) is not None]
     if not kept and not maybe_shared:
         return results
-    given = [storage_span(inputs[i]) for i in writable]
+    # Overlap needs the same storage: compare storages first (one pointer
+    # per tensor) and byte ranges only within one (this runs on every run).
+    kept_storages = {storage_of(x) for x in kept}
+    given: list[Span | None] | None = None
     owned = []
     for position, r in enumerate(results):
-        span = storage_span(r)
-        if span is not None and (
-            any(overlap(span, s) for s in kept)
-            or (position in maybe_shared and not any(overlap(span, s) for s in given))
-        ):
-            r = r.clone()
+        storage = storage_of(r)
+        shared = position in maybe_shared
+        if storage is not None and (storage in kept_storages or shared):
+            span = storage_span(r)
+            if any(overlap(span, storage_span(x)) for x in kept):
+                r = r.clone()
+            elif shared:
+                if given is None:
+                    given = [storage_span(inputs[i]) for i in writable]
+                if not any(overlap(span, s) for s in given):
+                    r = r.clone()
         owned.append(r)
     return tuple(owned)
 
