@@ -177,26 +177,24 @@ def check_calls(calls: Sequence[Call], setup: Setup, world_size: int) -> dict[st
 
 
 def bind_to_core(rank: int, world_size: int) -> int | None:
-    """Runs every thread of this rank (and the threads it creates later)
+    """Runs this rank's calling thread (and the threads it creates later)
     on one CPU of those the process may use, the rank-th, when there are at
-    least `world_size`; returns it (None: not bound).
+    least `world_size`; returns it (None: not bound). The backend's threads
+    made before (gloo's, for the default group) stay unbound.
 
-    Why: gloo's threads busy-poll while a collective waits, and on a
-    2-core VM the scheduler moving them between cores is most of the spread
-    of a small message's time (measured, 1 MiB all-reduce at P=2, 100
-    iterations after a barrier: quartiles 1.43-4.19 ms unbound, 1.08-1.84
-    ms bound). Raw calls and distir's run in the same bound ranks."""
+    Why the calling thread only: the scheduler moving it between the cores
+    of a 2-core VM is much of the spread of a small message's time
+    (measured, 1 MiB all-reduce at P=2, 100 iterations after a barrier:
+    medians 2.0-2.7 ms, quartiles 1.35-4.33 ms unbound; 1.3-1.5 ms and
+    1.01-3.41 ms bound), while binding gloo's threads to the same core too
+    makes the raw call itself 3-4x slower (3.2-4.8 ms)."""
     import os
 
     cpus = sorted(os.sched_getaffinity(0))
     if world_size > len(cpus):
         return None
     cpu = cpus[rank]
-    for thread in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(thread), {cpu})
-        except OSError:  # the thread ended meanwhile
-            pass
+    os.sched_setaffinity(0, {cpu})
     return cpu
 
 

@@ -205,3 +205,32 @@ def test_the_table_lines_up_and_shows_the_check_only_when_checked():
     assert lines[2].endswith("0.004") and lines[3].endswith("1.25")
     checked = format_table([{**rows[0], "check": "ref"}, {**rows[1], "check": "WRONG"}])
     assert checked.splitlines()[0].endswith("check") and checked.endswith("1.25  WRONG")
+
+
+def test_bind_to_core_pins_the_calling_thread_only_when_every_rank_gets_a_cpu():
+    # In a thread of its own: affinity is per thread, and the test process
+    # must stay unbound.
+    import os
+    import threading
+
+    from distir.bench.runner import bind_to_core
+
+    cpus = sorted(os.sched_getaffinity(0))
+    seen: dict[str, object] = {}
+
+    def probe() -> None:
+        seen["too many"] = bind_to_core(0, len(cpus) + 1)
+        seen["after too many"] = os.sched_getaffinity(0)
+        seen["last rank"] = bind_to_core(len(cpus) - 1, len(cpus))
+        seen["bound"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join(10)
+    assert seen == {
+        "too many": None,
+        "after too many": set(cpus),
+        "last rank": cpus[-1],
+        "bound": {cpus[-1]},
+    }
+    assert os.sched_getaffinity(0) == set(cpus)
