@@ -23,7 +23,7 @@ from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.interpreters.dtypes import element_dtype
 from distir.interpreters.kernels import fold_in_rank_order
-from distir.ir.analysis import GATHER_FOLD, algorithm_applies
+from distir.ir.all_reduce import GATHER_FOLD, algorithm_applies
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import (
     AllGatherOp,

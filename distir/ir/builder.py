@@ -65,11 +65,11 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from distir.errors import DistirError
+from distir.ir.all_reduce import AllReduceOp
 from distir.ir.attributes import ReductionKind
 from distir.ir.collectives import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
-    AllReduceOp,
     AssertReducedOp,
     AssertUniformOp,
     BroadcastOp,

@@ -58,11 +58,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.analysis import (
-    candidate_algorithms,
-    default_algorithm,
-    elementwise_combine,
-)
+from distir.ir.all_reduce import candidate_algorithms, default_algorithm, elementwise_combine
 from distir.ir.dialect import AllReduceOp
 from distir.passes._rewrite_utils import rewrite_once
 from distir.passes.options import check_options, option

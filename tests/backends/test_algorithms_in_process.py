@@ -171,7 +171,7 @@ ALL_REDUCES = {
 @pytest.mark.parametrize("case", sorted(ALL_REDUCES))
 def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
     from distir.backends.collectives import distributed_operation_contributions
-    from distir.ir.analysis import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
+    from distir.ir.all_reduce import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
     from distir.ir.parsing import parse_module
 
     text = f"func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {{\n  {ALL_REDUCES[case]}\n"

@@ -18,7 +18,7 @@ from distir.backends.buffers import pooled_empty
 from distir.backends.combines import BoundCombine, build_combine
 from distir.backends.exchange import Exchange, TorchExchange
 from distir.backends.registry import Implementation, Invocation
-from distir.ir.analysis import algorithm_applies
+from distir.ir.all_reduce import algorithm_applies
 from distir.ir.dialect import AllReduceOp
 
 #: Bytes per message segment; None picks one eighth of a chunk, clamped to

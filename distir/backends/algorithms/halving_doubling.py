@@ -22,7 +22,7 @@ from distir.backends.algorithms.base import (
 )
 from distir.backends.combines import SCRATCH, BoundCombine
 from distir.backends.exchange import Exchange
-from distir.ir.analysis import HALVING_DOUBLING
+from distir.ir.all_reduce import HALVING_DOUBLING
 
 
 def halving_doubling_all_reduce(
