@@ -231,8 +231,8 @@ def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:
     """Each op (each form of it: a native and a generic all-reduce) is run by
     exactly one implementation of `distributed_operation_contributions()`
     besides the algorithms, the named alternatives a program or the runtime
-    may choose instead (`backends.algorithms`)."""
-    from distir.backends.algorithms import algorithm_contributions
+    may choose instead (`backends.all_reduce.algorithm_contributions`)."""
+    from distir.backends.all_reduce import algorithm_contributions
     from distir.backends.collectives import distributed_operation_contributions
     from distir.interpreters.semantics import SEMANTICS, semantics_of
     from distir.ir.parsing import parse_module

@@ -458,6 +458,21 @@ class AllReduceOp(CollectiveOp, ChoosesAlgorithm, Transposable):
         """True for the generic form (a combine region), False for a native kind."""
         return self.kind is None
 
+    def computed_kind(self) -> ReductionKind | None:
+        """The native kind this all-reduce computes: its own, or that of a
+        combine region that is one recognised commutative op on (lhs, rhs)
+        (`analysis.native_kind`); None for any other combine."""
+        if not self.is_generic:
+            return self.kind.data  # type: ignore[union-attr]
+        if len(self.combine.blocks) != 1:
+            return None
+        return native_kind(self.combine.block)
+
+    @property
+    def elementwise(self) -> bool:
+        """Whether it may be combined chunk by chunk (`elementwise_combine`)."""
+        return elementwise_combine(self)
+
     def recorded_algorithm(self) -> str | None:
         return self.algorithm.data if self.algorithm is not None else None
 
@@ -536,7 +551,7 @@ class AllReduceOp(CollectiveOp, ChoosesAlgorithm, Transposable):
         known to be linear."""
         (ct,) = cotangents
         assert ct is not None
-        kind = native_kind(self.combine.block) if self.is_generic else self.kind.data  # type: ignore[union-attr]
+        kind = self.computed_kind()
         if kind is ReductionKind.SUM:
             return [t.all_reduce_sum(ct, self.group)]
         if not self.is_generic and kind in (ReductionKind.MAX, ReductionKind.MIN):

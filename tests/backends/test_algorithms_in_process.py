@@ -16,11 +16,11 @@ import threading
 import pytest
 import torch
 
-from distir.backends.algorithms import base
-from distir.backends.algorithms.halving_doubling import halving_doubling_all_reduce
-from distir.backends.algorithms.recursive_doubling import recursive_doubling_all_reduce
-from distir.backends.algorithms.ring import ring_all_reduce
-from distir.backends.combines import LazyModularAdd, ModuliPieces
+from distir.backends.all_reduce import base
+from distir.backends.all_reduce.combines import LazyModularAdd, ModuliPieces
+from distir.backends.all_reduce.halving_doubling import halving_doubling_all_reduce
+from distir.backends.all_reduce.recursive_doubling import recursive_doubling_all_reduce
+from distir.backends.all_reduce.ring import ring_all_reduce
 from distir.backends.exchange import InProcessWorld
 from distir.he.modular import lazy_reduction_schedule
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.algorithms.base import AllReduceAlgorithm, real_rank, virtual_layout
+from distir.backends.all_reduce.base import AllReduceAlgorithm, real_rank, virtual_layout
 from distir.backends.buffers import pooled_copy
 from distir.backends.exchange import Exchange, TorchExchange
 from distir.interpreters.kernels import NATIVE_FOLDS

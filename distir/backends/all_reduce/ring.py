@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.algorithms.base import (
+from distir.backends.all_reduce.base import (
     FlatAllReduce,
     segment_elements,
     segment_ranges,
     split_even,
 )
-from distir.backends.combines import SCRATCH, BoundCombine
+from distir.backends.all_reduce.combines import SCRATCH, BoundCombine
 from distir.backends.exchange import Exchange
 from distir.ir.all_reduce import RING
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from distir.backends.all_reduce.combines import BoundCombine, build_combine
 from distir.backends.buffers import pooled_empty
-from distir.backends.combines import BoundCombine, build_combine
 from distir.backends.exchange import Exchange, TorchExchange
 from distir.backends.registry import Implementation, Invocation
 from distir.ir.all_reduce import algorithm_applies
