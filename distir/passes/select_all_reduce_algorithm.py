@@ -20,7 +20,7 @@ The choice follows from what the region allows and what it costs. Allowed:
   whole tensors, log2(P) rounds, rank order kept;
 - `gather-fold` for small messages (P copies of the message in memory).
 
-Among those, `ir.analysis.choose_algorithm` picks the cheapest under an
+Among those, `ir.all_reduce.choose_algorithm` picks the cheapest under an
 alpha-beta cost model (per round, per byte sent, per byte combined; the
 constants are measured by `distir-bench --fit`) when the group size is known
 (a declared group, or the `group-size` option) and the shape is static;

@@ -69,7 +69,7 @@ def real_rank(virtual: int, size: int, p2: int) -> int:
 
 class AllReduceAlgorithm(Implementation):
     """An all-reduce algorithm, chosen by its `name`: it runs the ops whose
-    combine it computes exactly, as `ir.analysis.ALGORITHM_NEEDS` says."""
+    combine it computes exactly, as `ir.all_reduce.ALGORITHM_NEEDS` says."""
 
     operation_types = (AllReduceOp,)
 
