@@ -395,3 +395,25 @@ def test_the_place_finder_reads_code_not_docstrings(tmp_path: Path) -> None:
     assert "AllReduceOp" not in _names_in_code(source)
     assert _place("backends.all_reduce.ring") == "backends.all_reduce"
     assert _place("backends.collectives") == "backends.collectives"
+
+
+def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
+    """A dist op's transpose rule is a method of its class (as JAX keeps a
+    primitive's transpose in its block); the pass keeps only xDSL's local
+    ops' rules, in a literal table."""
+    from distir.ir.dialect import dist_ops
+    from distir.ir.transpose import Transposable
+    from distir.passes.vjp import LOCAL_RULES
+
+    assert sorted(op.name for op in dist_ops() if issubclass(op, Transposable)) == [
+        "dist.all_gather",
+        "dist.all_reduce",
+        "dist.assert_uniform",
+        "dist.broadcast",
+        "dist.recv",
+        "dist.send",
+        "dist.sendrecv",
+        "dist.transfer",
+        "dist.variable_all_to_all",
+    ]
+    assert not [op for op in LOCAL_RULES if op.name.startswith("dist.")]
