@@ -19,7 +19,7 @@ import torch
 
 import distir
 from distir.ir.dialect import TransferOp
-from distir.passes.print_transfer_maps import describe_transfer
+from distir.ir.parsing import describe_op
 
 PROGRAM = Path(__file__).with_name("mesh_transfer.mlir")
 WEIGHTS = torch.arange(24, dtype=torch.float32).reshape(4, 6)
@@ -43,7 +43,7 @@ def rank_main(ctx) -> torch.Tensor:
 if __name__ == "__main__":
     program = distir.compile(PROGRAM)
     transfer = next(op for op in program.module.walk() if isinstance(op, TransferOp))
-    print(describe_transfer(transfer))
+    print(transfer.describe_plan(describe_op(transfer)))
     results = distir.launch(rank_main, 6, pass_context=True)
     columns = {3: slice(0, 2), 4: slice(2, 4), 5: slice(4, 6)}
     ok = True

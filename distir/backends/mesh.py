@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from distir.backends.registry import Implementation
 from distir.ir.dialect import TransferOp
-from distir.ir.transfers import TransferPlan
+from distir.ir.mesh import TransferPlan
 
 
 def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:

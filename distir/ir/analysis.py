@@ -11,16 +11,15 @@ never disagree about what a region is.
   runs in place;
 - `native_kind`: the region is one commutative op a native collective has;
 - `non_commutative_witness`: operands on which the region's result depends
-  on their order (the verifier refutes a `commutative` marker with it);
-- `choose_algorithm`: the algorithm a generic all-reduce runs with, from
-  what its region allows and an alpha-beta cost model of the message size
-  and the group size.
+  on their order (the verifier refutes a `commutative` marker with it).
+
+Which algorithm may run a combine, and which is cheapest, are facts of the
+all-reduce itself (`all_reduce.py`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 
 from xdsl.dialects import arith, tensor
@@ -41,12 +40,6 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
 from distir.ir.elementwise import ELEMENTWISE_OPS
-from distir.ir.known_combines import known_combine
-
-RING = "ring"
-HALVING_DOUBLING = "halving-doubling"
-RECURSIVE_DOUBLING = "recursive-doubling"
-GATHER_FOLD = "gather-fold"
 
 
 def _shape(t: object) -> tuple[int, ...] | None:
@@ -216,7 +209,9 @@ def _exact(value: Fraction, element: Attribute) -> Fraction:
         if value.denominator != 1:
             raise _Unknown
         width = element.width.data if isinstance(element, IntegerType) else 64
-        unsigned = isinstance(element, IntegerType) and element.signedness.data == Signedness.UNSIGNED
+        unsigned = (
+            isinstance(element, IntegerType) and element.signedness.data == Signedness.UNSIGNED
+        )
         if width == 1:  # i1 is a torch bool: no wrap-around to model
             if value not in (0, 1):
                 raise _Unknown
@@ -337,114 +332,6 @@ def non_commutative_witness(block: Block) -> tuple[int, int, Fraction, Fraction]
     return None
 
 
-# Algorithm choice ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds to run an algorithm: `alpha` per message round, `beta` per
-    byte on the wire, `gamma` per byte combined, per rank.
-
-    The defaults were set against the combine rows of `distir-bench` (gloo
-    over loopback, the 2-core machine CI runs on; benchmarks/README.md):
-    in 8 of the 10 (P, size) cells at P = 2 and 4 they pick the fastest
-    measured algorithm, and the other two are within 1.21x of it.
-    `distir-bench` also prints a least-squares fit of the three constants
-    from the same rows, to re-tune them on another machine."""
-
-    alpha: float = 2.5e-4
-    beta: float = 6.0e-10
-    gamma: float = 4.0e-10
-    #: gather-fold holds P copies of the message: not above this many bytes
-    gather_fold_max_bytes: int = 1 << 20
-
-    def seconds(self, algorithm: str, size: int, nbytes: int) -> float:
-        p = size
-        if p <= 1:
-            return 0.0
-        log_p = math.ceil(math.log2(p))
-        pow2 = p & (p - 1) == 0
-        fold = 0 if pow2 else 1  # non-powers of two fold pairs first (and back)
-        share = nbytes * (p - 1) / p
-        if algorithm == RING:
-            rounds, wire, combined = 2 * (p - 1), 2 * share, share
-        elif algorithm == HALVING_DOUBLING:
-            rounds = 2 * (log_p + fold)
-            wire, combined = 2 * share + 2 * fold * nbytes, share + fold * nbytes
-        elif algorithm == RECURSIVE_DOUBLING:
-            rounds = log_p + 2 * fold
-            wire, combined = nbytes * (log_p + 2 * fold), nbytes * (log_p + fold)
-        elif algorithm == GATHER_FOLD:
-            rounds, wire, combined = p - 1, nbytes * (p - 1), nbytes * (p - 1)
-        else:
-            raise ValueError(f"no cost model for algorithm {algorithm!r}")
-        return self.alpha * rounds + self.beta * wire + self.gamma * combined
-
-
-DEFAULT_COST_MODEL = CostModel()
-
-
-#: every algorithm of a generic all-reduce, in order of preference, with what
-#: it needs of the combine to compute its result exactly as defined:
-#: (elementwise, commutative). Chunking needs an elementwise region, the
-#: ring's rotated fold order a commutative one; recursive doubling and
-#: gather-fold keep rank order on whole tensors. The backends' `matches()`
-#: and the selection pass both read this table.
-ALGORITHM_NEEDS: dict[str, tuple[bool, bool]] = {
-    RING: (True, True),
-    HALVING_DOUBLING: (True, False),
-    RECURSIVE_DOUBLING: (False, False),
-    GATHER_FOLD: (False, False),
-}
-
-
-def candidate_algorithms(elementwise: bool, commutative: bool) -> tuple[str, ...]:
-    """The algorithms (`ALGORITHM_NEEDS`) that compute exactly a combine
-    that is elementwise and/or commutative as given, in order of preference."""
-    return tuple(
-        name
-        for name, (needs_elementwise, needs_commutative) in ALGORITHM_NEEDS.items()
-        if (elementwise or not needs_elementwise) and (commutative or not needs_commutative)
-    )
-
-
-def algorithm_applies(algorithm: str, op: Operation) -> bool:
-    """Whether `algorithm` computes the `dist.all_reduce` `op` exactly: a
-    native kind is elementwise and commutative, a combine region is what
-    its region and `commutative` marker say."""
-    native = not op.is_generic  # type: ignore[attr-defined]
-    commutative = native or op.properties.get("commutative") is not None
-    return algorithm in candidate_algorithms(elementwise_combine(op), commutative)
-
-
-def choose_algorithm(
-    elementwise: bool,
-    commutative: bool,
-    size: int | None,
-    nbytes: int | None,
-    model: CostModel = DEFAULT_COST_MODEL,
-) -> str:
-    """The cheapest exact algorithm. With the group size or the message size
-    unknown (a dynamic shape, the world's size at compile time) the choice
-    assumes a large message on many ranks: the bandwidth-optimal one."""
-    candidates = candidate_algorithms(elementwise, commutative)
-    if size is None or nbytes is None:
-        return candidates[0]
-    assert size is not None and nbytes is not None
-    allowed = [
-        a for a in candidates if a != GATHER_FOLD or nbytes * size <= model.gather_fold_max_bytes
-    ]
-    return min(allowed, key=lambda a: (model.seconds(a, size, nbytes), allowed.index(a)))
-
-
-def elementwise_combine(op: Operation) -> bool:
-    """Whether a `dist.all_reduce` may be combined chunk by chunk: native,
-    a recorded known combine, or an elementwise region."""
-    if not op.is_generic:  # type: ignore[attr-defined]
-        return True
-    return known_combine(op) is not None or is_elementwise_region(op.regions[0].block)
-
-
 def static_bytes(t: object) -> int | None:
     """Bytes of a statically shaped tensor type, or None."""
     shape = _shape(t)
@@ -457,17 +344,6 @@ def static_bytes(t: object) -> int | None:
     if width is None:
         return None
     return math.prod(shape) * max(1, width // 8)
-
-
-def default_algorithm(
-    op: Operation, size: int | None, model: CostModel = DEFAULT_COST_MODEL
-) -> str:
-    """The algorithm of a generic `dist.all_reduce` that records none: what
-    `select-all-reduce-algorithm` would record, for group size `size`."""
-    commutative = op.properties.get("commutative") is not None
-    return choose_algorithm(
-        elementwise_combine(op), commutative, size, static_bytes(op.operands[0].type), model
-    )
 
 
 def is_sum_reduction(op: LinalgReduceOp) -> bool:

@@ -65,11 +65,11 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from distir.errors import DistirError
+from distir.ir.all_reduce import AllReduceOp
 from distir.ir.attributes import ReductionKind
 from distir.ir.collectives import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
-    AllReduceOp,
     AssertReducedOp,
     AssertUniformOp,
     BroadcastOp,
@@ -95,9 +95,6 @@ Value = SSAValue | Operation
 GroupRef = SymbolRefAttr | str | None
 Peer = int | Value
 Body = Callable[..., Value | Sequence[Value] | None]
-
-HELPERS: dict[type[Operation], Callable[..., object]] = {}
-"""Op class -> the helper of this module that builds it."""
 
 
 class BuilderError(DistirError, ValueError):
@@ -184,16 +181,6 @@ def _located(helper: Callable) -> Callable:
         return result
 
     return build
-
-
-def _builds(*ops: type[Operation]) -> Callable[[Callable], Callable]:
-    def register(helper: Callable) -> Callable:
-        located = _located(helper)
-        for op in ops:
-            HELPERS[op] = located
-        return located
-
-    return register
 
 
 def _values(out: Value | Sequence[Value] | None) -> list[SSAValue]:
@@ -380,7 +367,7 @@ def math(name: str, *operands: Value) -> SSAValue:
 ###############################################################################
 
 
-@_builds(GroupOp)
+@_located
 def declare_group(name: str, subgroups: Sequence[Sequence[int]]) -> str:
     """`dist.group @name [[...], ...]` (subgroups of global ranks) at the
     current insertion point, which must be a module body; returns `name`,
@@ -389,7 +376,7 @@ def declare_group(name: str, subgroups: Sequence[Sequence[int]]) -> str:
     return name
 
 
-@_builds(MeshOp)
+@_located
 def declare_mesh(name: str, shape: Sequence[int], ranks: Sequence[int]) -> str:
     """`dist.mesh @name [shape] ranks [...]` (global ranks, row-major) at the
     current insertion point, which must be a module body; returns `name`.
@@ -403,25 +390,25 @@ def declare_mesh(name: str, shape: Sequence[int], ranks: Sequence[int]) -> str:
 ###############################################################################
 
 
-@_builds(RankOp)
+@_located
 def rank(group: GroupRef = None) -> SSAValue:
     """This rank within `group` (the world by default), as an index."""
     return RankOp(group).result
 
 
-@_builds(GroupSizeOp)
+@_located
 def group_size(group: GroupRef = None) -> SSAValue:
     """The number of ranks in `group`, as an index."""
     return GroupSizeOp(group).result
 
 
-@_builds(BroadcastOp)
+@_located
 def broadcast(x: Value, root: int | Value = 0, group: GroupRef = None) -> SSAValue:
     """Every rank gets `x` of group rank `root` (an int, or an index value)."""
     return BroadcastOp(x, root, group).result
 
 
-@_builds(YieldOp)
+@_located
 def make_combine_region(arg_types: Sequence[Attribute], combine: Body) -> Region:
     """A single-block region whose body `combine(*block_args)` builds,
     ended by a `dist.yield` of what it returns (`all_reduce(combine=...)`
@@ -432,7 +419,7 @@ def make_combine_region(arg_types: Sequence[Attribute], combine: Body) -> Region
     return Region(block)
 
 
-@_builds(AllReduceOp)
+@_located
 def all_reduce(
     x: Value,
     kind: ReductionKind | str | None = None,
@@ -456,7 +443,7 @@ def all_reduce(
     ).result
 
 
-@_builds(AllReduceAddCiphertextOp)
+@_located
 def all_reduce_add_ciphertext(
     ciphertext: Value,
     moduli: Value,
@@ -475,19 +462,19 @@ def all_reduce_add_ciphertext(
     ).result
 
 
-@_builds(AssertReducedOp)
+@_located
 def assert_reduced(limbs: Value, moduli: Value, *, max_modulus_bits: int | None = None) -> None:
     """The local check that every limb is reduced modulo its modulus."""
     AssertReducedOp(limbs, moduli, max_modulus_bits)
 
 
-@_builds(AssertUniformOp)
+@_located
 def assert_uniform(x: Value, *, group: GroupRef = None) -> None:
     """The collective check that every rank of the group passes the same `x`."""
     AssertUniformOp(x, group)
 
 
-@_builds(AllGatherOp)
+@_located
 def all_gather(
     x: Value,
     *,
@@ -502,7 +489,7 @@ def all_gather(
     return AllGatherOp(x, t, axis=axis, counts=counts, group=group).result
 
 
-@_builds(VariableAllToAllOp)
+@_located
 def variable_all_to_all(
     x: Value,
     send_counts: Value,
@@ -518,7 +505,7 @@ def variable_all_to_all(
     return op.result, op.recv_counts
 
 
-@_builds(WaveOp)
+@_located
 def wave(body: Callable[[], Value | Sequence[Value] | None]) -> tuple[SSAValue, ...]:
     """`dist.wave`: `body()` builds collectives and point-to-point ops, all
     submitted before any is awaited, and returns the values the wave
@@ -535,19 +522,19 @@ def wave(body: Callable[[], Value | Sequence[Value] | None]) -> tuple[SSAValue, 
 ###############################################################################
 
 
-@_builds(SendOp)
+@_located
 def send(x: Value, dest: Peer, group: GroupRef = None) -> None:
     """Sends `x` to group rank `dest` (an int, or an index value)."""
     SendOp(x, dest, group)
 
 
-@_builds(RecvOp)
+@_located
 def recv(source: Peer, result_type: TensorType, group: GroupRef = None) -> SSAValue:
     """Receives a tensor of `result_type` from group rank `source`."""
     return RecvOp(source, result_type, group).result
 
 
-@_builds(SendRecvOp)
+@_located
 def sendrecv(
     x: Value,
     dest: Peer,
@@ -561,7 +548,7 @@ def sendrecv(
     return SendRecvOp(x, dest, source, result_type, group).result
 
 
-@_builds(TransferOp)
+@_located
 def transfer(
     x: Value,
     *,
@@ -643,3 +630,25 @@ def _failing(module: ModuleOp, error: Exception) -> str:
         return " ".join(str(error).split())
     op, e = failure
     return f"{describe_op(op)}: {' '.join(str(e).split())}"
+
+
+HELPERS: dict[type[Operation], Callable[..., object]] = {
+    GroupOp: declare_group,
+    MeshOp: declare_mesh,
+    RankOp: rank,
+    GroupSizeOp: group_size,
+    BroadcastOp: broadcast,
+    YieldOp: make_combine_region,
+    AllReduceOp: all_reduce,
+    AllReduceAddCiphertextOp: all_reduce_add_ciphertext,
+    AssertReducedOp: assert_reduced,
+    AssertUniformOp: assert_uniform,
+    AllGatherOp: all_gather,
+    VariableAllToAllOp: variable_all_to_all,
+    WaveOp: wave,
+    SendOp: send,
+    RecvOp: recv,
+    SendRecvOp: sendrecv,
+    TransferOp: transfer,
+}
+"""Op class -> the helper of this module that builds it."""

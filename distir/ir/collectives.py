@@ -1,33 +1,34 @@
 """Collectives: every rank of the group executes them, in the same order.
 
-broadcast, all_reduce (native and generic), the ciphertext all-reduce and its
-local `assert_reduced` check, all_gather, variable_all_to_all, the `wave`
-that submits several at once, and `yield`, which ends a combine region or a
-wave.
+broadcast, the ciphertext all-reduce and its local `assert_reduced` check,
+all_gather, variable_all_to_all, the `wave` that submits several at once,
+and `yield`, which ends a combine region or a wave; `all_reduce` has its
+own module (`all_reduce.py`), with the facts about its combine.
 """
 
 from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
+from xdsl.dialects import arith, tensor
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     I64,
     IndexType,
     IntegerAttr,
     IntegerType,
     StringAttr,
     TensorType,
-    UnitAttr,
     i64,
 )
 from xdsl.dialects.utils import AbstractYieldOperation
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Operation, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
-    lazy_traits_def,
     operand_def,
     opt_operand_def,
     opt_prop_def,
@@ -35,18 +36,14 @@ from xdsl.irdl import (
     region_def,
     result_def,
     traits_def,
-    var_operand_def,
     var_result_def,
 )
-from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure
+from xdsl.traits import IsTerminator, OpTrait, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from distir.ir.analysis import non_commutative_witness
 from distir.ir.attributes import (
     CollectiveEffect,
     RaisesEffect,
-    ReductionKind,
-    ReductionKindAttr,
 )
 from distir.ir.facts import (
     AgreementRidesWithPayload,
@@ -55,16 +52,14 @@ from distir.ir.facts import (
     OperandRole,
     UniformResults,
 )
-from distir.ir.groups import GroupMemberOp, GroupName, group_property
-from distir.ir.known_combines import known_combine_error
+from distir.ir.groups import GroupMemberOp, GroupName, RankOp, group_property
 from distir.ir.p2p import PeerOp
 from distir.ir.syntax import (
-    CombineRegion,
     GroupRef,
-    OptionalEnum,
     SharedType,
     StaticOrDynamicRank,
 )
+from distir.ir.transpose import Cotangents, NoDerivative, Transposable, Transposer
 
 
 class CollectiveOp(GroupMemberOp, ABC):
@@ -73,11 +68,11 @@ class CollectiveOp(GroupMemberOp, ABC):
     traits = traits_def(CollectiveEffect(), EveryRankEnters())
 
 
-def _is_integer_tensor(t: Attribute) -> bool:
+def is_integer_tensor(t: Attribute) -> bool:
     return isinstance(t, TensorType) and isinstance(t.element_type, IntegerType)
 
 
-def _verify_same_type(op: IRDLOperation, what: str, got: Attribute, expected: Attribute) -> None:
+def verify_same_type(op: IRDLOperation, what: str, got: Attribute, expected: Attribute) -> None:
     if got != expected:
         raise VerifyException(
             f"'{op.name}' result type {got} must equal the {what} type {expected}"
@@ -90,7 +85,7 @@ def _verify_same_type(op: IRDLOperation, what: str, got: Attribute, expected: At
 
 
 @irdl_op_definition
-class BroadcastOp(CollectiveOp):
+class BroadcastOp(CollectiveOp, Transposable):
     """`y` on every rank equals `x` of group rank `root`.
 
     The root is a static attribute (`root 0`) or an index operand (`root %r`)
@@ -136,171 +131,17 @@ class BroadcastOp(CollectiveOp):
                 "'dist.broadcast' needs exactly one root: a static `root N` or an "
                 "index operand `root %r`"
             )
-        _verify_same_type(self, "input", self.result.type, self.input.type)
+        verify_same_type(self, "input", self.result.type, self.input.type)
         if self.root is not None:
             self.verify_static_rank("root", self.root.value.data)
 
-
-###############################################################################
-# All-reduce
-###############################################################################
-
-
-class CombineIsolatedFromAbove(IsolatedFromAbove):
-    """xDSL's IsolatedFromAbove (which cse and canonicalize respect), with a
-    message that says how to fix a combine region reading an outer value."""
-
-    def verify(self, op: Operation) -> None:
-        for region in op.regions:
-            for inner in region.walk():
-                for value in inner.operands:
-                    if not op.is_ancestor(value.owner) or value.owner is op:
-                        name = f"%{value.name_hint}" if value.name_hint else "a value"
-                        raise VerifyException(
-                            f"'{op.name}' combine region uses {name} defined outside it; "
-                            "pass it as an extra operand instead"
-                        )
-
-
-@irdl_op_definition
-class AllReduceOp(CollectiveOp):
-    """`y = x_0 ⊕ x_1 ⊕ … ⊕ x_{P-1}` on every rank, folded in rank order.
-
-    Native form: `dist.all_reduce sum %x : T` with a reduction kind the
-    backends provide natively. Generic form: a single-block `combine` region
-    whose block takes `(lhs, rhs, extra...)` and yields the combined value;
-    `extra` operands reach the region as trailing block arguments (this is how
-    RNS moduli reach a lowered ciphertext combine). The combine must be
-    associative; `commutative` allows any reduction order. `algorithm`
-    records a backend algorithm chosen by a pass.
-    """
-
-    name = "dist.all_reduce"
-
-    input = operand_def(TensorType)
-    extras = var_operand_def(TensorType)
-    kind = opt_prop_def(ReductionKindAttr)
-    commutative = opt_prop_def(UnitAttr)
-    algorithm = opt_prop_def(StringAttr)
-    result = result_def(TensorType)
-    combine = region_def()
-
-    # The combine region is a function of its block arguments only: values
-    # from outside travel as extra operands, and cse must not hoist into it.
-    traits = traits_def(
-        CollectiveEffect(), EveryRankEnters(), UniformResults(), CombineIsolatedFromAbove()
-    )
-    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
-        "input": OperandRole.PAYLOAD,
-        "extras": OperandRole.UNIFORM,
-    }
-
-    assembly_format = (
-        "custom<OptionalEnum>($kind) $input (`,` $extras^)? custom<GroupRef>($group) "
-        "(`commutative` $commutative^)? (`algorithm` $algorithm^)? attr-dict "
-        "`:` custom<SharedType>(type($input), type($result)) (`,` type($extras)^)? "
-        "custom<CombineRegion>($combine, ref(type($input)), ref(type($extras)))"
-    )
-    custom_directives = (OptionalEnum, GroupRef, SharedType, CombineRegion)
-
-    def __init__(
-        self,
-        input: SSAValue | Operation,
-        *,
-        kind: ReductionKind | None = None,
-        combine: Region | None = None,
-        extras: Sequence[SSAValue | Operation] = (),
-        commutative: bool = False,
-        algorithm: str | None = None,
-        group: GroupName = None,
-    ):
-        input = SSAValue.get(input)
-        props: dict[str, Attribute] = {}
-        if kind is not None:
-            props["kind"] = ReductionKindAttr(kind)
-        if commutative:
-            props["commutative"] = UnitAttr()
-        if algorithm is not None:
-            props["algorithm"] = StringAttr(algorithm)
-        group_property(props, group)
-        super().__init__(
-            operands=[input, [SSAValue.get(e) for e in extras]],
-            result_types=[input.type],
-            properties=props,
-            regions=[combine if combine is not None else Region()],
-        )
-
-    @property
-    def combine_block(self) -> Block:
-        return self.combine.block
-
-    @property
-    def is_generic(self) -> bool:
-        """True for the generic form (a combine region), False for a native kind."""
-        return self.kind is None
-
-    def verify_(self) -> None:
-        self.verify_group()
-        _verify_same_type(self, "input", self.result.type, self.input.type)
-        if not self.is_generic:
-            self._verify_native(self.kind)
-        else:
-            self._verify_generic()
-
-    def _verify_native(self, kind: ReductionKindAttr) -> None:
-        if self.combine.blocks:
-            raise VerifyException(
-                "'dist.all_reduce' takes a reduction kind or a combine region, not both"
-            )
-        if self.extras:
-            raise VerifyException("'dist.all_reduce' with a native kind takes no extra operands")
-        if kind.facts.integer_only and not _is_integer_tensor(self.input.type):
-            raise VerifyException(
-                f"'dist.all_reduce' kind {kind.data} needs an integer element type, "
-                f"got {self.input.type}"
-            )
-
-    def _verify_generic(self) -> None:
-        if len(self.combine.blocks) != 1:
-            raise VerifyException(
-                "'dist.all_reduce' needs a reduction kind or a single-block combine region"
-            )
-        block = self.combine.block
-        expected = [self.input.type, self.input.type, *(e.type for e in self.extras)]
-        got = [a.type for a in block.args]
-        if len(got) != len(expected):
-            raise VerifyException(
-                f"'dist.all_reduce' combine region must take {len(expected)} "
-                f"arguments (lhs, rhs, {len(self.extras)} extra), got {len(got)}"
-            )
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if g != e:
-                raise VerifyException(
-                    f"'dist.all_reduce' combine argument #{i} has type {g}, expected {e}"
-                )
-        last = block.last_op
-        if not isinstance(last, YieldOp):
-            raise VerifyException("'dist.all_reduce' combine region must end in `dist.yield`")
-        yielded = [v.type for v in last.arguments]
-        if yielded != [self.result.type]:
-            raise VerifyException(
-                "'dist.all_reduce' combine must yield one value of type "
-                f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
-            )
-        if self.commutative is not None:
-            witness = non_commutative_witness(block)
-            if witness is not None:
-                a, b, forward, backward = witness
-                raise VerifyException(
-                    f"'dist.all_reduce' is marked commutative but its combine is not: "
-                    f"combine({a}, {b}) = {forward} while combine({b}, {a}) = {backward} "
-                    f"(a reordered fold, e.g. the ring's, would give another result)"
-                )
-        # Backends run a recorded combine instead of the region: hold the
-        # region to it.
-        error = known_combine_error(self)
-        if error is not None:
-            raise VerifyException(error)
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """The summed cotangent, kept on the root (zeros elsewhere)."""
+        (ct,) = cotangents
+        assert ct is not None
+        total = t.all_reduce_sum(ct, self.group)
+        root = t.index(self.root.value.data) if self.root is not None else t.primal(self.root_value)  # type: ignore[arg-type]
+        return [t.on_rank(self.group, root, total), None]
 
 
 ###############################################################################
@@ -391,7 +232,7 @@ class AllReduceAddCiphertextOp(CollectiveOp):
                 f"'dist.all_reduce_add_ciphertext' has {n_moduli} moduli for "
                 f"{limbs} limbs (dimension -2 of {ct})"
             )
-        _verify_same_type(self, "ciphertext", self.result.type, ct)
+        verify_same_type(self, "ciphertext", self.result.type, ct)
         if self.max_modulus_bits is not None:
             bits = self.max_modulus_bits.value.data
             if not 2 <= bits <= 62:
@@ -448,7 +289,7 @@ class AssertReducedOp(IRDLOperation):
 
 
 @irdl_op_definition
-class AssertUniformOp(CollectiveOp):
+class AssertUniformOp(CollectiveOp, Transposable):
     """Fails on every rank of the group, naming this op, unless every rank
     passes the same value of `x` (same dtype, shape and elements). Lowerings
     that turn an operand a collective had to agree on into a local one emit
@@ -474,6 +315,9 @@ class AssertUniformOp(CollectiveOp):
     def verify_(self) -> None:
         self.verify_group()
 
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        return [None]  # a check: no result, no gradient
+
 
 ###############################################################################
 # Gathers and all-to-all
@@ -487,7 +331,7 @@ def _verify_axis(op: IRDLOperation, axis: int, t: TensorType) -> None:
 
 
 def _verify_counts_type(op: IRDLOperation, what: str, t: Attribute) -> None:
-    if not _is_integer_tensor(t):
+    if not is_integer_tensor(t):
         raise VerifyException(f"'{op.name}' {what} must be a tensor of integers, got {t}")
     assert isinstance(t, TensorType)
     if t.get_num_dims() != 1:
@@ -511,7 +355,7 @@ def _verify_same_except_axis(op: IRDLOperation, axis: int, a: TensorType, b: Ten
 
 
 @irdl_op_definition
-class AllGatherOp(CollectiveOp):
+class AllGatherOp(CollectiveOp, Transposable):
     """Concatenation along `axis` of every rank's `x`, in rank order.
 
     Even form: every rank contributes the same shape. Uneven form
@@ -586,9 +430,50 @@ class AllGatherOp(CollectiveOp):
                 f"must be a multiple of the input rows ({rows_in})"
             )
 
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """The summed cotangent, then this rank's slice of it (at rank x rows,
+        or after the counts of the lower ranks)."""
+        (ct,) = cotangents
+        assert ct is not None
+        x = self.input
+        axis = self.axis.value.data
+        total = t.all_reduce_sum(ct, self.group)
+        me = t.emit(RankOp(self.group)).results[0]
+        sizes = t.shape_of(x, primal=True)
+        if self.counts is None:
+            rows = sizes[axis]
+            rows_value = t.index(rows) if isinstance(rows, int) else rows
+            offset = t.binary(arith.MuliOp, me, rows_value)
+        else:
+            offset = self._rows_before(t, me)
+        offsets: list[SSAValue | int] = [0] * len(sizes)
+        offsets[axis] = offset
+        sliced = tensor.ExtractSliceOp(total, offsets, sizes, [1] * len(sizes), x.type)
+        return [t.emit(sliced).results[0], None]
+
+    def _rows_before(self, t: Transposer, me: SSAValue) -> SSAValue:
+        """Σ_{j < rank} counts[j], unrolled over the counts' static length."""
+        counts_type = self.counts.type  # type: ignore[union-attr]
+        assert isinstance(counts_type, TensorType)
+        (n,) = counts_type.get_shape()
+        if n == DYNAMIC_INDEX:
+            raise NoDerivative(
+                "the backward of an uneven all-gather needs counts of static length (tensor<Pxi64>)"
+            )
+        counts = t.primal(self.counts)  # type: ignore[arg-type]
+        element = counts_type.element_type
+        total = t.emit(arith.ConstantOp(IntegerAttr(0, element))).results[0]  # type: ignore[arg-type]
+        zero = total
+        for j in range(n):
+            count = t.emit(tensor.ExtractOp(counts, [t.index(j)], element)).results[0]
+            lower = t.emit(arith.CmpiOp(t.index(j), me, "ult")).results[0]
+            kept = t.emit(arith.SelectOp(lower, count, zero)).results[0]
+            total = t.binary(arith.AddiOp, total, kept)
+        return t.emit(arith.IndexCastOp(total, IndexType())).results[0]
+
 
 @irdl_op_definition
-class VariableAllToAllOp(CollectiveOp):
+class VariableAllToAllOp(CollectiveOp, Transposable):
     """Exchange of variable-size row blocks along `axis`.
 
     Rank r splits its `x` along the axis into P blocks of `send_counts[j]`
@@ -658,6 +543,18 @@ class VariableAllToAllOp(CollectiveOp):
                 f"'dist.variable_all_to_all' send counts has {n} entries for a group of size {size}"
             )
 
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """The reverse exchange: the cotangent sent back with the counts swapped."""
+        ct = t.or_zeros(cotangents[0], self.result)
+        back = VariableAllToAllOp(
+            ct,
+            t.primal(self.recv_counts),
+            self.input.type,
+            axis=self.axis.value.data,
+            group=self.group,
+        )  # type: ignore[arg-type]
+        return [t.emit(back).results[0], None]
+
 
 ###############################################################################
 # Waves and the region terminator
@@ -715,19 +612,26 @@ class WaveOp(IRDLOperation):
             )
 
 
+@dataclass(frozen=True)
+class HasParentNamed(OpTrait):
+    """xDSL's `HasParent`, by op name: the all-reduce is defined in a module
+    that imports this one (for `CollectiveOp` and `YieldOp`), so its class
+    cannot be named here without an import cycle."""
+
+    names: tuple[str, ...]
+
+    def verify(self, op: Operation) -> None:
+        parent = op.parent_op()
+        if parent is None or parent.name in self.names:  # detached: not checked
+            return
+        names = ", ".join(f"'{name}'" for name in self.names)
+        raise VerifyException(f"'{op.name}' expects parent op to be one of {names}")
+
+
 @irdl_op_definition
 class YieldOp(AbstractYieldOperation[Attribute]):
     """Terminates a combine region (the combined value) or a wave (its results)."""
 
     name = "dist.yield"
 
-    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(AllReduceOp, WaveOp), Pure()))
-
-
-COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
-    BroadcastOp,
-    AllReduceOp,
-    AllReduceAddCiphertextOp,
-    AllGatherOp,
-    VariableAllToAllOp,
-)
+    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.wave")), Pure())

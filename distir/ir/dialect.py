@@ -9,7 +9,8 @@ subgroup that contains it.
 
 The ops live with their family, each with its semantics, syntax and
 verifier: `attributes` (reduction kinds and their facts, effects), `groups`
-(group declarations, rank queries), `collectives`, `p2p`, `mesh` (meshes and
+(group declarations, rank queries), `all_reduce`, `collectives` (the other
+collectives), `p2p`, `mesh` (meshes and
 transfers); `syntax` holds the custom directives their formats share. This
 module holds the `Dist` dialect object and re-exports every name, so
 `from distir.ir.dialect import X` works for all of them.
@@ -20,6 +21,7 @@ from __future__ import annotations
 from xdsl.ir import Dialect
 from xdsl.irdl import IRDLOperation
 
+from distir.ir.all_reduce import AllReduceOp, CombineIsolatedFromAbove
 from distir.ir.attributes import (
     ASSUMED_GROUP_SIZE,
     BITWISE_KINDS,
@@ -31,15 +33,12 @@ from distir.ir.attributes import (
     ReductionKindFacts,
 )
 from distir.ir.collectives import (
-    COLLECTIVE_OPS,
     AllGatherOp,
     AllReduceAddCiphertextOp,
-    AllReduceOp,
     AssertReducedOp,
     AssertUniformOp,
     BroadcastOp,
     CollectiveOp,
-    CombineIsolatedFromAbove,
     VariableAllToAllOp,
     WaveOp,
     YieldOp,
@@ -55,6 +54,14 @@ from distir.ir.groups import (
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
 from distir.ir.syntax import REPLICATED
+
+COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
+    BroadcastOp,
+    AllReduceOp,
+    AllReduceAddCiphertextOp,
+    AllGatherOp,
+    VariableAllToAllOp,
+)
 
 _OPS: tuple[type[IRDLOperation], ...] = (
     GroupOp,

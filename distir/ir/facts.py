@@ -9,6 +9,10 @@ Each op declares its facts once, on its class, as data:
   `AgreementRidesWithPayload` (the op's own first exchange carries its
   precondition check, so the run never hoists it) and `LocalCheck` (the op
   looks at local data only and runs as a local kernel);
+- `ChoosesAlgorithm`, a base class: the op is run by one of several named
+  algorithms, recorded on it or chosen for the group size at plan time;
+- `DescribesPlan`, a base class: the op's traffic is decided at compile
+  time and prints as IR comments;
 - `OPERAND_ROLES`, a class attribute mapping each operand definition's name
   to an `OperandRole`: what the operand means to the op, which says what
   ranks must agree on before the payload moves and what valid inputs look
@@ -20,6 +24,7 @@ input synthesis all read the same declarations.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from enum import auto
 
@@ -82,6 +87,31 @@ class LocalCheck(OpTrait):
     """The op checks this rank's own data and talks to no other rank
     (`dist.assert_reduced`): it runs as a local kernel, like arith, not
     through a backend implementation or the agreement protocol."""
+
+
+class ChoosesAlgorithm(ABC):
+    """An op that several named implementations (algorithms) can run: the
+    planner binds the one its program records, else the op's default for
+    the group size, chosen again when the program binds to a group (the
+    generic all-reduce: ring, halving-doubling, ...)."""
+
+    @abstractmethod
+    def recorded_algorithm(self) -> str | None:
+        """The algorithm the program records on the op (a pass's choice)."""
+
+    @abstractmethod
+    def default_algorithm(self, size: int | None) -> str | None:
+        """The algorithm to run on a group of `size` ranks (None: unknown)
+        when none is recorded; None: the registry's default implementation."""
+
+
+class DescribesPlan(ABC):
+    """An op whose traffic is decided at compile time (the mesh transfer's
+    map) and can be shown before it runs (`print-transfer-maps`)."""
+
+    @abstractmethod
+    def describe_plan(self, named: str) -> str:
+        """The plan as `//` comment lines, the op called `named` in them."""
 
 
 def operand_roles(op: Operation) -> Iterator[tuple[SSAValue, OperandRole]]:

@@ -1,15 +1,25 @@
-"""Meshes and mesh-to-mesh transfers.
+"""Meshes and mesh-to-mesh transfers: `dist.mesh`, `dist.transfer` and the
+transfer map.
 
 The rules of what a valid mesh and a valid layout are live in
 `distir.ir.layouts`, once; the verifiers here build its `Mesh` and `Layout`
-values and report its errors as the op's. What a transfer moves (its
-`TransferPlan`, with the map of `distir.ir.transfers`) is read from the op.
+values and report its errors as the op's.
+
+The transfer map between a source (mesh, layout) and a destination (mesh,
+layout) lists, for every destination rank, exactly the pieces it must
+receive and from whom, in the spirit of Etha's M2M map and DTensor's
+redistribute, but across two groups of ranks that may be disjoint or
+overlap. It is pure data (no torch), computed once per op at compile time
+(`TransferOp.transfer_plan`): the Torch backend executes it as batched
+point-to-point sends, the reference semantics applies it element by
+element, and `print-transfer-maps` prints it (`TransferOp.describe_plan`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -36,10 +46,10 @@ from xdsl.traits import HasParent, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
 from distir.ir.attributes import CollectiveEffect
-from distir.ir.facts import EveryRankEnters, OperandRole
-from distir.ir.layouts import Layout, Mesh, check_layout, check_shape, local_box
+from distir.ir.facts import DescribesPlan, EveryRankEnters, OperandRole
+from distir.ir.layouts import Box, Layout, Mesh, check_layout, check_shape, local_box
 from distir.ir.syntax import REPLICATED, MeshLayout
-from distir.ir.transfers import TransferPlan, transfer_map
+from distir.ir.transpose import Cotangents, Transposable, Transposer
 
 Dims = Sequence[int | None]
 """A layout as builders take it: per tensor dim a mesh axis, or None (replicated)."""
@@ -56,6 +66,255 @@ def _reported_as(prefix: str) -> Iterator[None]:
 
 def _i64_array(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, list(values))
+
+
+###############################################################################
+# The transfer map
+###############################################################################
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One piece of a mesh-to-mesh transfer: ``box`` of the global tensor, src -> dst.
+
+    ``src_offsets`` and ``dst_offsets`` locate the box inside the source's and
+    the destination's local shards. When ``partial`` is true the piece is one
+    addend of a partial sum and the destination adds it on arrival; otherwise
+    it is a plain copy and no other transfer writes those elements.
+    ``src_rank == dst_rank`` is a local copy.
+    """
+
+    src_rank: int
+    dst_rank: int
+    box: Box
+    src_offsets: tuple[int, ...]
+    dst_offsets: tuple[int, ...]
+    partial: bool = False
+
+    @property
+    def numel(self) -> int:
+        """Number of elements carried."""
+        return self.box.numel
+
+    @property
+    def is_local(self) -> bool:
+        """True when source and destination are the same rank (no communication)."""
+        return self.src_rank == self.dst_rank
+
+    def scaled(self, factors: Sequence[int]) -> Transfer:
+        """This transfer with every box coordinate multiplied per dim by ``factors``."""
+        return replace(
+            self,
+            box=self.box.scaled(factors),
+            src_offsets=tuple(o * f for o, f in zip(self.src_offsets, factors)),
+            dst_offsets=tuple(o * f for o, f in zip(self.dst_offsets, factors)),
+        )
+
+
+def _sort_key(transfer: Transfer) -> tuple:
+    return (transfer.dst_rank, transfer.box.offsets, transfer.src_rank)
+
+
+@dataclass(frozen=True)
+class _SourceShard:
+    """The ranks of the source mesh that hold one shard (one source box).
+
+    ``groups[r]`` is the partial group of replica ``r``: the ranks that differ
+    only along partial axes (a single rank when the layout is not partial).
+    Replicas are numbered row-major over the replicated axes.
+    """
+
+    box: Box
+    groups: tuple[tuple[int, ...], ...]
+
+
+def _source_shards(mesh: Mesh, layout: Layout, global_shape: tuple[int, ...]) -> list[_SourceShard]:
+    sharding = layout.sharding_axes
+    replicated = layout.replicated_axes(mesh)
+    partial = layout.partial
+    members: dict[tuple, dict[tuple, list[tuple[tuple, int]]]] = {}
+    for rank in mesh.ranks:
+        coord = mesh.coordinate(rank)
+        shard_key = tuple(coord[a] for a in sharding)
+        replica_key = tuple(coord[a] for a in replicated)
+        partial_key = tuple(coord[a] for a in partial)
+        members.setdefault(shard_key, {}).setdefault(replica_key, []).append((partial_key, rank))
+    shards = []
+    for shard_key in sorted(members):
+        replicas = members[shard_key]
+        groups = tuple(tuple(rank for _, rank in sorted(replicas[key])) for key in sorted(replicas))
+        box = local_box(mesh, layout, global_shape, groups[0][0])
+        shards.append(_SourceShard(box, groups))
+    return shards
+
+
+def transfer_map(
+    src_mesh: Mesh,
+    src_layout: Layout,
+    dst_mesh: Mesh,
+    dst_layout: Layout,
+    global_shape: Sequence[int],
+) -> list[Transfer]:
+    """Every piece each destination rank needs to build its local shard from the source.
+
+    If the source is not partial, each element of each destination's local
+    box arrives exactly once, from one source rank. If the source is partial
+    over axes A, it arrives once from every member of one partial group (the
+    ranks differing only along A), as transfers marked ``partial`` that the
+    destination sums (a partial group of one rank is a plain copy).
+
+    When a source shard has several replicas (partial groups, if partial),
+    each destination reading it picks one: a destination that is itself a
+    member of one (the meshes overlap) reads that one, so part of the data is
+    a local copy; the other readers, ordered by the piece they need and then
+    by destination-mesh index, take the replicas round-robin, starting with
+    those that serve no local reader. Destinations needing the same piece thus
+    read from different replicas, and the remote reads of a shard are
+    balanced across its replicas to within one. The choice depends only on
+    which boxes intersect, so it is the same for every shape divisible by the
+    symbolic grid.
+
+    Empty pieces are omitted. The list is sorted by (dst rank, box offsets,
+    src rank).
+    """
+    global_shape = check_shape(global_shape, "global shape")
+    src_layout.check(src_mesh, global_shape)
+    dst_layout.check(dst_mesh, global_shape)
+    if dst_layout.partial:
+        raise ValueError(
+            f"destination layout is partial over mesh axes {dst_layout.partial}; "
+            "a transfer must deliver whole values"
+        )
+    dst_boxes = [
+        (rank, local_box(dst_mesh, dst_layout, global_shape, rank)) for rank in dst_mesh.ranks
+    ]
+    transfers: list[Transfer] = []
+    for shard in _source_shards(src_mesh, src_layout, global_shape):
+        readers = [
+            (rank, dst_box, piece)
+            for rank, dst_box in dst_boxes
+            if (piece := shard.box.intersect(dst_box)) is not None
+        ]
+        local_replica = {
+            rank: replica for replica, group in enumerate(shard.groups) for rank in group
+        }
+        serving_local = {local_replica[rank] for rank, _, _ in readers if rank in local_replica}
+        rotation = [r for r in range(len(shard.groups)) if r not in serving_local]
+        rotation += sorted(serving_local)
+        # Readers of the same piece are consecutive in the round-robin order, so
+        # they land on different replicas, and every replica serves within one
+        # reader of the others.
+        remote = sorted(
+            (i for i, (rank, _, _) in enumerate(readers) if rank not in local_replica),
+            key=lambda i: (readers[i][2].offsets, readers[i][2].sizes, i),
+        )
+        chosen = dict(local_replica)
+        for turn, i in enumerate(remote):
+            chosen[readers[i][0]] = rotation[turn % len(rotation)]
+        for rank, dst_box, piece in readers:
+            group = shard.groups[chosen[rank]]
+            for src_rank in group:
+                transfers.append(
+                    Transfer(
+                        src_rank=src_rank,
+                        dst_rank=rank,
+                        box=piece,
+                        src_offsets=piece.relative_to(shard.box.offsets),
+                        dst_offsets=piece.relative_to(dst_box.offsets),
+                        partial=len(group) > 1,
+                    )
+                )
+    transfers.sort(key=_sort_key)
+    return transfers
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """Everything a `dist.transfer` moves, decided at compile time: both
+    meshes and layouts, the global shape, the transfer map, and the shape of
+    the (empty) result of a rank outside the destination mesh."""
+
+    source_mesh: Mesh
+    source_layout: Layout
+    dest_mesh: Mesh
+    dest_layout: Layout
+    global_shape: tuple[int, ...]
+    transfers: tuple[Transfer, ...]
+    #: size 0 along the result type's dynamic dims, its static dims as declared
+    outside_shape: tuple[int, ...]
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The global ranks of either mesh, in increasing order."""
+        return tuple(sorted(set(self.source_mesh.ranks) | set(self.dest_mesh.ranks)))
+
+    def dest_box(self, rank: int) -> Box:
+        """The box of the global tensor that destination `rank` receives."""
+        return local_box(self.dest_mesh, self.dest_layout, self.global_shape, rank)
+
+    def source_box(self, rank: int) -> Box:
+        """The box of the global tensor that source `rank` holds."""
+        return local_box(self.source_mesh, self.source_layout, self.global_shape, rank)
+
+
+def format_transfer_map(
+    transfers: Iterable[Transfer], itemsize: int = 4, *, coordinates: str = "global"
+) -> str:
+    """A fixed-width table of a transfer map, one row per transfer, and a total line.
+
+    Columns: ``src rank | src slice | -> | dst rank | dst slice | bytes | note``.
+    Slices print numpy-style (``[0:2, 4:8]``) in global coordinates, or, with
+    ``coordinates="local"``, inside the source's and the destination's local
+    shards. The note is ``partial (summed on arrival)`` and/or ``local copy``.
+    """
+    if coordinates not in ("global", "local"):
+        raise ValueError(f"coordinates must be 'global' or 'local', not {coordinates!r}")
+    transfers = list(transfers)
+    header = ("src rank", "src slice", "->", "dst rank", "dst slice", "bytes", "note")
+    rows = []
+    for t in transfers:
+        if coordinates == "global":
+            src_slice = dst_slice = str(t.box)
+        else:
+            src_slice = str(Box(t.src_offsets, t.box.sizes))
+            dst_slice = str(Box(t.dst_offsets, t.box.sizes))
+        notes = []
+        if t.partial:
+            notes.append("partial (summed on arrival)")
+        if t.is_local:
+            notes.append("local copy")
+        rows.append(
+            (
+                str(t.src_rank),
+                src_slice,
+                "->",
+                str(t.dst_rank),
+                dst_slice,
+                str(t.numel * itemsize),
+                ", ".join(notes),
+            )
+        )
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    right_aligned = {0, 3, 5}
+
+    def line(cells: Sequence[str]) -> str:
+        padded = (
+            cell.rjust(width) if i in right_aligned else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths))
+        )
+        return " | ".join(padded).rstrip()
+
+    lines = [line(header), "-+-".join("-" * width for width in widths)]
+    lines += [line(row) for row in rows]
+    total_bytes = sum(t.numel for t in transfers) * itemsize
+    local = sum(1 for t in transfers if t.is_local)
+    lines.append(f"{len(transfers)} transfers, {total_bytes} bytes, {local} local")
+    return "\n".join(lines)
+
+
+###############################################################################
+# The ops
+###############################################################################
 
 
 @irdl_op_definition
@@ -102,7 +361,7 @@ class MeshOp(IRDLOperation):
 
 
 @irdl_op_definition
-class TransferOp(IRDLOperation):
+class TransferOp(IRDLOperation, DescribesPlan, Transposable):
     """Moves a logically global tensor from one mesh layout to another.
 
     The global tensor has shape `global`. On the source mesh each tensor
@@ -254,3 +513,44 @@ class TransferOp(IRDLOperation):
             with _reported_as(f"'dist.transfer' {what} "):
                 mesh = None if meshes is None else meshes[index].as_mesh()
                 check_layout(dims, axes, mesh, shape)
+
+    def describe_plan(self, named: str) -> str:
+        """The transfer map as `//` comment lines (valid IR around them): a
+        title naming the op as `named` (its location is the parser's to
+        format), both meshes and the global shape, then the table of
+        `format_transfer_map` in the element type's bytes."""
+        plan = self.transfer_plan()
+        src_mesh, dst_mesh, shape = plan.source_mesh, plan.dest_mesh, plan.global_shape
+        element = self.input.type.element_type if isinstance(self.input.type, TensorType) else None
+        width = getattr(getattr(element, "width", None), "data", None)
+        if width is None:
+            width = getattr(element, "bitwidth", 32)
+        itemsize = max(1, width // 8)
+        table = format_transfer_map(plan.transfers, itemsize)
+        title = (
+            f"transfer map of {named}: @{src_mesh.name} {list(src_mesh.shape)} -> "
+            f"@{dst_mesh.name} {list(dst_mesh.shape)}, global shape {list(shape)}"
+        )
+        return "\n".join(f"// {line}".rstrip() for line in [title, *table.splitlines()])
+
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """The transfer back (destination -> source), the cotangent partial
+        over the mesh axes the destination replicates (a partial source
+        receives the replicated cotangent, summed on arrival)."""
+        (ct,) = cotangents
+        assert ct is not None
+        source_dims, _partial, dest_dims = self.layouts()
+        _, dest_mesh = self.meshes()
+        used = {d for d in dest_dims if d is not None}
+        replicated = [a for a in range(len(dest_mesh.shape.get_values())) if a not in used]
+        back = TransferOp(
+            ct,
+            source_mesh=self.dest_mesh.root_reference.data,
+            source_layout=dest_dims,
+            source_partial=replicated,
+            dest_mesh=self.source_mesh.root_reference.data,
+            dest_layout=source_dims,
+            global_shape=self.global_shape.get_values(),
+            result_type=self.input.type,  # type: ignore[arg-type]
+        )
+        return [t.emit(back).results[0]]

@@ -27,12 +27,13 @@ from distir.ir.attributes import CollectiveEffect
 from distir.ir.facts import OperandRole
 from distir.ir.groups import GroupMemberOp, GroupName, group_property
 from distir.ir.syntax import GroupRef, StaticOrDynamicRank
+from distir.ir.transpose import Cotangents, Transposable, Transposer
 
 Peer = int | SSAValue | Operation
 """A peer as builders take it: a static group rank or an index value."""
 
 
-class PeerOp(GroupMemberOp, ABC):
+class PeerOp(GroupMemberOp, Transposable, ABC):
     """A point-to-point op: only the two ranks involved take part.
 
     Unlike collectives, point-to-point ops may sit under rank-dependent
@@ -46,11 +47,19 @@ class PeerOp(GroupMemberOp, ABC):
 
     custom_directives = (StaticOrDynamicRank, GroupRef)
 
+    # The peer's transposed op is always emitted: this one must be too.
+    TRANSPOSED_WITHOUT_COTANGENT: ClassVar[bool] = True
+
     def peer(self, which: str) -> int | SSAValue:
         """The `"dest"` or `"source"` rank: its static value, or the index
         operand that holds it."""
         attr = self.properties.get(which)
         return attr.value.data if isinstance(attr, IntegerAttr) else getattr(self, f"{which}_value")
+
+    def peer_in_backward(self, t: Transposer, which: str) -> int | SSAValue:
+        """`peer(which)` as the backward function reads it."""
+        peer = self.peer(which)
+        return peer if isinstance(peer, int) else t.primal(peer)
 
     def _verify_peer(self, attr: IntegerAttr | None, value: SSAValue | None, what: str) -> None:
         if (attr is None) == (value is None):
@@ -92,6 +101,11 @@ class SendOp(PeerOp):
         self.verify_group()
         self._verify_peer(self.dest, self.dest_value, "destination")
 
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """A receive from the destination."""
+        received = RecvOp(self.peer_in_backward(t, "dest"), self.input.type, self.group)  # type: ignore[arg-type]
+        return [t.emit(received).results[0], None]
+
 
 @irdl_op_definition
 class RecvOp(PeerOp):
@@ -119,6 +133,12 @@ class RecvOp(PeerOp):
     def verify_(self) -> None:
         self.verify_group()
         self._verify_peer(self.source, self.source_value, "source")
+
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """A send of the cotangent (zeros when none) to the source."""
+        ct = t.or_zeros(cotangents[0], self.result)
+        t.emit(SendOp(ct, self.peer_in_backward(t, "source"), self.group))
+        return [None] * len(self.operands)
 
 
 @irdl_op_definition
@@ -173,6 +193,18 @@ class SendRecvOp(PeerOp):
         self.verify_group()
         self._verify_peer(self.dest, self.dest_value, "destination")
         self._verify_peer(self.source, self.source_value, "source")
+
+    def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
+        """The reverse exchange: to the source, from the destination."""
+        ct = t.or_zeros(cotangents[0], self.result)
+        back = SendRecvOp(
+            ct,
+            self.peer_in_backward(t, "source"),
+            self.peer_in_backward(t, "dest"),
+            self.input.type,  # type: ignore[arg-type]
+            self.group,
+        )
+        return [t.emit(back).results[0], None, None]
 
 
 PEER_OPS: tuple[type[PeerOp], ...] = (SendOp, RecvOp, SendRecvOp)

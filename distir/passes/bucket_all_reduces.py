@@ -63,22 +63,10 @@ from xdsl.pattern_rewriter import (
 )
 from xdsl.rewriter import InsertPoint
 
+from distir.ir.analysis import static_bytes
 from distir.ir.dialect import AllReduceOp, CollectiveOp, WaveOp
 from distir.passes._rewrite_utils import rewrite_once, with_location
 from distir.passes.options import check_options, option
-
-
-def payload_bytes(t: TensorType) -> int | None:
-    """Bytes of a statically shaped tensor of a sized element type."""
-    shape = t.get_shape()
-    if any(d < 0 for d in shape):
-        return None
-    width = getattr(t.element_type, "bitwidth", None)
-    if width is None:
-        width = getattr(getattr(t.element_type, "width", None), "data", None)
-    if width is None:
-        return None
-    return math.prod(shape) * max(1, width // 8)
 
 
 def _key(op: AllReduceOp) -> tuple:
@@ -115,21 +103,21 @@ class AllReduceWaveBucketing(RewritePattern):
         t = op.input.type
         if not isinstance(t, TensorType) or t.get_num_dims() < 1:
             return False
-        size = payload_bytes(t)
+        size = static_bytes(t)
         return size is not None and size <= self.max_op_bytes
 
     def wave(self, first: AllReduceOp) -> list[AllReduceOp]:
         key = _key(first)
         members = [first]
         results: set[SSAValue] = {first.result}
-        total = payload_bytes(first.input.type) or 0
+        total = static_bytes(first.input.type) or 0
         op = first.next_op
         while op is not None:
             if _uses_any(op, results) or _has_barrier(op):
                 break
             if self.candidate(op) and _key(op) == key:
                 assert isinstance(op, AllReduceOp)
-                size = payload_bytes(op.input.type) or 0
+                size = static_bytes(op.input.type) or 0
                 if total + size > self.bucket_bytes:
                     break
                 members.append(op)

@@ -54,6 +54,7 @@ from xdsl.pattern_rewriter import (
 )
 
 from distir.he.modular import int64_sum_is_exact
+from distir.ir.all_reduce import broadcast_moduli
 from distir.ir.dialect import (
     ASSUMED_GROUP_SIZE,
     AllReduceAddCiphertextOp,
@@ -62,7 +63,6 @@ from distir.ir.dialect import (
     AssertUniformOp,
     ReductionKind,
 )
-from distir.ir.known_combines import broadcast_moduli
 from distir.ir.parsing import format_location
 from distir.passes._rewrite_utils import rewrite_once, with_location
 from distir.passes.options import check_options, option

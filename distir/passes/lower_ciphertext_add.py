@@ -69,8 +69,8 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp, YieldOp
-from distir.ir.known_combines import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
+from distir.ir.all_reduce import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
+from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp
 from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
@@ -95,7 +95,7 @@ class CiphertextAddLowering(RewritePattern):
         assert isinstance(moduli.type, TensorType)
         reduce = AllReduceOp(
             op.input,
-            combine=modular_add_region(ct_type, moduli.type, YieldOp),
+            combine=modular_add_region(ct_type, moduli.type),
             extras=[moduli],
             commutative=True,
             group=op.group,

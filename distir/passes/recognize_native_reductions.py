@@ -37,17 +37,16 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.analysis import native_kind as region_native_kind
 from distir.ir.dialect import AllReduceOp, ReductionKind
 from distir.passes._rewrite_utils import rewrite_once, with_location
 
 
 def native_kind(op: AllReduceOp) -> ReductionKind | None:
-    """The native kind a generic all-reduce computes, if its region is one
-    recognised op on (lhs, rhs) (`ir.analysis.native_kind`)."""
-    if not op.is_generic or op.algorithm is not None or len(op.combine.blocks) != 1:
+    """The native kind a generic all-reduce that records no algorithm
+    computes (`AllReduceOp.computed_kind`)."""
+    if not op.is_generic or op.algorithm is not None:
         return None
-    return region_native_kind(op.combine.block)
+    return op.computed_kind()
 
 
 @dataclass

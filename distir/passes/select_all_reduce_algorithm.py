@@ -20,7 +20,7 @@ The choice follows from what the region allows and what it costs. Allowed:
   whole tensors, log2(P) rounds, rank order kept;
 - `gather-fold` for small messages (P copies of the message in memory).
 
-Among those, `ir.analysis.choose_algorithm` picks the cheapest under an
+Among those, `ir.all_reduce.choose_algorithm` picks the cheapest under an
 alpha-beta cost model (per round, per byte sent, per byte combined; the
 constants are measured by `distir-bench --fit`) when the group size is known
 (a declared group, or the `group-size` option) and the shape is static;
@@ -58,11 +58,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.analysis import (
-    candidate_algorithms,
-    default_algorithm,
-    elementwise_combine,
-)
+from distir.ir.all_reduce import candidate_algorithms
 from distir.ir.dialect import AllReduceOp
 from distir.passes._rewrite_utils import rewrite_once
 from distir.passes.options import check_options, option
@@ -79,7 +75,7 @@ class AlgorithmChoice:
     group_size: int | None = None
 
     def for_op(self, op: AllReduceOp) -> str:
-        if not elementwise_combine(op):
+        if not op.elementwise:
             override = self.whole
         elif op.commutative is not None:
             override = self.commutative
@@ -87,7 +83,9 @@ class AlgorithmChoice:
             override = self.ordered
         if override is not None:
             return override
-        return default_algorithm(op, op.static_group_size() or self.group_size)
+        algorithm = op.default_algorithm(op.static_group_size() or self.group_size)
+        assert algorithm is not None  # a generic all-reduce always has one
+        return algorithm
 
 
 @dataclass

@@ -36,6 +36,11 @@ Collective rules (JAX's transposes, written with distir's own ops):
                               receives the replicated cotangent)
     wave                  ->  a wave of its ops' transposes
 
+Each dist op declares its rule with its definition, in `ir/`
+(`Transposable.transpose`, called through the `Transposer` interface that
+`_Transposer` implements); the local rules below are `LOCAL_RULES`, a
+literal table.
+
 Local rules: arith (addf, subf, mulf, divf, negf, select with a scalar or
 elementwise condition, extf, truncf), tensor (extract, insert, splat,
 extract_slice of unit strides, concat, cast), `linalg.broadcast` (a sum
@@ -86,22 +91,11 @@ from xdsl.passes import ModulePass
 
 from distir.errors import NotDifferentiable
 from distir.ir import tensor_arith
-from distir.ir.analysis import is_sum_reduction, native_kind
-from distir.ir.collectives import CollectiveOp
-from distir.ir.dialect import (
-    AllGatherOp,
-    AllReduceOp,
-    AssertUniformOp,
-    BroadcastOp,
-    RankOp,
-    ReductionKind,
-    VariableAllToAllOp,
-    WaveOp,
-    YieldOp,
-)
-from distir.ir.mesh import TransferOp
-from distir.ir.p2p import PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ir.all_reduce import sum_all_reduce
+from distir.ir.analysis import is_sum_reduction
+from distir.ir.dialect import CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
 from distir.ir.parsing import describe_op, function_named
+from distir.ir.transpose import Cotangents, NoDerivative, Transposable
 from distir.passes._rewrite_utils import with_location
 
 #: element types that carry gradients
@@ -249,22 +243,7 @@ def _forward(function: func.FuncOp, name: str, residuals: Sequence[SSAValue]) ->
 
 
 #: (transposer, op, result cotangents) -> operand cotangents (None: none)
-TransposeRule = Callable[
-    ["_Transposer", Operation, list[SSAValue | None]], Sequence[SSAValue | None]
-]
-
-TRANSPOSE_RULES: dict[type[Operation], TransposeRule] = {}
-
-
-def transpose_rule(*op_types: type[Operation]) -> Callable[[TransposeRule], TransposeRule]:
-    """Registers the transpose rule of ops (beside the op's other rules)."""
-
-    def register(rule: TransposeRule) -> TransposeRule:
-        for op_type in op_types:
-            TRANSPOSE_RULES[op_type] = rule
-        return rule
-
-    return register
+TransposeRule = Callable[["_Transposer", Operation, list[SSAValue | None]], Cotangents]
 
 
 def _needs_rule(op: Operation) -> bool:
@@ -275,11 +254,6 @@ def _needs_rule(op: Operation) -> bool:
     if any(is_float(r.type) for r in op.results) and (op.name.startswith("dist.") or op.regions):
         return True
     return any(_needs_rule(inner) for region in op.regions for inner in region.walk())
-
-
-#: point-to-point ops transpose even when their cotangent is zero: the peer's
-#: transposed op (always emitted) must find its partner
-_ALWAYS = (SendOp, RecvOp, SendRecvOp)
 
 
 @dataclass
@@ -339,18 +313,23 @@ class _Transposer:
             if isinstance(op, scf.IfOp):
                 self.transpose_if(op)
                 continue
-            rule = TRANSPOSE_RULES.get(type(op))
+            rule = _rule(op)
             if rule is None:
                 raise NotDifferentiable(
                     f"{describe_op(op)}: '{op.name}' has no derivative (no transpose rule); "
                     "run it on values that do not require grad"
                 )
             cotangents = [self._cotangents.get(r) for r in op.results]
-            if not isinstance(op, _ALWAYS) and all(c is None for c in cotangents):
+            always = isinstance(op, Transposable) and op.TRANSPOSED_WITHOUT_COTANGENT
+            if not always and all(c is None for c in cotangents):
                 # No result reaches a float output: no gradient flows here (on
                 # every rank alike, since this is decided by the program only).
                 continue
-            for operand, cotangent in zip(op.operands, rule(self, op, cotangents)):
+            try:
+                operand_cotangents = rule(self, op, cotangents)
+            except NoDerivative as e:
+                raise NotDifferentiable(f"{describe_op(op)}: {e}") from None
+            for operand, cotangent in zip(op.operands, operand_cotangents):
                 if cotangent is not None and is_float(operand.type):
                     self.accumulate(operand, cotangent)
 
@@ -533,31 +512,27 @@ class _Transposer:
         return self.emit(arith.SelectOp(is_it, kept, zeros)).results[0]
 
     def all_reduce_sum(self, value: SSAValue, group) -> SSAValue:
-        return self.emit(AllReduceOp(value, kind=ReductionKind.SUM, group=group)).results[0]
+        return self.emit(sum_all_reduce(value, group)).results[0]
 
 
 # -- local ops ----------------------------------------------------------------
 
 
-@transpose_rule(arith.AddfOp)
 def _addf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [cts[0], cts[0]]
 
 
-@transpose_rule(arith.SubfOp)
 def _subf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
     return [ct, t.emit(arith.NegfOp(ct)).results[0]]
 
 
-@transpose_rule(arith.NegfOp)
 def _negf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     assert cts[0] is not None
     return [t.emit(arith.NegfOp(cts[0])).results[0]]
 
 
-@transpose_rule(arith.MulfOp)
 def _mulf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
@@ -565,7 +540,6 @@ def _mulf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [t.binary(arith.MulfOp, ct, t.primal(b)), t.binary(arith.MulfOp, ct, t.primal(a))]
 
 
-@transpose_rule(arith.DivfOp)
 def _divf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     # y = a / b: da = dy / b, db = -dy * y / b
     (ct,) = cts
@@ -576,7 +550,6 @@ def _divf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [da, t.emit(arith.NegfOp(db)).results[0]]
 
 
-@transpose_rule(arith.SelectOp, tensor_arith.SelectOp)
 def _select(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     """The cotangent goes to the operand picked (as a whole for a scalar
     condition, element by element for a tensor one)."""
@@ -591,25 +564,14 @@ def _select(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     ]
 
 
-@transpose_rule(
-    arith.CmpfOp,
-    tensor_arith.CmpfOp,
-    arith.FPToSIOp,
-    tensor_arith.FPToSIOp,
-    tensor_arith.FPToUIOp,
-    tensor.DimOp,
-    AssertUniformOp,
-)
 def _no_gradient(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [None] * len(op.operands)  # piecewise constant, or no result
 
 
-@transpose_rule(tensor.CastOp)
 def _cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [cts[0]]  # `accumulate` casts back to the operand's type
 
 
-@transpose_rule(arith.ExtFOp, arith.TruncFOp, tensor_arith.ExtFOp, tensor_arith.TruncFOp)
 def _float_cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
@@ -618,7 +580,6 @@ def _float_cast(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [t.emit(back(ct, op.operands[0].type)).results[0]]
 
 
-@transpose_rule(tensor.ConcatOp)
 def _concat(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
@@ -640,7 +601,6 @@ def _concat(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return pieces
 
 
-@transpose_rule(tensor.ExtractSliceOp)
 def _extract_slice(t: _Transposer, op: tensor.ExtractSliceOp, cts: list[SSAValue | None]):
     """The cotangent padded with zeros back to the source's shape, one axis
     at a time (a concat of zeros, the cotangent and zeros)."""
@@ -681,7 +641,6 @@ def _extract_slice(t: _Transposer, op: tensor.ExtractSliceOp, cts: list[SSAValue
     return [padded, *([None] * (len(op.operands) - 1))]
 
 
-@transpose_rule(LinalgBroadcastOp)
 def _linalg_broadcast(t: _Transposer, op: LinalgBroadcastOp, cts: list[SSAValue | None]):
     """The sum of the cotangent over the added dimensions (a `linalg.reduce`
     of `arith.addf` into zeros of the input's shape); `outs` only gives the
@@ -696,7 +655,6 @@ def _linalg_broadcast(t: _Transposer, op: LinalgBroadcastOp, cts: list[SSAValue 
     return [_sum_over(t, ct, op.dimensions.get_values(), init), None]
 
 
-@transpose_rule(tensor.SplatOp)
 def _splat(t: _Transposer, op: tensor.SplatOp, cts: list[SSAValue | None]):
     """The scalar gets the sum of the cotangent over every dimension."""
     if isinstance(op.operands[0].owner, arith.ConstantOp):
@@ -721,7 +679,6 @@ def _sum_over(t: _Transposer, value: SSAValue, dims: Sequence[int], init: SSAVal
     return t.emit(LinalgReduceOp(value, init, dimensions, Region(body))).results[0]
 
 
-@transpose_rule(LinalgReduceOp)
 def _linalg_reduce(t: _Transposer, op: LinalgReduceOp, cts: list[SSAValue | None]):
     """A sum reduction: its input gets the cotangent broadcast back over the
     reduced dimensions, its init the cotangent itself."""
@@ -753,7 +710,6 @@ def _zeros(t: _Transposer, shape: Sequence[SSAValue | int], element: Attribute) 
     return t.emit(tensor.SplatOp(zero, dynamic, result_type)).results[0]
 
 
-@transpose_rule(tensor.ExtractOp)
 def _extract(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
@@ -762,7 +718,6 @@ def _extract(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [t.emit(tensor.InsertOp(ct, t.zeros_like(source), at)).results[0]]
 
 
-@transpose_rule(tensor.InsertOp)
 def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     (ct,) = cts
     assert ct is not None
@@ -774,171 +729,45 @@ def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [d_scalar, d_dest]
 
 
-# -- collectives ----------------------------------------------------------------
+#: the transpose rules of xDSL's local ops and their tensor forms
+#: (`tensor_arith`); every dist op declares its own (`Transposable`)
+LOCAL_RULES: dict[type[Operation], TransposeRule] = {
+    arith.AddfOp: _addf,
+    arith.SubfOp: _subf,
+    arith.NegfOp: _negf,
+    arith.MulfOp: _mulf,
+    arith.DivfOp: _divf,
+    arith.SelectOp: _select,
+    tensor_arith.SelectOp: _select,
+    arith.CmpfOp: _no_gradient,
+    tensor_arith.CmpfOp: _no_gradient,
+    arith.FPToSIOp: _no_gradient,
+    tensor_arith.FPToSIOp: _no_gradient,
+    tensor_arith.FPToUIOp: _no_gradient,
+    tensor.DimOp: _no_gradient,
+    tensor.CastOp: _cast,
+    arith.ExtFOp: _float_cast,
+    arith.TruncFOp: _float_cast,
+    tensor_arith.ExtFOp: _float_cast,
+    tensor_arith.TruncFOp: _float_cast,
+    tensor.ConcatOp: _concat,
+    tensor.ExtractSliceOp: _extract_slice,
+    LinalgBroadcastOp: _linalg_broadcast,
+    tensor.SplatOp: _splat,
+    LinalgReduceOp: _linalg_reduce,
+    tensor.ExtractOp: _extract,
+    tensor.InsertOp: _insert,
+}
 
 
-@transpose_rule(AllReduceOp)
-def _all_reduce(t: _Transposer, op: AllReduceOp, cts: list[SSAValue | None]):
-    (ct,) = cts
-    assert ct is not None
-    kind = native_kind(op.combine.block) if op.is_generic else op.kind.data
-    if kind is ReductionKind.SUM:
-        return [t.all_reduce_sum(ct, op.group)]
-    if not op.is_generic and kind in (ReductionKind.MAX, ReductionKind.MIN):
-        return [_extremum(t, op, ct)]
-    what = (
-        f"the native {op.kind.data.value} reduction"
-        if not op.is_generic
-        else "its combine (only a combine recognised as a sum is known to be linear)"
-    )
-    raise NotDifferentiable(f"{describe_op(op)}: {what} has no derivative")
+def _declared(t: _Transposer, op: Operation, cts: list[SSAValue | None]) -> Cotangents:
+    assert isinstance(op, Transposable)
+    return op.transpose(t, cts)
 
 
-def _extremum(t: _Transposer, op: AllReduceOp, ct: SSAValue) -> SSAValue:
-    """y = max_r x_r (or min): the summed cotangent goes, element by element,
-    to the lowest rank whose x equals y (where y is NaN: whose x is NaN), and
-    zeros to every other rank. That rank is found by a min all-reduce of
-    (this rank where it holds y, else INT64_MAX): every rank agrees on it, so
-    ties give the whole gradient to one rank, never a share to each."""
-    x, y = t.primal(op.operands[0]), t.primal(op.results[0])
-    me = t.emit(RankOp(op.group)).results[0]
-    me64 = t.emit(arith.IndexCastOp(me, i64)).results[0]
-    nobody = t.emit(arith.ConstantOp(IntegerAttr(2**63 - 1, i64))).results[0]
-    x_type = x.type
-    if isinstance(x_type, TensorType):
-        dynamic = [d for d in t.shape_of(op.operands[0], primal=True) if isinstance(d, SSAValue)]
-        ranks = TensorType(i64, x_type.get_shape())
-        me64 = t.emit(tensor.SplatOp(me64, dynamic, ranks)).results[0]
-        nobody = t.emit(tensor.SplatOp(nobody, dynamic, ranks)).results[0]
-
-    def pick(condition: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
-        return t.emit(tensor_arith.SelectOp(condition, a, b)).results[0]
-
-    def compare(a: SSAValue, b: SSAValue, predicate: str) -> SSAValue:
-        return t.emit(tensor_arith.CmpfOp(a, b, predicate)).results[0]
-
-    holds = pick(compare(x, y, "oeq"), me64, nobody)
-    nan_holder = pick(compare(x, x, "uno"), me64, nobody)
-    holds = pick(compare(y, y, "uno"), nan_holder, holds)
-    lowest = t.emit(AllReduceOp(holds, kind=ReductionKind.MIN, group=op.group)).results[0]
-    chosen = t.emit(tensor_arith.CmpiOp(lowest, me64, "eq")).results[0]
-    total = t.all_reduce_sum(ct, op.group)
-    return pick(chosen, total, t.zeros_like(ct, primal=False))
-
-
-@transpose_rule(BroadcastOp)
-def _broadcast(t: _Transposer, op: BroadcastOp, cts: list[SSAValue | None]):
-    (ct,) = cts
-    assert ct is not None
-    total = t.all_reduce_sum(ct, op.group)
-    root = (
-        t.index(op.root.value.data) if op.root is not None else t.primal(op.root_value)  # type: ignore[arg-type]
-    )
-    return [t.on_rank(op.group, root, total), None]
-
-
-@transpose_rule(AllGatherOp)
-def _all_gather(t: _Transposer, op: AllGatherOp, cts: list[SSAValue | None]):
-    (ct,) = cts
-    assert ct is not None
-    x = op.input
-    axis = op.axis.value.data
-    total = t.all_reduce_sum(ct, op.group)
-    me = t.emit(RankOp(op.group)).results[0]
-    sizes = t.shape_of(x, primal=True)
-    if op.counts is None:
-        rows = sizes[axis]
-        rows_value = t.index(rows) if isinstance(rows, int) else rows
-        offset = t.binary(arith.MuliOp, me, rows_value)
-    else:
-        offset = _rows_before(t, op, me)
-    offsets: list[SSAValue | int] = [0] * len(sizes)
-    offsets[axis] = offset
-    sliced = tensor.ExtractSliceOp(total, offsets, sizes, [1] * len(sizes), x.type)
-    return [t.emit(sliced).results[0], None]
-
-
-def _rows_before(t: _Transposer, op: AllGatherOp, me: SSAValue) -> SSAValue:
-    """Σ_{j < rank} counts[j], unrolled over the counts' static length."""
-    counts_type = op.counts.type  # type: ignore[union-attr]
-    assert isinstance(counts_type, TensorType)
-    (n,) = counts_type.get_shape()
-    if n == DYNAMIC_INDEX:
-        raise NotDifferentiable(
-            f"{describe_op(op)}: the backward of an uneven all-gather needs counts of "
-            "static length (tensor<Pxi64>)"
-        )
-    counts = t.primal(op.counts)  # type: ignore[arg-type]
-    element = counts_type.element_type
-    total = t.emit(arith.ConstantOp(IntegerAttr(0, element))).results[0]  # type: ignore[arg-type]
-    zero = total
-    for j in range(n):
-        count = t.emit(tensor.ExtractOp(counts, [t.index(j)], element)).results[0]
-        lower = t.emit(arith.CmpiOp(t.index(j), me, "ult")).results[0]
-        kept = t.emit(arith.SelectOp(lower, count, zero)).results[0]
-        total = t.binary(arith.AddiOp, total, kept)
-    return t.emit(arith.IndexCastOp(total, IndexType())).results[0]
-
-
-@transpose_rule(VariableAllToAllOp)
-def _variable_all_to_all(t: _Transposer, op: VariableAllToAllOp, cts: list[SSAValue | None]):
-    ct = t.or_zeros(cts[0], op.result)
-    back = VariableAllToAllOp(
-        ct, t.primal(op.recv_counts), op.input.type, axis=op.axis.value.data, group=op.group
-    )  # type: ignore[arg-type]
-    return [t.emit(back).results[0], None]
-
-
-def _peer(t: _Transposer, op: PeerOp, which: str) -> int | SSAValue:
-    peer = op.peer(which)
-    return peer if isinstance(peer, int) else t.primal(peer)
-
-
-@transpose_rule(SendOp)
-def _send(t: _Transposer, op: SendOp, cts: list[SSAValue | None]):
-    received = RecvOp(_peer(t, op, "dest"), op.input.type, op.group)  # type: ignore[arg-type]
-    return [t.emit(received).results[0], None]
-
-
-@transpose_rule(RecvOp)
-def _recv(t: _Transposer, op: RecvOp, cts: list[SSAValue | None]):
-    ct = t.or_zeros(cts[0], op.result)
-    t.emit(SendOp(ct, _peer(t, op, "source"), op.group))
-    return [None] * len(op.operands)
-
-
-@transpose_rule(SendRecvOp)
-def _sendrecv(t: _Transposer, op: SendRecvOp, cts: list[SSAValue | None]):
-    ct = t.or_zeros(cts[0], op.result)
-    back = SendRecvOp(
-        ct,
-        _peer(t, op, "source"),
-        _peer(t, op, "dest"),
-        op.input.type,  # type: ignore[arg-type]
-        op.group,
-    )
-    return [t.emit(back).results[0], None, None]
-
-
-@transpose_rule(TransferOp)
-def _transfer(t: _Transposer, op: TransferOp, cts: list[SSAValue | None]):
-    (ct,) = cts
-    assert ct is not None
-    source_dims, _partial, dest_dims = op.layouts()
-    _, dest_mesh = op.meshes()
-    used = {d for d in dest_dims if d is not None}
-    replicated = [a for a in range(len(dest_mesh.shape.get_values())) if a not in used]
-    back = TransferOp(
-        ct,
-        source_mesh=op.dest_mesh.root_reference.data,
-        source_layout=dest_dims,
-        source_partial=replicated,
-        dest_mesh=op.source_mesh.root_reference.data,
-        dest_layout=source_dims,
-        global_shape=op.global_shape.get_values(),
-        result_type=op.input.type,  # type: ignore[arg-type]
-    )
-    return [t.emit(back).results[0]]
+def _rule(op: Operation) -> TransposeRule | None:
+    """The op's transpose rule: its own declaration, or the local table's."""
+    return _declared if isinstance(op, Transposable) else LOCAL_RULES.get(type(op))
 
 
 # -- the pass ---------------------------------------------------------------------

@@ -32,9 +32,8 @@ from distir.interpreters.block_compiler import BlockCompiler
 from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.semantics import make_invocation, precondition_rule
-from distir.ir.analysis import default_algorithm
+from distir.ir.all_reduce import known_combine_error
 from distir.ir.dialect import (
-    AllReduceOp,
     GroupMemberOp,
     GroupOp,
     MeshOp,
@@ -42,8 +41,12 @@ from distir.ir.dialect import (
     YieldOp,
     group_declarations,
 )
-from distir.ir.facts import AgreementRidesWithPayload, LocalCheck, needs_agreement
-from distir.ir.known_combines import known_combine_error
+from distir.ir.facts import (
+    AgreementRidesWithPayload,
+    ChoosesAlgorithm,
+    LocalCheck,
+    needs_agreement,
+)
 from distir.ir.parsing import describe_op, function_named
 from distir.runtime.inputs import check_inputs
 
@@ -118,8 +121,8 @@ class Plan:
         self._static_inputs = all(size is not None for _, size in self._input_specs)
         self.output_types = list(self.function.function_type.outputs.data)
         self.ops = [op for op in module.walk() if is_executable_dist_op(op)]
-        #: generic all-reduces whose algorithm follows from the group size,
-        #: chosen again when the program binds to a group
+        #: ops whose algorithm follows from the group size (`ChoosesAlgorithm`:
+        #: a generic all-reduce), chosen again when the program binds to a group
         self.auto_algorithm: set[Operation] = set()
         self.choices: dict[Operation, Implementation] = {}
         for op in self.ops:
@@ -127,10 +130,12 @@ class Plan:
             if error is not None:
                 raise CompileError(f"{describe_op(op)}: {error}")
             name = self._requested_name(op)
-            if name is None and isinstance(op, AllReduceOp) and op.is_generic:
+            default = None
+            if name is None and isinstance(op, ChoosesAlgorithm):
+                default = op.default_algorithm(op.static_group_size())  # type: ignore[attr-defined]
+            if default is not None:
                 self.auto_algorithm.add(op)
-                size = op.static_group_size()
-                self.choices[op] = self.select(op, default_algorithm(op, size))
+                self.choices[op] = self.select(op, default)
             else:
                 self.choices[op] = registry.select(op, name)
         # Compile once with placeholder kernels: any unsupported local op, in the
@@ -175,7 +180,8 @@ class Plan:
         no algorithm, the default algorithm for that size. The binding and
         the fingerprint both read it from here."""
         if op in self.auto_algorithm:
-            return self.select(op, default_algorithm(op, size))
+            assert isinstance(op, ChoosesAlgorithm)
+            return self.select(op, op.default_algorithm(size))  # type: ignore[arg-type]
         return self.choices[op]
 
     def _group_sizes(self, op: Operation, base_size: int) -> list[int]:
@@ -229,8 +235,8 @@ class Plan:
     def _requested_name(self, op: Operation) -> str | None:
         if op.name in self.requested:
             return self.requested[op.name]
-        if isinstance(op, AllReduceOp) and op.algorithm is not None:
-            return op.algorithm.data
+        if isinstance(op, ChoosesAlgorithm):
+            return op.recorded_algorithm()
         return None
 
     def check_inputs(self, inputs: Sequence[Any]) -> None:

@@ -16,11 +16,11 @@ import threading
 import pytest
 import torch
 
-from distir.backends.algorithms import base
-from distir.backends.algorithms.halving_doubling import halving_doubling_all_reduce
-from distir.backends.algorithms.recursive_doubling import recursive_doubling_all_reduce
-from distir.backends.algorithms.ring import ring_all_reduce
-from distir.backends.combines import LazyModularAdd, ModuliPieces
+from distir.backends.all_reduce import base
+from distir.backends.all_reduce.combines import LazyModularAdd, ModuliPieces
+from distir.backends.all_reduce.halving_doubling import halving_doubling_all_reduce
+from distir.backends.all_reduce.recursive_doubling import recursive_doubling_all_reduce
+from distir.backends.all_reduce.ring import ring_all_reduce
 from distir.backends.exchange import InProcessWorld
 from distir.he.modular import lazy_reduction_schedule
 
@@ -171,7 +171,7 @@ ALL_REDUCES = {
 @pytest.mark.parametrize("case", sorted(ALL_REDUCES))
 def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
     from distir.backends.collectives import distributed_operation_contributions
-    from distir.ir.analysis import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
+    from distir.ir.all_reduce import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
     from distir.ir.parsing import parse_module
 
     text = f"func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {{\n  {ALL_REDUCES[case]}\n"

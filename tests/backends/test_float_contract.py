@@ -28,7 +28,7 @@ from strategies import examples
 from xdsl.dialects import arith
 
 import distir
-from distir.backends import collectives
+from distir.backends.all_reduce import native
 from distir.interpreters import kernels
 from distir.runtime.launch import launch
 from tests.backends.float_cases import CONTRACT, run_variants, variants
@@ -198,14 +198,14 @@ def test_order_keys_order_floats_as_ieee_maximum_and_round_trip(data):
     values = data.draw(st.lists(element(dtype), min_size=2, max_size=6))
     x = torch.tensor(values, dtype=torch.float64).to(dtype)
     for kind, op in (("max", "maximumf"), ("min", "minimumf")):
-        keys = collectives.to_order_keys(x.clone(), kind)
+        keys = native.to_order_keys(x.clone(), kind)
         chosen = keys.max() if kind == "max" else keys.min()
-        got = collectives.from_order_keys(
+        got = native.from_order_keys(
             chosen.reshape(1).clone(), torch.empty(1, dtype=dtype)
         ).item()
         assert contract_error(op, x.tolist(), got, dtype) is None, (kind, x.tolist(), got)
         finite = ~x.isnan()
-        back = collectives.from_order_keys(keys, torch.empty_like(x))
+        back = native.from_order_keys(keys, torch.empty_like(x))
         assert torch.equal(back[finite].view(torch.uint8), x[finite].view(torch.uint8))
         assert bool(back[~finite].isnan().all())
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import distir
-from distir.backends import combines
-from distir.backends.algorithms import base as algorithm_base
-from distir.backends.algorithms.ciphertext import ciphertext_schedule
+from distir.backends.all_reduce import base as algorithm_base
+from distir.backends.all_reduce import combines
+from distir.backends.all_reduce.ciphertext import ciphertext_schedule
 from distir.errors import CompileError, DistirError
 from distir.he.modular import lazy_reduction_schedule
 

@@ -418,7 +418,7 @@ WHOLE_SELECT = """\
     ids=["tensor-condition", "scalar-condition"],
 )
 def test_which_algorithms_a_combine_of_the_new_ops_allows(body, algorithms) -> None:
-    from distir.ir.analysis import candidate_algorithms, elementwise_combine
+    from distir.ir.all_reduce import candidate_algorithms, elementwise_combine
     from distir.ir.dialect import AllReduceOp
 
     (op,) = [o for o in parse_module(_region(body)).walk() if isinstance(o, AllReduceOp)]

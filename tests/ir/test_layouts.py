@@ -21,8 +21,7 @@ from strategies import examples
 
 from distir.interpreters.semantics.mesh import apply_transfer_map_reference
 from distir.ir.layouts import Box, Layout, Mesh, local_box, shard_range
-from distir.ir.transfers import Transfer, transfer_map
-from distir.passes.print_transfer_maps import format_transfer_map
+from distir.ir.mesh import Transfer, format_transfer_map, transfer_map
 
 FAST = settings(max_examples=examples(1), deadline=None)
 

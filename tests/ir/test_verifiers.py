@@ -659,7 +659,7 @@ UNREACHABLE = {
 
 # The op modules, and the functions of `layouts` that the mesh and transfer
 # verifiers delegate their rules to (each rule written once, there).
-OP_MODULES = ("attributes", "groups", "collectives", "p2p", "mesh")
+OP_MODULES = ("attributes", "groups", "all_reduce", "collectives", "p2p", "mesh")
 DELEGATED_RULES = (
     "check_shape",
     "Mesh.__post_init__",

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import distir
 from distir.errors import DistirError
-from distir.ir.analysis import default_algorithm
+from distir.ir.all_reduce import default_algorithm
 from distir.ir.dialect import AllReduceOp
 from distir.runtime.launch import launch
 

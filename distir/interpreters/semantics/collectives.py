@@ -28,11 +28,11 @@ from distir.interpreters.checks import (
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
 from distir.interpreters.semantics.base import Inputs, OpSemantics, ReferenceCall, Results
+from distir.ir.all_reduce import AllReduceOp
 from distir.ir.attributes import ASSUMED_GROUP_SIZE
 from distir.ir.collectives import (
     AllGatherOp,
     AllReduceAddCiphertextOp,
-    AllReduceOp,
     AssertUniformOp,
     BroadcastOp,
     VariableAllToAllOp,

@@ -20,7 +20,7 @@ from distir.interpreters.invocation import Invocation
 from distir.interpreters.semantics.base import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ir.dialect import TransferOp
 from distir.ir.layouts import check_shape
-from distir.ir.transfers import Transfer, TransferPlan
+from distir.ir.mesh import Transfer, TransferPlan
 
 #: A rank's local tensor for the reference executor: (shape, row-major values).
 LocalShard = tuple[tuple[int, ...], list]

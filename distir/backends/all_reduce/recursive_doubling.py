@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.algorithms.base import AllReduceAlgorithm, real_rank, virtual_layout
+from distir.backends.all_reduce.base import AllReduceAlgorithm, real_rank, virtual_layout
 from distir.backends.buffers import pooled_copy
 from distir.backends.exchange import Exchange, TorchExchange
 from distir.interpreters.kernels import NATIVE_FOLDS
-from distir.ir.analysis import RECURSIVE_DOUBLING
+from distir.ir.all_reduce import RECURSIVE_DOUBLING
 
 WholeCombine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
+from distir.backends.all_reduce.combines import BoundCombine, build_combine
 from distir.backends.buffers import pooled_empty
-from distir.backends.combines import BoundCombine, build_combine
 from distir.backends.exchange import Exchange, TorchExchange
 from distir.backends.registry import Implementation, Invocation
-from distir.ir.analysis import algorithm_applies
+from distir.ir.all_reduce import algorithm_applies
 from distir.ir.dialect import AllReduceOp
 
 #: Bytes per message segment; None picks one eighth of a chunk, clamped to
@@ -69,7 +69,7 @@ def real_rank(virtual: int, size: int, p2: int) -> int:
 
 class AllReduceAlgorithm(Implementation):
     """An all-reduce algorithm, chosen by its `name`: it runs the ops whose
-    combine it computes exactly, as `ir.analysis.ALGORITHM_NEEDS` says."""
+    combine it computes exactly, as `ir.all_reduce.ALGORITHM_NEEDS` says."""
 
     operation_types = (AllReduceOp,)
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from distir.backends.algorithms.base import (
+from distir.backends.all_reduce.base import (
     FlatAllReduce,
     real_rank,
     segment_elements,
     segment_ranges,
     virtual_layout,
 )
-from distir.backends.combines import SCRATCH, BoundCombine
+from distir.backends.all_reduce.combines import SCRATCH, BoundCombine
 from distir.backends.exchange import Exchange
-from distir.ir.analysis import HALVING_DOUBLING
+from distir.ir.all_reduce import HALVING_DOUBLING
 
 
 def halving_doubling_all_reduce(

@@ -14,15 +14,15 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.algorithms.base import (
+from distir.backends.all_reduce.base import (
     FlatAllReduce,
     segment_elements,
     segment_ranges,
     split_even,
 )
-from distir.backends.combines import SCRATCH, BoundCombine
+from distir.backends.all_reduce.combines import SCRATCH, BoundCombine
 from distir.backends.exchange import Exchange
-from distir.ir.analysis import RING
+from distir.ir.all_reduce import RING
 
 #: Run inputs whose chunks are one segment each as one all-to-all, a local
 #: fold and one all-gather (`_scatter_fold_gather`) rather than as ring steps.

@@ -32,9 +32,9 @@ from distir.interpreters.kernels import (
     broadcast_view,
     constant_tensor,
 )
+from distir.ir.all_reduce import MODULAR_ADD, known_combine
 from distir.ir.analysis import broadcast_extra, single_op
 from distir.ir.dialect import AllReduceOp
-from distir.ir.known_combines import MODULAR_ADD, known_combine
 
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 

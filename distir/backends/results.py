@@ -1,0 +1,49 @@
+"""How collective implementations make their results.
+
+A result is the input itself where the runtime marks it writable (donated,
+or an intermediate whose last use is this op), else a pooled buffer; a
+gathered payload is every rank's tensor stacked; a submitted collective's
+results come back through a waiter that completes it under the deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from distir.backends.buffers import pooled_copy, pooled_empty
+from distir.backends.groups import ProcessGroupResource
+from distir.backends.registry import Invocation
+
+
+def writable_result(x: torch.Tensor, position: int, writable: frozenset[int]) -> torch.Tensor:
+    """`x` itself when the op may overwrite it, else a pooled copy."""
+    if position in writable and x.is_contiguous():
+        return x
+    return pooled_copy(x)
+
+
+def gather_stacked(
+    x: torch.Tensor, res: ProcessGroupResource, invocation: Invocation
+) -> torch.Tensor:
+    """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
+    flat = x.contiguous().reshape(-1)
+    out = pooled_empty((res.size * flat.numel(),), x)
+    res.all_gather(out, flat, invocation, wait=True)
+    return out.view(res.size, *x.shape)
+
+
+def awaiting(
+    resources: ProcessGroupResource,
+    work: object,
+    invocation: Invocation,
+    results: tuple[torch.Tensor, ...],
+) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """The waiter of a submitted collective: completes it under the deadline."""
+
+    def wait() -> tuple[torch.Tensor, ...]:
+        resources.complete(work, invocation)
+        return results
+
+    return wait
