@@ -180,7 +180,7 @@ def format_dispatch(d: dict) -> str:
 
 
 def fit_cost_model(rows: Sequence[dict]) -> dict | None:
-    """Least-squares constants of `ir.analysis.CostModel` (seconds per round,
+    """Least-squares constants of `ir.all_reduce.CostModel` (seconds per round,
     per byte sent, per byte combined) from the combine family's rows, the
     algorithms run on the same data side by side; None without such rows."""
     import numpy as np
@@ -208,7 +208,7 @@ def format_cost_model(fit: dict) -> str:
     return (
         f"cost model fit ({fit['rows']} combine rows): alpha {fit['alpha_s'] * 1e6:.0f} us per "
         f"round, beta {fit['beta_s_per_byte'] * 1e9:.2f} ns per byte sent, gamma "
-        f"{fit['gamma_s_per_byte'] * 1e9:.2f} ns per byte combined (ir.analysis.CostModel)"
+        f"{fit['gamma_s_per_byte'] * 1e9:.2f} ns per byte combined (ir.all_reduce.CostModel)"
     )
 
 
