@@ -52,23 +52,45 @@ class BroadcastImplementation(Implementation):
     operation_types = (BroadcastOp,)
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
-        return self.start(invocation, inputs, resources, writable)()
+        x, root = inputs[0], self._root(invocation, inputs, resources)
+        y = self._written(x, root, resources.rank, writable)
+        if y is None:  # the root's own copy overlaps the message
+            return self._start_root(x, root, invocation, resources)()
+        # Submitted and completed in one call, without a waiter.
+        resources.broadcast(y, root, invocation, wait=True)
+        return (y,)
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
-        x = inputs[0]
+        x, root = inputs[0], self._root(invocation, inputs, resources)
+        y = self._written(x, root, resources.rank, writable)
+        if y is None:
+            return self._start_root(x, root, invocation, resources)
+        work = resources.broadcast(y, root, invocation)
+        return awaiting(resources, work, invocation, (y,))
+
+    @staticmethod
+    def _root(invocation, inputs, resources) -> int:
         root = invocation.properties["root"]
         if root is None:  # a dynamic root: checked and agreed on
             root = resources.precondition(invocation, inputs).decoded["root"]
-        if resources.rank != root:
-            y = x if 0 in writable and x.is_contiguous() else pooled_empty(x.shape, x)
-            work = resources.broadcast(y, root, invocation)
-            return awaiting(resources, work, invocation, (y,))
-        # The root sends straight from its input (a broadcast only reads it
-        # there) and makes its own result while the message is in flight.
+        return root
+
+    @staticmethod
+    def _written(x, root: int, rank: int, writable) -> torch.Tensor | None:
+        """The tensor the broadcast writes (a receiver) or sends from (the
+        root) that is also the result; None for a root that must copy."""
+        if rank != root:
+            return x if 0 in writable and x.is_contiguous() else pooled_empty(x.shape, x)
+        # The root sends straight from its input (a broadcast only reads it there).
         source = x.contiguous()
-        work = resources.broadcast(source, root, invocation)
-        y = source if source is not x or 0 in writable else pooled_copy(x)
-        return awaiting(resources, work, invocation, (y,))
+        return source if source is not x or 0 in writable else None
+
+    @staticmethod
+    def _start_root(x, root: int, invocation, resources):
+        """A root that may not write its input sends from it and makes its
+        own result while the message is in flight."""
+        work = resources.broadcast(x, root, invocation)
+        return awaiting(resources, work, invocation, (pooled_copy(x),))
 
 
 class AssertUniformImplementation(Implementation):

@@ -38,6 +38,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from torch.distributed import distributed_c10d as c10d
+
 from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError, Poisoned
 
 _STORE_PREFIX = "distir/poison/"
@@ -205,15 +207,11 @@ def resolve_group(group: Any) -> Any:
     """The process group object `group` names (None: the default group)."""
     if group is not None:
         return group
-    from torch.distributed import distributed_c10d as c10d
-
     return c10d._get_default_group()
 
 
 def group_alive(pg: Any) -> bool:
     """Whether a process group object is still registered (not destroyed)."""
-    from torch.distributed import distributed_c10d as c10d
-
     return pg in c10d._world.pg_map
 
 
