@@ -221,34 +221,40 @@ class ProcessGroupResource:
     # submit 17-21 us and wait 146-159 us at 4 KiB, P=2). Without `wait`, the
     # call returns the work for `complete` (waves submit before they wait).
 
-    def _options(self, kind: Any, invocation: Any, wait: bool, *fields: tuple[str, Any]) -> Any:
-        """The backend's options for one call, reused across calls (options
-        hold no tensors): `kind` (an options class), the deadline as its
-        timeout, `asyncOp` off when the call runs inline, and `fields`
-        (name, value) pairs. The lookup is one dict probe on a flat key: it
-        runs on every collective of every run."""
-        deadline = self.deadline_for(invocation)
+    def _options(
+        self, kind: Any, invocation: Any, wait: bool, *fields: tuple[str, Any]
+    ) -> tuple[Any, timedelta]:
+        """The backend's options for one call and their timeout, reused
+        across calls (options hold no tensors): `kind` (an options class),
+        the deadline as its timeout, `asyncOp` off when the call runs
+        inline, and `fields` (name, value) pairs. The lookup is one dict
+        probe on a flat key: it runs on every collective of every run (and
+        the timeout is kept beside the options: reading `opts.timeout`
+        converts it anew)."""
+        deadline = invocation.options.get("deadline_s") or self.deadline_s
         key = (kind, deadline, wait, *fields)
-        opts = self._cached_options.get(key)
-        if opts is None:
+        cached = self._cached_options.get(key)
+        if cached is None:
             opts = kind()
-            opts.timeout = _timeout(deadline)
+            opts.timeout = timeout = _timeout(deadline)
             opts.asyncOp = not (wait and self.inline)
             for name, value in fields:
                 setattr(opts, name, value)
-            self._cached_options[key] = opts
-        return opts
+            cached = self._cached_options[key] = (opts, timeout)
+        return cached
 
-    def _run(self, submit: Any, opts: Any, invocation: Any, wait: bool) -> Any:
+    def _run(
+        self, submit: Any, options: tuple[Any, timedelta], invocation: Any, wait: bool
+    ) -> Any:
         """`submit(opts)`, then (with `wait`) its completion; a backend error
         on the way raises as a named distir error."""
+        opts, timeout = options
         start = time.monotonic()
         try:
             work = submit(opts)
             if not wait:
                 return work
-            # The cached timedelta: reading `opts.timeout` converts anew.
-            work.wait(timeout=_timeout(self.deadline_for(invocation)))
+            work.wait(timeout=timeout)
         except RuntimeError as e:
             raise self.failure(e, invocation, time.monotonic() - start) from None
         return None
