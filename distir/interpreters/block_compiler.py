@@ -16,6 +16,7 @@ donated. Intermediates die after their last use.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -171,6 +172,7 @@ class CompiledBlock:
         self.n_local = n_local
         self.returned = returned
         self.captured = captured
+        self._returned = operator.itemgetter(*returned) if len(returned) > 1 else None
 
     def __call__(
         self, *args: torch.Tensor, donated: frozenset[int] = _NOTHING
@@ -181,7 +183,9 @@ class CompiledBlock:
             # Captured values arrive after the block arguments but live after the locals.
             env[self.n_local :] = args[self.n_args :]
         _run_steps(self.steps, env, donated)
-        return tuple(env[i] for i in self.returned)
+        if self._returned is not None:
+            return self._returned(env)
+        return (env[self.returned[0]],) if self.returned else ()
 
 
 class BlockCompiler:
