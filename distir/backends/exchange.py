@@ -3,10 +3,9 @@
 An `Exchange` is one execution's point-to-point messages inside one group,
 addressed by *group* rank: `send(tensor, peer)`, `recv(tensor, peer)`
 returning a handle, `wait(handle)`, and `finish()` (every send completed);
-and two whole-group steps for algorithms whose every message is one
+and one whole-group step for algorithms whose every message is one
 segment: `all_to_all(out, x)` (even split: piece j of `x` goes to rank j,
-piece j of `out` comes from rank j) and `all_gather(out, mine)` (piece j of
-`out` is rank j's `mine`), each complete when it returns.
+piece j of `out` comes from rank j), complete when it returns.
 `TorchExchange` runs them on torch.distributed under the op's deadline;
 `InProcessExchange` runs P ranks as threads of one process, so every
 algorithm can be checked against the reference for any group size (tests
@@ -41,8 +40,6 @@ class Exchange(Protocol):
     def finish(self) -> None: ...
 
     def all_to_all(self, out: torch.Tensor, x: torch.Tensor) -> None: ...
-
-    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None: ...
 
 
 class _SendThread:
@@ -147,9 +144,6 @@ class TorchExchange:
         splits = [x.numel() // self.size] * self.size
         self.resources.all_to_all(out, x, splits, splits, self.invocation, wait=True)
 
-    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
-        self.resources.all_gather(out, mine, self.invocation, wait=True)
-
 
 class InProcessWorld:
     """Mailboxes shared by the ranks of an `InProcessExchange` group."""
@@ -208,16 +202,6 @@ class InProcessExchange:
             if peer != self.rank:
                 self.send(sent[peer], peer)
         received[self.rank].copy_(sent[self.rank])
-        for peer in range(self.size):
-            if peer != self.rank:
-                self.wait(self.recv(received[peer], peer))
-
-    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
-        received = self._pieces(out)
-        for peer in range(self.size):
-            if peer != self.rank:
-                self.send(mine, peer)
-        received[self.rank].copy_(mine.reshape(-1))
         for peer in range(self.size):
             if peer != self.rank:
                 self.wait(self.recv(received[peer], peer))

@@ -217,7 +217,7 @@ def _counting_all_to_alls(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 5, 8, 13])
-def test_one_segment_chunks_fold_between_an_all_to_all_and_an_all_gather(size, monkeypatch):
+def test_one_segment_chunks_fold_between_two_all_to_alls(size, monkeypatch):
     # Default segments (1 MiB and up): every chunk of these inputs is one segment.
     monkeypatch.setattr(base, "SEGMENT_BYTES", None)
     calls = _counting_all_to_alls(monkeypatch)
@@ -226,10 +226,10 @@ def test_one_segment_chunks_fold_between_an_all_to_all_and_an_all_gather(size, m
         out = _run(size, lambda ex, xs=xs: _ring(xs[ex.rank], ex, in_place=ex.rank % 2 == 1))
         for got in out:
             assert torch.equal(got, sum(xs))
-    assert len(calls) == 3 * size  # one all-to-all per rank and input, no ring steps
+    assert len(calls) == 6 * size  # two all-to-alls per rank and input, no ring steps
     uneven = _values(size, 3 * size + 1)  # chunks of unequal length: the ring
     out = _run(size, lambda ex: _ring(uneven[ex.rank], ex, in_place=False))
-    assert all(torch.equal(got, sum(uneven)) for got in out) and len(calls) == 3 * size
+    assert all(torch.equal(got, sum(uneven)) for got in out) and len(calls) == 6 * size
 
 
 @pytest.mark.parametrize("size", [2, 3, 5, 8])
@@ -259,4 +259,4 @@ def test_the_lazily_reduced_ciphertext_fold_is_exact(size, bits, monkeypatch):
     )  # fmt: skip
     for got in _run(size, body):
         assert torch.equal(got, want)
-    assert len(calls) == size
+    assert len(calls) == 2 * size  # the one-segment path: two all-to-alls per rank
