@@ -148,7 +148,7 @@ class ModuliPieces:
         return out
 
 
-def _reduce_bounded(v: torch.Tensor, moduli: ModuliPieces, a: int, bound: int) -> None:
+def reduce_bounded(v: torch.Tensor, moduli: ModuliPieces, a: int, bound: int) -> None:
     """Reduce v (flat elements [a, ...)), whose values lie in
     [0, bound·(q−1)], to [0, q) in place: conditional subtractions of
     2q then q (bounds up to 4, `_subtract_if_at_least`), else one
@@ -225,7 +225,7 @@ class LazyModularAdd:
                 torch.add(lhs, rhs, out=dst)
                 return
             add_then(dst, lhs, rhs, start,
-                     lambda d, a: _reduce_bounded(d, moduli, a, reduce_bound))
+                     lambda d, a: reduce_bounded(d, moduli, a, reduce_bound))
 
         return combine
 
