@@ -111,12 +111,16 @@ def owned_results(
     """`results`, copying any that shares storage with an input the run may
     not write, or (positions in `maybe_shared`, see `results_maybe_shared`)
     that may be program state and is not a writable input's memory."""
-    kept = [x for i, x in enumerate(inputs) if i not in writable and storage_of(x) is not None]
+    kept = [
+        (storage, x)
+        for i, x in enumerate(inputs)
+        if i not in writable and (storage := storage_of(x)) is not None
+    ]
     if not kept and not maybe_shared:
         return results
     # Overlap needs the same storage: compare storages first (one pointer
     # per tensor) and byte ranges only within one (this runs on every run).
-    kept_storages = {storage_of(x) for x in kept}
+    kept_storages = {storage for storage, _ in kept}
     given: list[Span | None] | None = None
     owned = []
     for position, r in enumerate(results):
@@ -124,7 +128,7 @@ def owned_results(
         shared = position in maybe_shared
         if storage is not None and (storage in kept_storages or shared):
             span = storage_span(r)
-            if any(overlap(span, storage_span(x)) for x in kept):
+            if any(overlap(span, storage_span(x)) for _, x in kept):
                 r = r.clone()
             elif shared:
                 if given is None:
