@@ -435,6 +435,7 @@ def _rank_entry(
             timeout=timedelta(seconds=collective_timeout),
         )
         initialised = True
+        _wait_for_every_rank(store, rank, world_size, collective_timeout)
         context = RankContext(rank, world_size, backend)
         value = fn(context, *args) if pass_context else fn(*args)
         report: tuple[bool, Any] = (True, _serialize(value))
@@ -457,6 +458,21 @@ def _rank_entry(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+#: store keys of the ranks whose process group is up (one launch, one store)
+_READY_KEY = "distir/launch/ready/{}"
+
+
+def _wait_for_every_rank(store: Any, rank: int, world_size: int, timeout_s: float) -> None:
+    """Returns once every rank's `init_process_group` has returned. Without
+    it a rank that ends at once in `fn` (an exception, `os._exit`) closes its
+    connections while a slower peer is still connecting its full mesh, and
+    the peer fails in its own start-up ("Connection closed by peer") instead
+    of reaching `fn` and reporting a named error there (seen once in a CI
+    run of the threshold fault test)."""
+    store.set(_READY_KEY.format(rank), b"1")
+    store.wait([_READY_KEY.format(r) for r in range(world_size)], timedelta(seconds=timeout_s))
 
 
 def _check_launchable(fn: Callable[..., Any]) -> None:

@@ -225,7 +225,7 @@ def test_a_rank_that_exits_fails_every_survivor_promptly_with_nothing_returned(p
     assert multiprocessing.active_children() == [], "a rank process survived"
     assert "exited with code 3" in caught.value.failures[2]
     survivors = caught.value.results
-    assert sorted(survivors) == [0, 1]
+    assert sorted(survivors) == [0, 1], caught.value.failures
     for report in survivors.values():
         assert report["error"] in ("CollectiveFailed", "DeadlineExceeded", "Poisoned"), report
         assert report["seconds"] < DEADLINE_S + 2, report
