@@ -43,6 +43,9 @@ Starter = Callable[
 DistStarter = Callable[[Operation], Starter]
 
 _NOTHING: frozenset[int] = frozenset()
+#: donation patterns a step remembers (a caller varying them without end
+#: must not grow memory without end)
+_WRITABLE_PATTERNS_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class Step:
         writable = self._writable_when.get(donated)
         if writable is None:
             writable = self.writable | {p for p, arg in self.donatable if arg in donated}
-            self._writable_when[donated] = writable
+            if len(self._writable_when) < _WRITABLE_PATTERNS_KEPT:
+                self._writable_when[donated] = writable
         return writable
 
 
