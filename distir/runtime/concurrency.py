@@ -51,13 +51,11 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from distir.errors import ConcurrentRun
-
-T = TypeVar("T")
 
 
 class RunGate:
@@ -111,17 +109,6 @@ class RunGate:
     def leave(self) -> None:
         """Ends a run claimed by `enter`."""
         self._release()
-
-    def run(self, what: str, fn: Callable[[str], T]) -> T:
-        """Runs `fn(which run)` on this thread, or after this thread's
-        queued runs."""
-        who = self.enter(what)
-        if who is None:
-            return self.submit(what, fn).wait()
-        try:
-            return fn(who)
-        finally:
-            self._release()
 
     def submit(self, what: str, fn: Callable[[str], Any]) -> torch.futures.Future:
         """Queues `fn(which run)` for the domain's worker; its future
