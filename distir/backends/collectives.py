@@ -26,7 +26,7 @@ from distir.backends.all_reduce import (
 )
 from distir.backends.buffers import pooled_copy, pooled_empty
 from distir.backends.registry import Implementation
-from distir.backends.results import awaiting, gather_stacked
+from distir.backends.results import awaiting, gather_stacked, integer_tensor
 from distir.ir.dialect import (
     AllGatherOp,
     AssertUniformOp,
@@ -164,7 +164,7 @@ class VariableAllToAllImplementation(Implementation):
         else:
             if pre.error is not None:
                 raise pre.error
-            send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
+            send_t = integer_tensor(send, torch.int64, x.device)
             recv_t = torch.empty_like(send_t)
             resources.all_to_all(recv_t, send_t, [1] * size, [1] * size, invocation, wait=True)
             recv = recv_t.tolist()
@@ -172,7 +172,7 @@ class VariableAllToAllImplementation(Implementation):
         rows_in = (x if axis == 0 else x.movedim(axis, 0)).contiguous()
         out = pooled_empty((sum(recv), *rows_in.shape[1:]), x)
         resources.all_to_all(out, rows_in, recv, send, invocation, wait=True)
-        counts = torch.tensor(recv, dtype=send_counts.dtype, device=send_counts.device)
+        counts = integer_tensor(recv, send_counts.dtype, send_counts.device)
         return (out if axis == 0 else out.movedim(0, axis), counts)
 
 

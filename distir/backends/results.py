@@ -8,7 +8,8 @@ results come back through a waiter that completes it under the deadline.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -47,3 +48,12 @@ def awaiting(
         return results
 
     return wait
+
+
+def integer_tensor(values: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A fresh tensor of the integers `values`. An int64 one on CPU wraps a
+    new array (0.8 us against `torch.tensor`'s 2.8 for two values: counts
+    are made on every variable all-to-all)."""
+    if dtype == torch.int64 and device.type == "cpu":
+        return torch.frombuffer(array("q", values), dtype=torch.int64)
+    return torch.tensor(values, dtype=dtype, device=device)
