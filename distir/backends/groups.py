@@ -231,7 +231,7 @@ class ProcessGroupResource:
         probe on a flat key: it runs on every collective of every run (and
         the timeout is kept beside the options: reading `opts.timeout`
         converts it anew)."""
-        deadline = invocation.options.get("deadline_s") or self.deadline_s
+        deadline = self.deadline_for(invocation)
         key = (kind, deadline, wait, *fields)
         cached = self._cached_options.get(key)
         if cached is None:
