@@ -477,3 +477,35 @@ def test_a_variable_read_at_interpreter_start_makes_ranks_fresh_interpreters(
     monkeypatch.delenv("OMP_NUM_THREADS")
     (forked,) = launch(where_am_i, 1, str(tmp_path), pass_context=True, timeout=90)
     assert forked["parent"] != os.getpid()
+
+
+def _quit_at_once(ctx, quitter: int, mode: str) -> dict:
+    """Every rank first records which ranks' process groups were up when it
+    reached `fn` (the launcher's store, where ranks say so); the quitter
+    then ends at once."""
+    from distir.backends import membership
+    from distir.runtime.launch import _READY_KEY
+
+    store = membership._job_store
+    up = [r for r in range(ctx.world_size) if store.check([_READY_KEY.format(r)])]
+    if ctx.rank == quitter:
+        if mode == "exit":
+            os._exit(3)
+        raise RuntimeError("quits at once")
+    return {"up": up}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("nproc", "quitter", "mode"), [(2, 0, "exit"), (3, 2, "exit"), (3, 1, "raise"), (4, 0, "raise")]
+)
+def test_every_rank_reaches_fn_only_once_every_process_group_is_up(nproc, quitter, mode):
+    # A rank that ends at once in fn must not fail a slower peer's start-up:
+    # every survivor reaches fn, sees every rank up, and reports.
+    with pytest.raises(LaunchError) as caught:
+        launch(_quit_at_once, nproc, quitter, mode, pass_context=True, timeout=60)
+    survivors = caught.value.results
+    assert sorted(survivors) == [r for r in range(nproc) if r != quitter], caught.value.failures
+    assert all(report["up"] == list(range(nproc)) for report in survivors.values()), survivors
+    assert list(caught.value.failures) == [quitter], caught.value.failures
