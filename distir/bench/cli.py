@@ -99,10 +99,11 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
                         help="compare every result with raw's (or an exact reference) on every "
                              "rank, untimed; a wrong one fails the run")  # fmt: skip
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--bind", choices=("core", "none"), default="core",
-                        help="core (default): every thread of rank r runs on the r-th CPU "
-                             "this process may use, when P <= CPUs (as mpirun --bind-to "
-                             "core); none: wherever the scheduler puts them")  # fmt: skip
+    parser.add_argument("--bind", choices=("threads", "core", "none"), default="threads",
+                        help="threads (default): when P <= CPUs, rank r's calling thread and "
+                             "gloo's workers run on the r-th CPU this process may use, gloo's "
+                             "event loops on the next; core: the calling thread only (as "
+                             "mpirun --bind-to core); none: wherever the scheduler puts them")  # fmt: skip
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help=f"directory for results.json, table.txt and the plots (default "
                              f"{RESULTS_ROOT}/<timestamp>/)")  # fmt: skip

@@ -45,7 +45,7 @@ class BenchConfig:
     iters: int | None = None
     warmup: int | None = None
     backend: str = "gloo"
-    bind: str = "core"
+    bind: str = "threads"
 
 
 def iterations_for(size: int, quick: bool = False) -> tuple[int, int]:
@@ -185,12 +185,11 @@ def bind_to_core(rank: int, world_size: int) -> int | None:
     least `world_size`; returns it (None: not bound). The backend's threads
     made before (gloo's, for the default group) stay unbound.
 
-    Why the calling thread only: the scheduler moving it between the cores
-    of a 2-core VM is much of the spread of a small message's time
-    (measured, 1 MiB all-reduce at P=2, 100 iterations after a barrier:
-    medians 2.0-2.7 ms, quartiles 1.35-4.33 ms unbound; 1.3-1.5 ms and
-    1.01-3.41 ms bound), while binding gloo's threads to the same core too
-    makes the raw call itself 3-4x slower (3.2-4.8 ms)."""
+    Why the calling thread: the scheduler moving it between the cores of a
+    2-core VM is much of the spread of a small message's time (measured, 1
+    MiB all-reduce at P=2, 100 iterations after a barrier: medians 2.0-2.7
+    ms, quartiles 1.35-4.33 ms unbound; 1.3-1.5 ms and 1.01-3.41 ms bound).
+    `bind_threads` places gloo's threads as well."""
     import os
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -198,6 +197,44 @@ def bind_to_core(rank: int, world_size: int) -> int | None:
         return None
     cpu = cpus[rank]
     os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+#: gloo's threads by name: the workers that run a collective's algorithm
+#: (c10d's), and the event loop that moves a pair's bytes (gloo's own)
+GLOO_WORKER, GLOO_LOOP = "pt_gloo_runloop", "gloo_tcp_loop"
+
+
+def bind_threads(rank: int, world_size: int, cpus: Sequence[int] | None = None) -> int | None:
+    """`bind_to_core`, and gloo's threads of every group made so far: its
+    workers on the rank's CPU (they run while the calling thread waits),
+    its event loops on the next rank's (they wake for every message, also
+    while the calling thread computes). Returns the rank's CPU (None: not
+    bound, when P > CPUs). Run again after groups are created: their
+    threads are placed then.
+
+    Measured (1 MiB all-reduce, P=2, 150 iterations after a barrier, 10th
+    to 90th percentile): calling thread bound only 0.65-2.74 and 0.79-3.80
+    ms; workers with it and event loops on the other CPU 0.72-1.24 and
+    0.83-1.21 ms (every thread on the rank's CPU: median 3.1 ms; workers on
+    the other CPU: 0.89-1.45 ms)."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else list(cpus)
+    if world_size > len(cpus):
+        return None
+    cpu, other = cpus[rank], cpus[(rank + 1) % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name == GLOO_WORKER:
+                os.sched_setaffinity(int(tid), {cpu})
+            elif name == GLOO_LOOP:
+                os.sched_setaffinity(int(tid), {other})
+        except OSError:  # the thread ended meanwhile
+            continue
     return cpu
 
 
@@ -210,15 +247,20 @@ def sync_for(device: str) -> Callable[[], None]:
 
 
 def time_calls(
-    calls: Sequence[Call], iters: int, warmup: int, device: str
+    calls: Sequence[Call], iters: int, warmup: int, device: str,
+    settle: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
-    """Seconds per timed iteration for every call, the slowest rank's."""
+    """Seconds per timed iteration for every call, the slowest rank's.
+    `settle` runs once after the warm-up (which made the variants' process
+    groups and their threads), before the first timed iteration."""
     import torch
     import torch.distributed as dist
 
     sync = sync_for(device)
     times: dict[str, list[float]] = {call.name: [] for call in calls}
     for i in range(warmup + iters):
+        if i == warmup and settle is not None:
+            settle()
         shift = i % len(calls)
         for call in [*calls[shift:], *calls[:shift]]:
             if call.reset is not None:
@@ -243,8 +285,12 @@ def bench_rank(context: Any, config: BenchConfig) -> list[dict]:
     identical on every rank."""
     world_size, rank = context.world_size, context.rank
     device = "cuda" if config.backend == "nccl" else "cpu"
+    bind = None
     if config.bind == "core":
         bind_to_core(rank, world_size)
+    elif config.bind == "threads":
+        bind = lambda: bind_threads(rank, world_size)  # noqa: E731
+        bind()
     rows: list[dict] = []
     for family in config.families:
         for dtype, op in family.cases(config.dtypes, config.ops):
@@ -256,7 +302,7 @@ def bench_rank(context: Any, config: BenchConfig) -> list[dict]:
                 iters, warmup = iterations_for(nbytes, config.quick)
                 iters = config.iters or iters
                 warmup = warmup if config.warmup is None else config.warmup
-                times = time_calls(calls, iters, warmup, device)
+                times = time_calls(calls, iters, warmup, device, bind)
                 raw_median = statistics.median(times[RAW])
                 mine = [make_row(family, case, call, setup.nbytes, times[call.name], raw_median,
                                  verdicts.get(call.name), times[RAW]) for call in calls]  # fmt: skip

@@ -234,3 +234,49 @@ def test_bind_to_core_pins_the_calling_thread_only_when_every_rank_gets_a_cpu():
         "bound": {cpus[-1]},
     }
     assert os.sched_getaffinity(0) == set(cpus)
+
+
+def test_bind_threads_places_gloos_workers_with_the_rank_and_its_event_loops_on_the_next_cpu():
+    # In a fresh interpreter: the placement applies to every thread of the
+    # process by name. Threads named as gloo names its own stand in for them.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os, threading
+        from distir.bench.runner import GLOO_LOOP, GLOO_WORKER, bind_threads
+
+        def native_id_named(name, started, done):
+            with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+                f.write(name)
+            started.set()
+            done.wait(30)
+
+        done, tids = threading.Event(), {}
+        for name in (GLOO_WORKER, GLOO_LOOP, "bystander"):
+            started = threading.Event()
+            t = threading.Thread(target=native_id_named, args=(name, started, done))
+            t.start()
+            started.wait(30)
+            tids[name] = t.native_id
+        cpus = sorted(os.sched_getaffinity(0))
+        everything = set(cpus)
+        too_many = bind_threads(0, len(cpus) + 1)
+        untouched = {n: os.sched_getaffinity(t) for n, t in tids.items()}
+        rank = len(cpus) - 1
+        bound = bind_threads(rank, len(cpus))
+        placed = {n: os.sched_getaffinity(t) for n, t in tids.items()}
+        done.set()
+        assert too_many is None and all(a == everything for a in untouched.values()), untouched
+        assert bound == cpus[rank] and os.sched_getaffinity(0) == {cpus[rank]}
+        assert placed == {GLOO_WORKER: {cpus[rank]}, GLOO_LOOP: {cpus[0]},
+                          "bystander": everything}, placed
+        print("placed", placed)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "placed" in done.stdout
