@@ -41,6 +41,7 @@ import os
 import pickle
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -446,7 +447,7 @@ def _rank_entry(
             report = (False, traceback.format_exc().strip())
     # Report before tearing down: after a failure, the teardown may wait for
     # peers that will never come (the parent ends this rank then).
-    outcome.send(report)
+    _send_report(outcome, report)
     outcome.close()
     if initialised and report[0]:
         dist.destroy_process_group()
@@ -458,6 +459,59 @@ def _rank_entry(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+#: a rank's report on its pipe: the pickle's length, then the pickle
+_REPORT_HEADER = struct.Struct("!Q")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _send_report(outcome: Connection, report: tuple[bool, Any]) -> None:
+    """Writes this rank's report to the launcher (framed by `_ReportReader`)."""
+    data = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+    _write_all(outcome.fileno(), _REPORT_HEADER.pack(len(data)) + data)
+
+
+class _ReportReader:
+    """One rank's report, read as its bytes arrive and never waiting for
+    more: a rank stopped (SIGSTOP, a debugger) half-way through writing a
+    result larger than the pipe holds cannot keep the launcher past its
+    timeout. (`Connection.recv` reads a whole message or waits.)"""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        os.set_blocking(connection.fileno(), False)
+        self._data = bytearray()
+
+    def read(self) -> tuple[bool, Any] | None:
+        """The report once complete, None while it is not; EOFError when
+        the rank closed its end (it ended) before a whole report."""
+        fd = self.connection.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                raise EOFError
+            self._data += chunk
+            report = self._complete()
+            if report is not None:
+                return report
+        return self._complete()
+
+    def _complete(self) -> tuple[bool, Any] | None:
+        if len(self._data) < _REPORT_HEADER.size:
+            return None
+        (size,) = _REPORT_HEADER.unpack_from(self._data)
+        if len(self._data) < _REPORT_HEADER.size + size:
+            return None
+        return pickle.loads(self._data[_REPORT_HEADER.size : _REPORT_HEADER.size + size])
 
 
 #: store keys of the ranks whose process group is up (one launch, one store)
@@ -699,6 +753,7 @@ def launch(
             for _, writer in pipes:
                 writer.close()  # the ranks hold the write ends now
         pending = {pipes[r][0]: r for r in range(nproc)}
+        reports = {r: _ReportReader(pipes[r][0]) for r in range(nproc)}
         deadline = time.monotonic() + timeout_s
         grace = min(collective_timeout_s, 10.0) + 2.0
         cut_short = False
@@ -708,11 +763,16 @@ def launch(
                 break
             # Short waits: a recorded signal is noticed within 0.1 s.
             for reader in wait_for_any(list(pending), timeout=min(0.1, left)):
-                rank = pending.pop(reader)  # type: ignore[index]
+                rank = pending[reader]  # type: ignore[index]
                 try:
-                    outcomes[rank] = reader.recv()  # type: ignore[union-attr]
+                    report = reports[rank].read()
                 except EOFError:
                     exited_without_result.add(rank)
+                else:
+                    if report is None:
+                        continue  # more of it to come
+                    outcomes[rank] = report
+                del pending[reader]  # type: ignore[arg-type]
                 lost = rank in exited_without_result or not outcomes[rank][0]
                 if tolerate is not None:
                     # Evidence for the survivors' recovery: this rank is gone.

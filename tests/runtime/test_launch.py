@@ -14,6 +14,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import distir
 from distir.runtime.launch import LaunchError, launch
@@ -387,6 +389,95 @@ def test_a_rank_that_dies_without_a_result_is_reported_and_its_peers_stopped() -
     failures = info.value.failures
     assert failures[1] == "exited with code 3 without a result"
     assert failures[0].startswith("did not finish in time (still running 3 s after another")
+
+
+def stop_half_way_through_the_report(ctx):
+    import distir.runtime.launch as launching
+
+    if ctx.rank == 1:
+
+        def write_part_then_stop(fd: int, data: bytes) -> None:
+            os.write(fd, data[: 1 << 12])  # a part the pipe holds: never blocks
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        launching._write_all = write_part_then_stop
+    return b"x" * (1 << 20)  # more than a pipe holds
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_rank_stopped_half_way_through_its_result_cannot_hold_the_launch() -> None:
+    # The launcher read a report with Connection.recv, which waits for the
+    # whole message: a rank stopped in the middle of it held the launch
+    # past its timeout, for ever.
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(stop_half_way_through_the_report, 2, pass_context=True, timeout=8)
+    assert time.monotonic() - start < 8 + 5
+    assert set(info.value.failures) == {1}
+    assert info.value.failures[1].startswith("did not finish in time (killed after the 8 s")
+    assert info.value.results == {0: b"x" * (1 << 20)}
+
+
+@settings(deadline=None)
+@given(
+    value=st.binary(max_size=1 << 18) | st.integers() | st.text(),
+    cuts=st.lists(st.floats(0, 1), max_size=6),
+    ends_early=st.booleans(),
+)
+def test_a_report_is_read_as_it_arrives_and_never_waited_for(value, cuts, ends_early) -> None:
+    # Property: whatever pieces a report arrives in, reading returns None
+    # (without waiting) until its last byte, then the report; a rank that
+    # ends before its last byte is EOFError, never a wait.
+    import pickle
+    from multiprocessing import Pipe
+
+    from distir.runtime.launch import _REPORT_HEADER, _ReportReader
+
+    data = pickle.dumps((True, value))
+    frame = _REPORT_HEADER.pack(len(data)) + data
+    points = sorted({int(c * len(frame)) for c in cuts} - {0, len(frame)})
+    if ends_early and not points:
+        points = [len(frame) // 2]
+    reader, writer = Pipe(duplex=False)
+    reports = _ReportReader(reader)
+    pieces = [frame[a:b] for a, b in zip([0, *points], [*points, len(frame)])]
+    if ends_early:
+        pieces = pieces[:-1]
+    slowest = 0.0
+
+    def read() -> object:
+        nonlocal slowest
+        start = time.monotonic()
+        got = reports.read()
+        slowest = max(slowest, time.monotonic() - start)
+        return got
+
+    try:
+        for i, piece in enumerate(pieces):
+            # A piece may exceed what the pipe holds: written from a thread
+            # while this one reads.
+            writing = threading.Thread(target=os.write, args=(writer.fileno(), piece))
+            writing.start()
+            seen = []
+            give_up = time.monotonic() + 10
+            while writing.is_alive() and time.monotonic() < give_up:
+                seen.append(read())
+            writing.join(10)
+            seen.append(read())
+            found = [got for got in seen if got is not None]
+            if i == len(pieces) - 1 and not ends_early:
+                assert found and all(got == (True, value) for got in found)
+            else:
+                assert found == []
+        if ends_early:
+            writer.close()
+            with pytest.raises(EOFError):
+                reports.read()
+    finally:
+        writer.close()
+        reader.close()
+    assert slowest < 2.0
 
 
 def test_the_launch_module_names_torchrun_by_its_marker() -> None:
