@@ -205,11 +205,11 @@ def bind_to_core(rank: int, world_size: int) -> int | None:
 GLOO_WORKER, GLOO_LOOP = "pt_gloo_runloop", "gloo_tcp_loop"
 
 
-def bind_threads(rank: int, world_size: int, cpus: Sequence[int] | None = None) -> int | None:
-    """`bind_to_core`, and gloo's threads of every group made so far: its
-    workers on the rank's CPU (they run while the calling thread waits),
-    its event loops on the next rank's (they wake for every message, also
-    while the calling thread computes). Returns the rank's CPU (None: not
+def bind_threads(rank: int, world_size: int) -> int | None:
+    """What `bind_to_core` does, and gloo's threads of every group made so
+    far placed too: its workers on the rank's CPU (they run while the
+    calling thread waits), its event loops on the next rank's CPU (they
+    wake for every message, also while the calling thread computes). Returns the rank's CPU (None: not
     bound, when P > CPUs). Run again after groups are created: their
     threads are placed then.
 
@@ -220,7 +220,7 @@ def bind_threads(rank: int, world_size: int, cpus: Sequence[int] | None = None) 
     the other CPU: 0.89-1.45 ms)."""
     import os
 
-    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else list(cpus)
+    cpus = sorted(os.sched_getaffinity(0))
     if world_size > len(cpus):
         return None
     cpu, other = cpus[rank], cpus[(rank + 1) % len(cpus)]
