@@ -412,10 +412,10 @@ def test_a_rank_stopped_half_way_through_its_result_cannot_hold_the_launch() -> 
     # past its timeout, for ever.
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(stop_half_way_through_the_report, 2, pass_context=True, timeout=8)
-    assert time.monotonic() - start < 8 + 5
+        launch(stop_half_way_through_the_report, 2, pass_context=True, timeout=15)
+    assert time.monotonic() - start < 15 + 5
     assert set(info.value.failures) == {1}
-    assert info.value.failures[1].startswith("did not finish in time (killed after the 8 s")
+    assert info.value.failures[1].startswith("did not finish in time (killed after the 15 s")
     assert info.value.results == {0: b"x" * (1 << 20)}
 
 
