@@ -75,7 +75,7 @@ class RunAgreement:
         inputs: Sequence[Any],
         base: ProcessGroupResource,
         fingerprint: int,
-        who: str = "",
+        who: object = "",
     ) -> list[Precondition]:
         """Checks this rank's inputs and hoisted preconditions, agrees with
         every rank that they run the plan `fingerprint` names, and returns
@@ -99,7 +99,7 @@ class RunAgreement:
                     else Precondition()
                 )
         accepted = input_error is None and all(p.ok for p in hoisted)
-        digest = digest_of(who.encode(), *(p.digest().to_bytes(8, "little") for p in hoisted))
+        digest = digest_of(str(who).encode(), *(p.digest().to_bytes(8, "little") for p in hoisted))
         counts = [0] * base.size
         if self.counts_index is not None and accepted:
             counts = hoisted[self.counts_index].decoded["send"]
@@ -119,7 +119,7 @@ class RunAgreement:
         hoisted: list[Precondition],
         base: ProcessGroupResource,
         fingerprint: int,
-        who: str = "",
+        who: object = "",
     ) -> Exception:
         """Every rank saw the same rows: all explain, and all raise what
         this returns (this rank's own error when its inputs were rejected)."""
@@ -128,7 +128,7 @@ class RunAgreement:
             "input_error": None if input_error is None else str(input_error),
             "preconditions": [p.report() for p in hoisted],
             "plan": plan.describe(base.size),
-            "run": who,
+            "run": str(who),
         }
         try:
             reports: list[Any] = base.gather_objects(mine, self.step)

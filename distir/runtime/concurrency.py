@@ -51,11 +51,23 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from distir.errors import ConcurrentRun
+
+
+class RunId(NamedTuple):
+    """Which run this is on its domain: the thread that submitted it and its
+    position there. Formatted (`str`) only where an agreement or an error
+    reads it, which a trusted run never does."""
+
+    thread: threading.Thread
+    position: int
+
+    def __str__(self) -> str:
+        return f"thread {self.thread.name!r}, run {self.position}"
 
 
 class RunGate:
@@ -70,7 +82,7 @@ class RunGate:
         self._worker: threading.Thread | None = None
         self._position = 0  # attempts so far, refused ones included
 
-    def _claim(self, what: str) -> str:
+    def _claim(self, what: str) -> RunId:
         """Registers one more run of the calling thread (holding the lock)
         and returns what the agreement compares: thread and position."""
         me = threading.current_thread()
@@ -86,15 +98,9 @@ class RunGate:
             )
         self._owner = me
         self._in_flight += 1
-        return f"thread {me.name!r}, run {position}"
+        return RunId(me, position)
 
-    def _release(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._owner = None
-
-    def enter(self, what: str) -> str | None:
+    def enter(self, what: str) -> RunId | None:
         """Claims a synchronous run on this thread and returns which run it
         is, or None when this thread's async runs are queued: the run then
         goes through `submit` after them (they were submitted first). A
@@ -107,10 +113,13 @@ class RunGate:
             return self._claim(what)
 
     def leave(self) -> None:
-        """Ends a run claimed by `enter`."""
-        self._release()
+        """Ends a run claimed by `enter` or `submit`."""
+        with self._lock:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._owner = None
 
-    def submit(self, what: str, fn: Callable[[str], Any]) -> torch.futures.Future:
+    def submit(self, what: str, fn: Callable[[RunId], Any]) -> torch.futures.Future:
         """Queues `fn(which run)` for the domain's worker; its future
         completes with `fn`'s result or exception."""
         future: torch.futures.Future = torch.futures.Future()
@@ -135,12 +144,12 @@ class RunGate:
             try:
                 result = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the future
-                self._release()
+                self.leave()
                 future.set_exception(e)
             else:
                 # Release before completing: whoever waits on the future may
                 # at once run from another thread.
-                self._release()
+                self.leave()
                 future.set_result(result)
 
 

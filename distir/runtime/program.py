@@ -40,6 +40,7 @@ from distir.passes import apply_pipeline
 from distir.runtime import autograd
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
+from distir.runtime.concurrency import RunId
 from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
 from distir.runtime.planning import Plan
 
@@ -211,7 +212,7 @@ class Program:
         inputs: Sequence[torch.Tensor],
         deadline: Duration | None,
         donate: bool | Sequence[int],
-        who: str,
+        who: RunId,
     ) -> Any:
         """One run on `binding`, claimed on its gate as run `who`."""
         base = binding.base
