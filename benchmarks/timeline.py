@@ -89,10 +89,10 @@ def rank_main(context, nbytes: int, iters: int) -> dict[str, dict[str, list[floa
     clock = time.perf_counter_ns
     original = groups.ProcessGroupResource._run
 
-    def timed_run(self, submit, options, invocation, wait):
+    def timed_run(self, submit, args, options, invocation, wait):
         opts, timeout = options
         marks.append(clock())
-        work = submit(opts)
+        work = submit(*args, opts)
         marks.append(clock())
         if wait:
             work.wait(timeout=timeout)

@@ -244,14 +244,16 @@ class ProcessGroupResource:
         return cached
 
     def _run(
-        self, submit: Any, options: tuple[Any, timedelta], invocation: Any, wait: bool
+        self, submit: Any, args: tuple, options: tuple[Any, timedelta], invocation: Any,
+        wait: bool,
     ) -> Any:
-        """`submit(opts)`, then (with `wait`) its completion; a backend error
-        on the way raises as a named distir error."""
+        """`submit(*args, opts)` (a process group's method), then (with
+        `wait`) its completion; a backend error on the way raises as a named
+        distir error."""
         opts, timeout = options
         start = time.monotonic()
         try:
-            work = submit(opts)
+            work = submit(*args, opts)
             if not wait:
                 return work
             work.wait(timeout=timeout)
@@ -261,7 +263,7 @@ class ProcessGroupResource:
 
     def all_reduce(self, tensor: torch.Tensor, op: Any, invocation: Any, wait: bool = False) -> Any:
         opts = self._options(dist.AllreduceOptions, invocation, wait, ("reduceOp", op))
-        return self._run(lambda o: self.pg.allreduce([tensor], o), opts, invocation, wait)
+        return self._run(self.pg.allreduce, ([tensor],), opts, invocation, wait)
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, invocation: Any, wait: bool = False
@@ -271,15 +273,14 @@ class ProcessGroupResource:
                              ("rootTensor", 0))  # fmt: skip
         if tensor.dtype not in COLLECTIVE_DTYPES:
             tensor = as_bytes(tensor, written=True)
-        return self._run(lambda o: self.pg.broadcast([tensor], o), opts, invocation, wait)
+        return self._run(self.pg.broadcast, ([tensor],), opts, invocation, wait)
 
     def all_gather(
         self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False
     ) -> Any:
         opts = self._options(c10d.AllgatherOptions, invocation, wait)
         out, tensor = as_bytes(out, written=True), as_bytes(tensor)
-        return self._run(lambda o: self.pg.all_gather_single(out, tensor, o), opts, invocation,
-                         wait)
+        return self._run(self.pg.all_gather_single, (out, tensor), opts, invocation, wait)
 
     def all_to_all(
         self, out: torch.Tensor, tensor: torch.Tensor, out_splits: Sequence[int],
@@ -288,8 +289,8 @@ class ProcessGroupResource:
         opts = self._options(c10d.AllToAllOptions, invocation, wait)
         outs, ins = list(out_splits), list(in_splits)
         out, tensor = as_bytes(out, written=True), as_bytes(tensor)
-        return self._run(lambda o: self.pg.all_to_all_single(out, tensor, outs, ins, o), opts,
-                         invocation, wait)
+        return self._run(self.pg.all_to_all_single, (out, tensor, outs, ins), opts, invocation,
+                         wait)  # fmt: skip
 
     # -- exchanges of small rows ---------------------------------------------------
 
@@ -322,8 +323,7 @@ class ProcessGroupResource:
         send[:] = array("q", row) * size
         opts = self._options(c10d.AllToAllOptions, invocation, True)
         # even splits: the backend cuts k words per peer
-        self._run(lambda o: self.pg.alltoall_base(received_t, send_t, [], [], o), opts,
-                  invocation, True)  # fmt: skip
+        self._run(self.pg.alltoall_base, (received_t, send_t, [], []), opts, invocation, True)
         flat = received.tolist()
         return [flat[r * k : (r + 1) * k] for r in range(size)]
 

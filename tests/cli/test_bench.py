@@ -280,3 +280,31 @@ def test_bind_threads_places_gloos_workers_with_the_rank_and_its_event_loops_on_
                           timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "placed" in done.stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_the_timeline_probe_stamps_every_collective_of_distirs_rows():
+    # benchmarks/timeline.py wraps ProcessGroupResource._run: it must keep
+    # up with that function's signature, and print three stamps per
+    # collective (submit, submit returned, completed) plus the end.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "timeline.py"
+    done = subprocess.run([sys.executable, str(script), "--iters", "3"], capture_output=True,
+                          text=True, timeout=110)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stamps = {}
+    for line in done.stdout.splitlines():
+        if " rank 0: " in line:
+            name, values = line.split(" rank 0: ")
+            stamps[name.strip()] = [float(v) for v in values.split()]
+    assert len(stamps["all-reduce, distir trusted donated"]) == 3 + 1
+    assert len(stamps["broadcast, distir trusted donated"]) == 3 + 1
+    assert len(stamps["variable all-to-all, distir verified"]) == 2 * 3 + 1  # row, payload
+    assert len(stamps["all-reduce, raw"]) == 1
+    for values in stamps.values():
+        assert values == sorted(values) and values[-1] > 0
+    assert done.stdout.count("slowest rank:") == len(stamps)
