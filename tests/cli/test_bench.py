@@ -308,3 +308,13 @@ def test_the_timeline_probe_stamps_every_collective_of_distirs_rows():
     for values in stamps.values():
         assert values == sorted(values) and values[-1] > 0
     assert done.stdout.count("slowest rank:") == len(stamps)
+
+
+def test_binding_is_skipped_where_the_platform_has_no_cpu_affinity(monkeypatch):
+    import os
+
+    from distir.bench.runner import bind_threads, bind_to_core
+
+    monkeypatch.delattr(os, "sched_setaffinity")
+    assert bind_to_core(0, 1) is None
+    assert bind_threads(0, 1) is None
