@@ -255,15 +255,16 @@ def time_calls(
     settle: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per timed iteration for every call, the slowest rank's.
-    `settle` runs once after the warm-up (which made the variants' process
-    groups and their threads), before the first timed iteration."""
+    `settle` runs once after the warm-up, which made the variants' process
+    groups and their threads (without a warm-up, after the first
+    iteration, which made them)."""
     import torch
     import torch.distributed as dist
 
     sync = sync_for(device)
     times: dict[str, list[float]] = {call.name: [] for call in calls}
     for i in range(warmup + iters):
-        if i == warmup and settle is not None:
+        if i == max(warmup, 1) and settle is not None:
             settle()
         shift = i % len(calls)
         for call in [*calls[shift:], *calls[:shift]]:

@@ -318,3 +318,18 @@ def test_binding_is_skipped_where_the_platform_has_no_cpu_affinity(monkeypatch):
     monkeypatch.delattr(os, "sched_setaffinity")
     assert bind_to_core(0, 1) is None
     assert bind_threads(0, 1) is None
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 3])
+def test_threads_are_placed_once_the_rows_made_their_groups(one_rank_world, warmup):
+    # The variants make their process groups (and gloo their threads) at
+    # their first run: the placement must come after it, warm-up or not.
+    from distir.bench.runner import Call, time_calls
+
+    runs: list[str] = []
+    calls = [Call("raw", run=lambda: runs.append("raw")),
+             Call("distir", run=lambda: runs.append("distir"))]  # fmt: skip
+    settled_after: list[int] = []
+    times = time_calls(calls, 4, warmup, "cpu", settle=lambda: settled_after.append(len(runs)))
+    assert settled_after == [2 * max(warmup, 1)]
+    assert {name: len(t) for name, t in times.items()} == {"raw": 4, "distir": 4}
