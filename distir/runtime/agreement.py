@@ -49,6 +49,7 @@ from distir.interpreters.checks import (
     mismatch,
 )
 from distir.interpreters.semantics import precondition_rule
+from distir.runtime.concurrency import RunId
 from distir.runtime.planning import Plan
 
 MAGIC = 0x6469737469720002  # "distir", row format 2 (4 + P words)
@@ -75,7 +76,7 @@ class RunAgreement:
         inputs: Sequence[Any],
         base: ProcessGroupResource,
         fingerprint: int,
-        who: object = "",
+        who: RunId | str = "",
     ) -> list[Precondition]:
         """Checks this rank's inputs and hoisted preconditions, agrees with
         every rank that they run the plan `fingerprint` names, and returns
@@ -119,7 +120,7 @@ class RunAgreement:
         hoisted: list[Precondition],
         base: ProcessGroupResource,
         fingerprint: int,
-        who: object = "",
+        who: RunId | str = "",
     ) -> Exception:
         """Every rank saw the same rows: all explain, and all raise what
         this returns (this rank's own error when its inputs were rejected)."""
