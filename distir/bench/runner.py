@@ -192,14 +192,23 @@ def bind_to_core(rank: int, world_size: int) -> int | None:
     `bind_threads` places gloo's threads as well."""
     import os
 
-    if not hasattr(os, "sched_setaffinity"):  # not Linux: nothing to bind with
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    if world_size > len(cpus):
+    cpus = _cpus_for(world_size)
+    if cpus is None:
         return None
     cpu = cpus[rank]
     os.sched_setaffinity(0, {cpu})
     return cpu
+
+
+def _cpus_for(world_size: int) -> list[int] | None:
+    """The CPUs this thread may use, when every rank can have one of them
+    (None: fewer than `world_size`, or no CPU affinity here: not Linux)."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus if world_size <= len(cpus) else None
 
 
 #: gloo's threads by name: the workers that run a collective's algorithm
@@ -223,10 +232,8 @@ def bind_threads(rank: int, world_size: int) -> int | None:
     the other CPU: 0.89-1.45 ms)."""
     import os
 
-    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
-        return None  # not Linux: nothing to bind with
-    cpus = sorted(os.sched_getaffinity(0))
-    if world_size > len(cpus):
+    cpus = _cpus_for(world_size)
+    if cpus is None or not os.path.isdir("/proc/self/task"):
         return None
     cpu, other = cpus[rank], cpus[(rank + 1) % len(cpus)]
     os.sched_setaffinity(0, {cpu})
