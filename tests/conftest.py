@@ -39,6 +39,15 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# A search past CI's fixed examples (random seeds, ten times as many):
+# HYPOTHESIS_PROFILE=deep pytest -m "not multirank" ...
+settings.register_profile(
+    "deep",
+    max_examples=1000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 _NOT_FAST = ("multirank", "slow", "large", "cuda")

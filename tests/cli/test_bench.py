@@ -236,6 +236,7 @@ def test_bind_to_core_pins_the_calling_thread_only_when_every_rank_gets_a_cpu():
     assert os.sched_getaffinity(0) == set(cpus)
 
 
+@pytest.mark.slow
 def test_bind_threads_places_gloos_workers_with_the_rank_and_its_event_loops_on_the_next_cpu():
     # In a fresh interpreter: the placement applies to every thread of the
     # process by name. Threads named as gloo names its own stand in for them.
@@ -282,6 +283,7 @@ def test_bind_threads_places_gloos_workers_with_the_rank_and_its_event_loops_on_
     assert "placed" in done.stdout
 
 
+@pytest.mark.multirank
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
 def test_the_timeline_probe_stamps_every_collective_of_distirs_rows():
