@@ -31,6 +31,7 @@ import torch
 from xdsl.ir import Operation
 
 from distir.errors import UnsupportedOpError
+from distir.interpreters.block_compiler import DistKernel
 from distir.interpreters.invocation import Invocation
 
 
@@ -60,6 +61,23 @@ class Implementation:
         writable: frozenset[int] = frozenset(),
     ) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
+
+    def bind(self, invocation: Invocation, resources: Any) -> DistKernel:
+        """This op's kernel on `resources`, made once per binding:
+        `kernel(inputs, writable)` does what `execute` does.
+
+        The default calls `execute`. An implementation whose hot path
+        depends only on what the invocation and the resources fix (the
+        reduction, the root, the options) resolves it here and returns a
+        flatter kernel, which falls back to `execute` for anything else."""
+        execute = self.execute
+
+        def kernel(
+            inputs: Sequence[torch.Tensor], writable: frozenset[int]
+        ) -> tuple[torch.Tensor, ...]:
+            return execute(invocation, inputs, resources, writable)
+
+        return kernel
 
     def start(
         self,

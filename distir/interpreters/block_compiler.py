@@ -135,6 +135,11 @@ def _only_read_before(
     return True
 
 
+def _op_error(step: Step, e: Exception) -> OpError:
+    """A torch error raised by a step's kernel, naming the op that raised it."""
+    return OpError(step.op, f"{type(e).__name__}: {e}")
+
+
 def _run_steps(steps: list[Step], env: list, donated: frozenset[int]) -> None:
     for step in steps:
         args = [env[i] for i in step.inputs]
@@ -145,8 +150,8 @@ def _run_steps(steps: list[Step], env: list, donated: frozenset[int]) -> None:
                 results = step.kernel(*args)
         except DistirError:
             raise
-        except Exception as e:  # a torch error: say which op raised it
-            raise OpError(step.op, f"{type(e).__name__}: {e}") from e
+        except Exception as e:
+            raise _op_error(step, e) from e
         for slot, value in zip(step.outputs, results):
             env[slot] = value
         for slot in step.frees:
@@ -177,10 +182,30 @@ class CompiledBlock:
         self.returned = returned
         self.captured = captured
         self._returned = operator.itemgetter(*returned) if len(returned) > 1 else None
+        #: the one step of a block that is a single collective over its
+        #: arguments, returning its results: called without the slots (the
+        #: most common program; each layer of a run costs ~5x at P=2)
+        self._direct = (
+            steps[0]
+            if len(steps) == 1
+            and steps[0].dist
+            and not captured
+            and steps[0].inputs == tuple(range(n_args))
+            and steps[0].outputs == returned
+            else None
+        )
 
     def __call__(
         self, *args: torch.Tensor, donated: frozenset[int] = _NOTHING
     ) -> tuple[torch.Tensor, ...]:
+        direct = self._direct
+        if direct is not None and len(args) == self.n_args:
+            try:
+                return direct.kernel(args, direct.writable_when(donated))
+            except DistirError:
+                raise
+            except Exception as e:
+                raise _op_error(direct, e) from e
         env: list = [None] * self.n_slots
         env[: self.n_args] = args[: self.n_args]
         if self.captured:

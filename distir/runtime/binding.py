@@ -28,7 +28,7 @@ from xdsl.ir import Operation
 
 from distir.backends.domain import group_alive
 from distir.backends.groups import ProcessGroupResource, create_declared_groups
-from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock
+from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock, DistKernel
 from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
 from distir.interpreters.invocation import Invocation
 from distir.ir.dialect import BroadcastOp
@@ -38,18 +38,8 @@ from distir.runtime.requirements import WorldSizeError, check_declarations, chec
 
 
 def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:
-    """Checks an op's results have the static dims their IR types declare:
-    one comparison per result when every dim is static."""
-    shapes = invocation.result_shapes
-    static = [None if None in shape else torch.Size(shape) for shape in shapes]
-    if len(static) == 1 and static[0] is not None:
-        size = static[0]
-
-        def check_one(results: Sequence[torch.Tensor]) -> None:  # most ops
-            if results[0].shape != size:
-                check_result_shape(invocation, 0, results[0])
-
-        return check_one
+    """Checks an op's results have the static dims their IR types declare."""
+    static = [None if None in shape else torch.Size(shape) for shape in invocation.result_shapes]
 
     def check(results: Sequence[torch.Tensor]) -> None:
         for i, size in enumerate(static):
@@ -57,6 +47,39 @@ def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], N
                 check_result_shape(invocation, i, results[i])
 
     return check
+
+
+def checked_kernel(run: DistKernel, invocation: Invocation, resource: Any) -> DistKernel:
+    """`run` (an op's bound kernel) as the block calls it: a backend error
+    raised on the way is a named distir error, and the results are checked
+    against the op's IR types (`result_check`). This runs for every op of
+    every run: the common case, one result of static shape, is checked
+    inline."""
+    shapes = invocation.result_shapes
+    if len(shapes) == 1 and None not in shapes[0]:
+        size = torch.Size(shapes[0])
+
+        def kernel_one(xs: Sequence[torch.Tensor], writable: frozenset[int]):
+            try:
+                results = run(xs, writable)
+            except RuntimeError as e:
+                raise resource.failure(e, invocation) from None
+            if results[0].shape != size:
+                check_result_shape(invocation, 0, results[0])
+            return results
+
+        return kernel_one
+    check = result_check(invocation)
+
+    def kernel(xs: Sequence[torch.Tensor], writable: frozenset[int]):
+        try:
+            results = run(xs, writable)
+        except RuntimeError as e:
+            raise resource.failure(e, invocation) from None
+        check(results)
+        return results
+
+    return kernel
 
 
 #: execution domain -> the plan fingerprints agreed on it in this process
@@ -81,11 +104,7 @@ class Binding:
         #: the run gate of the base group's domain (`distir.runtime.concurrency`)
         self.gate = gate_for(self.base.domain)
         #: the deadline every resource holds (None: not yet set)
-        self._configured: float | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.compiled is not None
+        self.configured: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -112,16 +131,16 @@ class Binding:
             _AGREED_PLANS.setdefault(self.base.domain, set()).add(self.fingerprint)
 
     def configure(self, deadline_s: float) -> None:
-        """Sets the run's deadline on every resource (once per change)."""
-        if deadline_s == self._configured:
-            return
+        """Sets the run's deadline on every resource (a run calls it when
+        the deadline differs from `configured`)."""
         for resource in self.resources:
             resource.deadline_s = deadline_s
             resource.agreement = self.plan.agreement
-        self._configured = deadline_s
+        self.configured = deadline_s
 
-    def prepare(self, deadline_s: float) -> None:
-        """Creates the declared groups and compiles the entry function."""
+    def prepare(self, deadline_s: float) -> CompiledBlock:
+        """Creates the declared groups and compiles the entry function
+        (returned, and kept as `compiled`)."""
         plan = self.plan
         size = self.base.size
         check_declarations(plan.module, size)
@@ -152,19 +171,7 @@ class Binding:
 
         def bind(op: Operation):
             implementation, invocation, resource = target(op)
-            check = result_check(invocation)
-            execute = implementation.execute
-
-            def kernel(xs: Sequence[torch.Tensor], writable: frozenset[int]):
-                # `_checked` without its closure: this runs for every op of every run.
-                try:
-                    results = execute(invocation, xs, resource, writable)
-                except RuntimeError as e:
-                    raise resource.failure(e, invocation) from None
-                check(results)
-                return results
-
-            return kernel
+            return checked_kernel(implementation.bind(invocation, resource), invocation, resource)
 
         def bind_start(op: Operation):
             implementation, invocation, resource = target(op)
@@ -182,9 +189,9 @@ class Binding:
 
         compiled = BlockCompiler(plan.module, bind, bind_start).compile_function(plan.entry)
         self.resources = live
-        self._configured = None  # new resources: set them all
-        self.configure(self.base.deadline_s)
+        self.configure(self.base.deadline_s)  # the new resources too
         self.compiled = compiled
+        return compiled
 
 
 def _checked(call: Any, resource: Any, invocation: Any, check: Any) -> tuple[torch.Tensor, ...]:

@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+from distir.backends.domain import group_alive
 from distir.backends.registry import ImplementationRegistry
 from distir.durations import Duration, seconds
 from distir.errors import CompileError
@@ -166,14 +167,13 @@ class Program:
         # The hot path of every run: one binding lookup, no closure (a
         # trusted 4 KiB all-reduce is 12 us of c10d, and a microsecond of
         # Python here costs about five at P=2: benchmarks/README.md).
-        binding = self._binding(group)
+        binding = self._bindings.get(group)
+        if binding is None or not group_alive(binding.base.pg):
+            binding = self._binding(group)
         gate = binding.gate
         who = gate.enter(self._what)
         if who is None:  # this thread's queued async runs go first
-            return gate.submit(
-                self._what,
-                lambda who: self._run_bound(self._binding(group), inputs, deadline, donate, who),
-            ).wait()
+            return self.run_async(*inputs, group=group, deadline=deadline, donate=donate).wait()
         try:
             return self._run_bound(binding, inputs, deadline, donate, who)
         finally:
@@ -224,7 +224,8 @@ class Program:
                 )
             writable = writable_inputs(inputs, donate)
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
-            binding.configure(deadline_s)
+            if deadline_s != binding.configured:
+                binding.configure(deadline_s)
             if binding.must_agree:
                 # A trusted plan's first run on a group agrees too: groups are
                 # created only once every rank is known to run this very plan.
@@ -233,11 +234,11 @@ class Program:
             else:
                 base.hoisted = ()
                 self.plan.check_inputs(inputs)
-            if not binding.ready:
-                binding.prepare(deadline_s)
-            assert binding.compiled is not None
+            compiled = binding.compiled
+            if compiled is None:
+                compiled = binding.prepare(deadline_s)
             results = owned_results(
-                binding.compiled(*inputs, donated=writable), inputs, writable, self._maybe_shared
+                compiled(*inputs, donated=writable), inputs, writable, self._maybe_shared
             )
         except BaseException as e:
             # Peers may be waiting in a collective this rank will not enter:
