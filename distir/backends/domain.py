@@ -90,6 +90,8 @@ class ExecutionDomain:
         self.key = key
         self.rank = rank
         self.store = store
+        #: None while the domain is healthy: every failure sets it first (a
+        #: run's one check before it starts reads only this)
         self.first_failure: str | None = None
         #: whether the backend failed (the group's connections are gone)
         self.broken = False

@@ -98,7 +98,9 @@ class Binding:
         self.base.agreement = plan.agreement
         #: what this rank agrees to execute on this group
         self.fingerprint = plan.bound_fingerprint(self.base.size)
-        self._known_agreed = False
+        #: whether this rank's runs skip the agreement: a trusted plan known
+        #: to be agreed on this domain (read on every run before `must_agree`)
+        self.trusted = False
         self.resources: list[ProcessGroupResource] = [self.base]
         self.compiled: CompiledBlock | None = None
         #: the run gate of the base group's domain (`distir.runtime.concurrency`)
@@ -117,10 +119,10 @@ class Binding:
         """Whether this run starts with the agreement exchange."""
         if self.plan.agreement:
             return True
-        if not self._known_agreed:  # an agreed plan stays agreed: look once
+        if not self.trusted:  # an agreed plan stays agreed: look until it is
             with _AGREED_LOCK:
-                self._known_agreed = self.fingerprint in _AGREED_PLANS.get(self.base.domain, ())
-        return not self._known_agreed
+                self.trusted = self.fingerprint in _AGREED_PLANS.get(self.base.domain, ())
+        return not self.trusted
 
     def agreed(self) -> None:
         """Records that every rank agreed on this plan on this group (what

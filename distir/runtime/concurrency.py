@@ -98,7 +98,9 @@ class RunGate:
             )
         self._owner = me
         self._in_flight += 1
-        return RunId(me, position)
+        # tuple.__new__, not RunId(...): a named tuple's constructor is a
+        # Python function, and this runs on every run
+        return tuple.__new__(RunId, (me, position))
 
     def enter(self, what: str) -> RunId | None:
         """Claims a synchronous run on this thread and returns which run it

@@ -92,7 +92,8 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
     if not donated:
         return donated
     if len(inputs) == 1:  # nothing else to overlap: only the layout matters
-        return donated if _dense(inputs[0]) else frozenset()
+        x = inputs[0]
+        return donated if isinstance(x, torch.Tensor) and x.is_contiguous() else _NONE
     spans = [storage_span(x) for x in inputs]
     return frozenset(
         i
@@ -111,11 +112,10 @@ def owned_results(
     """`results`, copying any that shares storage with an input the run may
     not write, or (positions in `maybe_shared`, see `results_maybe_shared`)
     that may be program state and is not a writable input's memory."""
-    kept = [
-        (storage, x)
-        for i, x in enumerate(inputs)
-        if i not in writable and (storage := storage_of(x)) is not None
-    ]
+    kept = []
+    for i, x in enumerate(inputs):  # a loop, not a comprehension: this runs on every run
+        if i not in writable and (storage := storage_of(x)) is not None:
+            kept.append((storage, x))
     if not kept and not maybe_shared:
         return results
     # Overlap needs the same storage: compare storages first (one pointer

@@ -216,7 +216,8 @@ class Program:
     ) -> Any:
         """One run on `binding`, claimed on its gate as run `who`."""
         base = binding.base
-        base.domain.check(self._what)
+        if base.domain.first_failure is not None:  # failed before: `check` says how
+            base.domain.check(self._what)
         try:
             if autograd.records_gradient(inputs):  # one autograd node per run
                 return autograd.run_recorded(
@@ -226,7 +227,7 @@ class Program:
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
             if deadline_s != binding.configured:
                 binding.configure(deadline_s)
-            if binding.must_agree:
+            if not binding.trusted and binding.must_agree:
                 # A trusted plan's first run on a group agrees too: groups are
                 # created only once every rank is known to run this very plan.
                 base.hoisted = self._run_agreement.agree(inputs, base, binding.fingerprint, who)
