@@ -28,6 +28,7 @@ from xdsl.ir import Operation
 
 from distir.backends.domain import group_alive
 from distir.backends.groups import ProcessGroupResource, create_declared_groups
+from distir.backends.registry import Implementation
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock, DistKernel
 from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
 from distir.interpreters.invocation import Invocation
@@ -173,7 +174,11 @@ class Binding:
 
         def bind(op: Operation):
             implementation, invocation, resource = target(op)
-            return checked_kernel(implementation.bind(invocation, resource), invocation, resource)
+            if isinstance(resource, ProcessGroupResource):
+                run = implementation.bind(invocation, resource)
+            else:  # a rank in no subgroup: `execute` raises that if the op ever runs here
+                run = Implementation.bind(implementation, invocation, resource)
+            return checked_kernel(run, invocation, resource)
 
         def bind_start(op: Operation):
             implementation, invocation, resource = target(op)

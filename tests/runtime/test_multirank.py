@@ -310,6 +310,25 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
 }
 """
 
+#: ranks 2 and up are in no subgroup of @low and never run its ops (bound,
+#: but not run, on those ranks)
+SOME_RANKS_OUTSIDE = """\
+dist.group @low [[0, 1]]
+func.func @main(%x: tensor<4xi64>, %f: tensor<3xf32>) -> (tensor<4xi64>, tensor<3xf32>) {
+  %r = dist.rank : index
+  %two = arith.constant 2 : index
+  %in_low = arith.cmpi ult, %r, %two : index
+  %y, %g = scf.if %in_low -> (tensor<4xi64>, tensor<3xf32>) {
+    %s = dist.all_reduce sum %x group @low : tensor<4xi64>
+    %b = dist.broadcast %f root 1 group @low : tensor<3xf32>
+    scf.yield %s, %b : tensor<4xi64>, tensor<3xf32>
+  } else {
+    scf.yield %x, %f : tensor<4xi64>, tensor<3xf32>
+  }
+  func.return %y, %g : tensor<4xi64>, tensor<3xf32>
+}
+"""
+
 SUBGROUPS_P3 = """\
 dist.group @g {parts}
 func.func @main(%x: tensor<2xi64>) -> (index, index, tensor<2xi64>, tensor<?xi64>, tensor<2xi64>) {{
@@ -331,6 +350,9 @@ def subgroups(p: int, seed: int) -> list[tuple[Case, list]]:
                   (Arg("int64", (4,), -50, 50), Arg("float32", (2, 2), -50, 50)), seed=seed), []),
             (Case("subgroups-different-op-per-pair", DIFFERENT_OPS_PER_PAIR,
                   (Arg("int64", (4,), -50, 50),), seed=seed + 1, verify_spmd=False), []),
+            (Case("subgroups-some-ranks-outside", SOME_RANKS_OUTSIDE,
+                  (Arg("int64", (4,), -50, 50), Arg("float32", (3,), -50, 50)), seed=seed + 2,
+                  verify_spmd=False), []),
         ]
     if p == 3:
         args = (Arg("int64", (2,), -50, 50),)
