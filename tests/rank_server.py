@@ -73,7 +73,11 @@ def apply_layout(value: torch.Tensor, layout: str) -> torch.Tensor:
     """A tensor equal to `value`, laid out in memory as named:
     "strided" (every other element of a larger buffer along the last dim),
     "transposed" (a transposed view), "expanded" (stride 0 along dim 0; the
-    value is uniform along it) or "contiguous"."""
+    value is uniform along it), "negated" (memory holding -value under the
+    negative bit: what `torch.tensor([1+2j]).conj().imag` is) or
+    "contiguous"."""
+    if layout == "negated":
+        return torch._neg_view(-value)
     if layout == "contiguous" or value.dim() == 0:
         return value.clone()
     if layout == "strided":

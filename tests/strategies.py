@@ -114,7 +114,11 @@ def shapes(min_dims: int = 1, max_dims: int = 2, max_side: int = 3) -> st.Search
     return st.lists(st.integers(0, max_side), min_size=min_dims, max_size=max_dims).map(tuple)
 
 
-LAYOUTS = ("contiguous", "strided", "transposed", "expanded")
+LAYOUTS = ("contiguous", "strided", "transposed", "expanded", "negated")
+
+#: dtypes a negation view exists for (torch has no negative bit for bool, and
+#: negating an unsigned integer is not an involution torch offers)
+_NEGATABLE = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 @st.composite
@@ -126,6 +130,8 @@ def laid_out(draw, value: torch.Tensor) -> tuple[torch.Tensor, str]:
         options.append("transposed")
     if value.dim() >= 1 and value.shape[0] >= 2:
         options.append("expanded")
+    if value.dtype.is_floating_point or value.dtype in _NEGATABLE:
+        options.append("negated")  # memory holds -value, the negative bit set
     layout = draw(st.sampled_from(options))
     if layout == "expanded":
         value = value[:1].expand(value.shape).clone()
@@ -148,7 +154,7 @@ class DrawnCase:
     #: pipelines that apply to this case (the rest are run too: no-ops)
     pipelines: tuple[str, ...] = PIPELINES
 
-    def case(self, pipeline: str = "") -> Case:
+    def case(self, pipeline: str = "", donate: tuple[int, ...] = ()) -> Case:
         return Case(
             name=self.name,
             source=self.source,
@@ -156,6 +162,7 @@ class DrawnCase:
             layouts=self.layouts or [["contiguous"] * len(x) for x in self.inputs],
             pipeline=pipeline,
             implementations=self.implementations,
+            donate=donate,
         )
 
 

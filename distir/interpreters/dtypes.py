@@ -40,6 +40,9 @@ _UNSIGNED_INT_DTYPES = {
     64: torch.uint64,
 }
 
+#: the element types `element_dtype` maps, as IR spells them (for messages)
+RUNNABLE_ELEMENT_TYPES = "i1, i8-i64, si8-si64, ui8-ui64, f16, bf16, f32, f64, index"
+
 
 def element_dtype(t: Attribute) -> torch.dtype:
     """The torch dtype of a scalar type, or of a tensor type's elements.

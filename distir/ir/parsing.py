@@ -40,7 +40,7 @@ from xdsl.context import Context
 from xdsl.dialects import arith, math
 from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
-from xdsl.dialects.func import Func, FuncOp
+from xdsl.dialects.func import CallOp, Func, FuncOp
 from xdsl.dialects.linalg import Linalg
 from xdsl.dialects.math import Math
 from xdsl.dialects.scf import Scf
@@ -407,6 +407,23 @@ def function_named(module: ModuleOp, name: str) -> FuncOp | None:
     return next(
         (op for op in module.ops if isinstance(op, FuncOp) and op.sym_name.data == name), None
     )
+
+
+def reachable_functions(module: ModuleOp, entry: str) -> list[FuncOp]:
+    """The entry function and every function it calls, transitively (what
+    a run of `@entry` can execute)."""
+    functions = {op.sym_name.data: op for op in module.ops if isinstance(op, FuncOp)}
+    if entry not in functions:
+        return []
+    order, todo = [entry], [entry]
+    while todo:
+        for op in functions[todo.pop()].walk():
+            if isinstance(op, CallOp):
+                callee = op.callee.root_reference.data
+                if callee in functions and callee not in order:
+                    order.append(callee)
+                    todo.append(callee)
+    return [functions[name] for name in order]
 
 
 def find_verify_failure(root: Operation) -> tuple[Operation, Exception] | None:

@@ -77,17 +77,18 @@ class RunAgreement:
         base: ProcessGroupResource,
         fingerprint: int,
         who: RunId | str = "",
-    ) -> list[Precondition]:
+    ) -> tuple[Sequence[Any], list[Precondition]]:
         """Checks this rank's inputs and hoisted preconditions, agrees with
         every rank that they run the plan `fingerprint` names, and returns
-        the preconditions (or raises on every rank). `who` names the run
+        the inputs as the run reads them (`Plan.check_inputs`) and the
+        preconditions (or raises on every rank). `who` names the run
         (thread and position on the domain): runs pair only with the same
         run on every peer (`distir.runtime.concurrency`)."""
         plan = self.plan
         input_error: ProgramInputError | None = None
         hoisted: list[Precondition] = []
         try:
-            plan.check_inputs(inputs)
+            inputs = plan.check_inputs(inputs)
         except ProgramInputError as e:
             input_error = e
         if input_error is None:
@@ -110,7 +111,7 @@ class RunAgreement:
             if self.counts_index is not None:
                 me = AGREED_WORDS + base.rank
                 base.agreed_counts = [row[me] for row in rows]
-            return hoisted
+            return inputs, hoisted
         raise self._disagreement(rows, input_error, hoisted, base, fingerprint, who)
 
     def _disagreement(

@@ -13,6 +13,14 @@ The rule (DESIGN.md, "Ownership"), kept here and nowhere else:
   none of the program's own state (constants every run shares, casts and
   selects of them): such a result is returned as a copy.
 
+A run reads an input's memory as its value, so an input whose memory is
+not its value never reaches a collective (`plain_inputs`): a lazy negation
+view (the negative bit, as `torch.tensor([1+2j]).conj().imag` has) or an
+efficient zero tensor (no memory at all) runs on a copy of its value, and a
+tensor with no dense memory (sparse, on the meta device) is refused naming
+the input. Before, gloo summed a negation view's raw memory and wrote the
+sum into a temporary: each rank returned its own donated input.
+
 Overlap means storage overlap: the same untyped storage and intersecting
 byte ranges, so views, slices, expanded tensors and a tensor passed twice
 are all caught, while disjoint slices of one buffer are not.
@@ -70,6 +78,38 @@ _NONE: frozenset[int] = frozenset()
 @functools.lru_cache(maxsize=32)
 def _all_of(count: int) -> frozenset[int]:
     return frozenset(range(count))
+
+
+def is_plain(x: torch.Tensor) -> bool:
+    """Whether a tensor's memory holds its value: dense (strided), not on
+    the meta device, no negative bit, not an efficient zero tensor."""
+    return x.layout is torch.strided and not (x.is_neg() or x._is_zerotensor() or x.is_meta)
+
+
+def plain_inputs(inputs: Sequence[Any], what: str = "") -> Sequence[Any]:
+    """`inputs`, each tensor one whose memory is its value: a negation view
+    or an efficient zero tensor is replaced by a copy of its value
+    (`clone`, which keeps autograd's graph to the caller's tensor); a
+    tensor without dense memory raises `ProgramInputError` naming it (as
+    input #i of `what`, the program's entry)."""
+    if all(is_plain(x) for x in inputs if isinstance(x, torch.Tensor)):
+        return inputs
+    return tuple(_plain(f"{what} input #{i}".lstrip(), x) for i, x in enumerate(inputs))
+
+
+def _plain(which: str, x: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.layout is not torch.strided:
+        raise ProgramInputError(
+            f"{which} is a {str(x.layout).removeprefix('torch.')} tensor: distir runs on "
+            "dense (strided) tensors; pass x.to_dense()"
+        )
+    if x.is_meta:
+        raise ProgramInputError(f"{which} is on the meta device: it holds no data to communicate")
+    if x.is_neg() or x._is_zerotensor():
+        return x.clone()  # its value in memory of its own
+    return x
 
 
 def donated_indices(donate: bool | Sequence[int], count: int) -> frozenset[int]:

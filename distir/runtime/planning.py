@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.ir import BlockArgument, Operation
 
 from distir.backends.registry import Implementation, ImplementationRegistry
 from distir.errors import CompileError, UnsupportedOpError
 from distir.interpreters.block_compiler import BlockCompiler
-from distir.interpreters.dtypes import element_dtype, static_shape
+from distir.interpreters.dtypes import RUNNABLE_ELEMENT_TYPES, element_dtype, static_shape
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.semantics import make_invocation, precondition_rule
 from distir.ir.all_reduce import known_combine_error
@@ -47,8 +47,9 @@ from distir.ir.facts import (
     LocalCheck,
     needs_agreement,
 )
-from distir.ir.parsing import describe_op, function_named
+from distir.ir.parsing import describe_op, function_named, reachable_functions
 from distir.runtime.inputs import check_inputs
+from distir.runtime.ownership import is_plain, plain_inputs
 
 
 def is_executable_dist_op(op: Operation) -> bool:
@@ -89,6 +90,40 @@ def entry_function(module: ModuleOp, entry: str) -> func.FuncOp:
     return function
 
 
+def check_value_types(module: ModuleOp, entry: str) -> None:
+    """Refuses, naming where, any value a run of `@entry` could compute whose
+    type torch cannot hold. `i2`, `f8E4M3FN`, `f128` or `complex<f32>` are
+    valid IR, but no torch dtype holds them: the program is refused when it
+    is compiled, not with a TypeError from wherever the type is first read."""
+    for function in reachable_functions(module, entry):
+        name = f"@{function.sym_name.data} ({describe_op(function)})"
+        signature = function.function_type
+        for role, types in (("argument", signature.inputs), ("result", signature.outputs)):
+            for i, t in enumerate(types.data):
+                _check_value_type(t, role, i, name)
+        for op in function.walk():
+            if op is function:
+                continue
+            for value in op.results:
+                _check_value_type(value.type, "result", value.index, op)
+            for region in op.regions:
+                for block in region.blocks:
+                    for arg in block.args:
+                        _check_value_type(arg.type, "block argument", arg.index, op)
+
+
+def _check_value_type(t: Any, role: str, index: int, owner: Operation | str) -> None:
+    try:
+        element_dtype(t)
+    except TypeError:
+        where = owner if isinstance(owner, str) else describe_op(owner)
+        element = t.element_type if isinstance(t, TensorType) else t
+        raise CompileError(
+            f"{role} #{index} of {where} has type {t}: distir runs on torch tensors, and no "
+            f"torch dtype holds {element} (element types: {RUNNABLE_ELEMENT_TYPES})"
+        ) from None
+
+
 class Plan:
     """What a program runs, decided at compile time."""
 
@@ -108,6 +143,7 @@ class Plan:
         #: fixed for the program's life and part of its fingerprint
         self.agreement = agreement
         self.function = entry_function(module, entry)
+        check_value_types(module, entry)
         self._text = f"{entry}\n{module}"
         self.groups: list[GroupOp] = group_declarations(module)
         self.input_types = list(self.function.function_type.inputs.data)
@@ -239,19 +275,27 @@ class Plan:
             return op.recorded_algorithm()
         return None
 
-    def check_inputs(self, inputs: Sequence[Any]) -> None:
-        """Raises `ProgramInputError` unless `inputs` match the entry
-        signature (dtype and every static dim)."""
+    def check_inputs(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        """The inputs as a run reads them: `inputs`, once they match the
+        entry signature (dtype and every static dim) and each holds its
+        value in memory of its own (`ownership.plain_inputs`: a negation
+        view is replaced by a copy of its value). Raises `ProgramInputError`
+        naming the input otherwise."""
         specs = self._input_specs
         if self._static_inputs and len(inputs) == len(specs):
             for value, (dtype, size) in zip(inputs, specs):
                 if not (
-                    isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == size
+                    isinstance(value, torch.Tensor)
+                    and value.dtype == dtype
+                    and value.shape == size
+                    and is_plain(value)
                 ):
                     break
             else:  # the common case: fully static types, every input matches
-                return
+                return inputs
+        inputs = plain_inputs(inputs, f"@{self.entry}")
         check_inputs(inputs, self.function)
+        return inputs
 
     def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A hoisted op's operands: entry arguments, taken from the run's inputs."""

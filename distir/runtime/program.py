@@ -135,7 +135,8 @@ class Program:
         return [(describe_op(op), impl.name) for op, impl in self.plan.choices.items()]
 
     def check_inputs(self, inputs: Sequence[Any]) -> None:
-        """Raises `ProgramInputError` unless `inputs` match the entry signature."""
+        """Raises `ProgramInputError` unless a run accepts `inputs` (the
+        entry signature's types, in memory that holds their values)."""
         self.plan.check_inputs(inputs)
 
     # -- running --------------------------------------------------------------
@@ -223,18 +224,22 @@ class Program:
                 return autograd.run_recorded(
                     self, inputs, group=binding.group, deadline=deadline, donate=donate
                 )
-            writable = writable_inputs(inputs, donate)
             deadline_s = self.deadline_s if deadline is None else seconds(deadline, "deadline")
             if deadline_s != binding.configured:
                 binding.configure(deadline_s)
+            # From here on, `inputs` are the accepted inputs as the run reads
+            # them (`Plan.check_inputs`: a negation view is its value's copy).
             if not binding.trusted and binding.must_agree:
                 # A trusted plan's first run on a group agrees too: groups are
                 # created only once every rank is known to run this very plan.
-                base.hoisted = self._run_agreement.agree(inputs, base, binding.fingerprint, who)
+                inputs, base.hoisted = self._run_agreement.agree(
+                    inputs, base, binding.fingerprint, who
+                )
                 binding.agreed()
             else:
                 base.hoisted = ()
-                self.plan.check_inputs(inputs)
+                inputs = self.plan.check_inputs(inputs)
+            writable = writable_inputs(inputs, donate)
             compiled = binding.compiled
             if compiled is None:
                 compiled = binding.prepare(deadline_s)
@@ -265,9 +270,9 @@ class Program:
         results are returned (what a recovered group must compute)."""
         from distir.interpreters.reference import run_simulation
 
-        inputs_per_rank = [x for r, x in enumerate(inputs_per_rank) if r not in set(lost)]
-        for inputs in inputs_per_rank:
-            self.check_inputs(inputs)
+        inputs_per_rank = [
+            self.plan.check_inputs(x) for r, x in enumerate(inputs_per_rank) if r not in set(lost)
+        ]
         plan = self.plan
 
         def run_rank(rank_ctx) -> tuple[torch.Tensor, ...]:

@@ -36,7 +36,7 @@ from xdsl.ir import Operation
 from distir.errors import DistirError, count
 from distir.ir.dialect import ASSUMED_GROUP_SIZE, AllGatherOp, GroupOp, MeshOp, WaveOp
 from distir.ir.facts import OperandRole, operand_roles
-from distir.ir.parsing import describe_op, function_named
+from distir.ir.parsing import describe_op, function_named, reachable_functions
 
 #: what an operand of each counting role holds, for messages
 _COUNT_ROLES = {
@@ -97,24 +97,6 @@ class WorldSizeRequirement:
                 f"{self.reason}"
             )
         return f"this program runs on at most {count(self.at_most, 'rank')}, not {world_size}: {self.reason}"
-
-
-def _reachable_functions(module: ModuleOp, entry: str) -> list[func.FuncOp]:
-    """The entry function and every function it calls, transitively."""
-    functions = {
-        op.sym_name.data: op for op in module.ops if isinstance(op, func.FuncOp)
-    }
-    if entry not in functions:
-        return []
-    order, todo = [entry], [entry]
-    while todo:
-        for op in functions[todo.pop()].walk():
-            if isinstance(op, func.CallOp):
-                callee = op.callee.root_reference.data
-                if callee in functions and callee not in order:
-                    order.append(callee)
-                    todo.append(callee)
-    return [functions[name] for name in order]
 
 
 def _runs_on_every_rank(op: Operation, entry: func.FuncOp) -> bool:
@@ -213,7 +195,7 @@ def world_size_requirements(module: ModuleOp, entry: str = "main") -> list[World
     the functions it calls."""
     found = list(_declarations(module))
     entry_op = function_named(module, entry)
-    for function in _reachable_functions(module, entry):
+    for function in reachable_functions(module, entry):
         for op in function.walk():
             group = op.properties.get("group")
             if group is None:

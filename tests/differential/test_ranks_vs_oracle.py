@@ -5,9 +5,11 @@ The ranks are a `rank_server.RankServer`: this process draws a case
 (program text, every rank's inputs and memory layouts), the ranks compile
 and run it and send back every rank's results, which must equal
 `tests/oracle.py`'s on every rank — or the program is rejected at compile
-time with `CompileError` on every rank — and no rank may modify an input
-(nothing is donated here). Every draw runs twice: as written, and under one
-drawn pipeline (a pass never changes a result).
+time with `CompileError` on every rank — and no rank may modify an input it
+did not donate (a draw donates every input or none). Inputs come in every
+memory layout a caller can pass, negation views included. Every draw runs
+twice: as written, and under one drawn pipeline (a pass never changes a
+result).
 
 The draws are derandomized (reproducible: the same cases on every run and
 machine) and not shrunk: a failing case is reported as drawn, since each
@@ -17,6 +19,7 @@ defects these draws found.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import oracle
@@ -51,8 +54,10 @@ def judge(case: strategies.DrawnCase, outcomes: list[Outcome], pipeline: str) ->
     assert why is None, f"{where}: {why}\n{case.source}"
 
 
-def run_and_judge(server: RankServer, case: strategies.DrawnCase, pipeline: str = "") -> None:
-    judge(case, server.run(case.case(pipeline)), pipeline)
+def run_and_judge(
+    server: RankServer, case: strategies.DrawnCase, pipeline: str = "", donate: tuple = ()
+) -> None:
+    judge(case, server.run(case.case(pipeline, donate)), pipeline)
 
 
 @pytest.mark.parametrize("family", sorted(strategies.FAMILIES))
@@ -65,8 +70,40 @@ def run_and_judge(server: RankServer, case: strategies.DrawnCase, pipeline: str 
 def test_real_ranks_equal_the_oracle(server, family, data):
     case = data.draw(strategies.FAMILIES[family](WORLD), label="case")
     pipeline = data.draw(st.sampled_from(strategies.PIPELINES[1:]), label="pipeline")
-    run_and_judge(server, case, "")
-    run_and_judge(server, case, pipeline)
+    # Donating changes which memory a run may write, never its results.
+    donate = data.draw(st.sampled_from([(), tuple(range(len(case.inputs[0])))]), label="donate")
+    run_and_judge(server, case, "", donate)
+    run_and_judge(server, case, pipeline, donate)
+
+
+# -- inputs whose memory is not their value -----------------------------------------
+
+
+def _negated_where_possible(case: strategies.DrawnCase) -> strategies.DrawnCase:
+    """The case with every input a negation view can hold passed as one
+    (memory holding -x under the negative bit) on every rank."""
+    layouts = [
+        ["negated" if x.dtype.is_floating_point or x.dtype in strategies._NEGATABLE else lay
+         for x, lay in zip(xs, lays)]
+        for xs, lays in zip(case.inputs, case.case().layouts)
+    ]  # fmt: skip
+    return dataclasses.replace(case, layouts=layouts)
+
+
+@pytest.mark.parametrize("family", sorted(strategies.FAMILIES))
+@settings(
+    max_examples=strategies.examples(0.04),
+    derandomize=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(data=st.data())
+def test_negation_views_donated_or_not_give_the_oracles_results(server, family, data):
+    # A negation view's memory holds -x: a collective that read or wrote that
+    # memory as the value returned each rank's own input (gloo wrote the sum
+    # into a temporary), silently.
+    case = _negated_where_possible(data.draw(strategies.FAMILIES[family](WORLD), label="case"))
+    for donate in ((), tuple(range(len(case.inputs[0])))):
+        run_and_judge(server, case, "", donate)
 
 
 # -- the defects the draws found, pinned -----------------------------------------
