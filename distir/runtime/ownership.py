@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import increment_version
 from xdsl.dialects import func
 from xdsl.ir import BlockArgument, SSAValue
 
@@ -141,6 +142,18 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
         if _dense(inputs[i])
         and not any(overlap(spans[i], spans[j]) for j in range(len(inputs)) if j != i)
     )
+
+
+def mark_written(inputs: Sequence[Any], writable: frozenset[int]) -> None:
+    """Tells autograd that a run may overwrite the inputs in `writable`
+    (donated, so the caller gave up their values): their version counters
+    advance, as every in-place torch op's do, so a value autograd saved from
+    one of them is refused in backward ("modified by an inplace operation")
+    instead of used after the run overwrote it. Collectives write memory
+    torch does not track: `dist.all_reduce(x)` leaves x's counter alone,
+    and a backward through x's old value then silently used the sum."""
+    if writable:
+        increment_version([inputs[i] for i in writable])
 
 
 def owned_results(

@@ -42,7 +42,12 @@ from distir.runtime import autograd
 from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
 from distir.runtime.concurrency import RunId
-from distir.runtime.ownership import owned_results, results_maybe_shared, writable_inputs
+from distir.runtime.ownership import (
+    mark_written,
+    owned_results,
+    results_maybe_shared,
+    writable_inputs,
+)
 from distir.runtime.planning import Plan
 
 ProgramSource = ModuleOp | str | Path
@@ -240,6 +245,7 @@ class Program:
                 base.hoisted = ()
                 inputs = self.plan.check_inputs(inputs)
             writable = writable_inputs(inputs, donate)
+            mark_written(inputs, writable)
             compiled = binding.compiled
             if compiled is None:
                 compiled = binding.prepare(deadline_s)
