@@ -144,6 +144,34 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
     )
 
 
+def input_versions(inputs: Sequence[Any]) -> tuple[int | None, ...]:
+    """Each input tensor's version counter, which every in-place torch op
+    advances (None: not a tensor, or an inference tensor, which has none)."""
+    return tuple(_version(x) for x in inputs)
+
+
+def _version(x: Any) -> int | None:
+    if not isinstance(x, torch.Tensor) or x.is_inference():
+        return None
+    return x._version
+
+
+def check_unchanged(inputs: Sequence[Any], versions: Sequence[int | None], what: str) -> None:
+    """Raises `ProgramInputError` naming the first input modified in place
+    since `versions` were read (`Program.run_async` reads them when it
+    queues a run, and this runs when the run starts: a run reads its inputs
+    when it executes, so a change in between would silently be computed
+    with)."""
+    for i, (x, version) in enumerate(zip(inputs, versions)):
+        if version is not None and x._version != version:
+            raise ProgramInputError(
+                f"{what}: input #{i} was modified in place after run_async queued the run "
+                "and before the run started; a queued run reads its inputs when it "
+                "executes (as torch.distributed's async collectives do): leave them "
+                "unchanged until its future completes, or pass a copy"
+            )
+
+
 def mark_written(inputs: Sequence[Any], writable: frozenset[int]) -> None:
     """Tells autograd that a run may overwrite the inputs in `writable`
     (donated, so the caller gave up their values): their version counters

@@ -43,6 +43,8 @@ from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
 from distir.runtime.concurrency import RunId
 from distir.runtime.ownership import (
+    check_unchanged,
+    input_versions,
     mark_written,
     owned_results,
     results_maybe_shared,
@@ -194,10 +196,16 @@ class Program:
     ) -> torch.futures.Future:
         """`run`, queued on the group's distir worker: returns at once a
         future of what `run` returns (or of its named error). Runs of a
-        group execute one at a time, in submission order."""
+        group execute one at a time, in submission order. A queued run reads
+        its inputs when it executes: leave them unchanged until the future
+        completes (an input modified in place before its run starts is a
+        `ProgramInputError`, never a result computed from the change)."""
+        submitted = input_versions(inputs)
         return self._binding(group).gate.submit(
             self._what,
-            lambda who: self._run_bound(self._binding(group), inputs, deadline, donate, who),
+            lambda who: self._run_bound(
+                self._binding(group), inputs, deadline, donate, who, submitted
+            ),
         )
 
     def _binding(self, group: Any) -> Binding:
@@ -219,12 +227,16 @@ class Program:
         deadline: Duration | None,
         donate: bool | Sequence[int],
         who: RunId,
+        submitted: Sequence[int | None] | None = None,
     ) -> Any:
-        """One run on `binding`, claimed on its gate as run `who`."""
+        """One run on `binding`, claimed on its gate as run `who`;
+        `submitted`: the inputs' versions when `run_async` queued it."""
         base = binding.base
         if base.domain.first_failure is not None:  # failed before: `check` says how
             base.domain.check(self._what)
         try:
+            if submitted is not None:
+                check_unchanged(inputs, submitted, self._what)
             if autograd.records_gradient(inputs):  # one autograd node per run
                 return autograd.run_recorded(
                     self, inputs, group=binding.group, deadline=deadline, donate=donate

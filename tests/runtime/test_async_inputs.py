@@ -1,0 +1,84 @@
+"""A queued run never computes with an input changed after it was queued.
+
+`Program.run_async` returns at once and the run reads its inputs when it
+executes, later, as torch.distributed's async collectives do. An input
+modified in place in between (`x.add_(1)` before the future completes)
+used to be computed with silently; the run now compares each input's
+version counter with the one read when it was queued, and a change is a
+`ProgramInputError` naming the input.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import distir
+from distir.errors import ProgramInputError
+from distir.runtime import autograd
+
+T = "tensor<4xf32>"
+SUM = f"func.func @main(%x: {T}) -> {T} {{\n  %y = dist.all_reduce sum %x : {T}\n  func.return %y : {T}\n}}"
+
+
+@pytest.fixture
+def world(one_rank_world):
+    from distir.backends.domain import reset_domain
+
+    yield
+    reset_domain(None)
+
+
+@pytest.fixture
+def held_worker(monkeypatch):
+    """The first run to start waits until the test releases it, so that
+    the runs queued behind it have not started yet."""
+    release, started = threading.Event(), []
+    original = autograd.records_gradient
+
+    def first_waits(inputs):
+        if not started:
+            started.append(True)
+            assert release.wait(20)
+        return original(inputs)
+
+    monkeypatch.setattr(autograd, "records_gradient", first_waits)
+    return release
+
+
+CHANGES = {
+    "add_": lambda x: x.add_(1),
+    "copy_": lambda x: x.copy_(torch.zeros(4)),
+    "item assignment": lambda x: x.__setitem__(0, 5.0),
+    "through a view": lambda x: x[1:].mul_(2),
+}
+
+
+@pytest.mark.parametrize("agreement", [True, False])
+@pytest.mark.parametrize("donate", [False, True])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_an_input_changed_before_its_queued_run_starts_is_a_named_error(
+    world, held_worker, agreement, donate, change
+):
+    program = distir.compile(SUM, agreement=agreement)
+    first = program.run_async(torch.ones(4))
+    x = torch.arange(4.0)
+    queued = program.run_async(x, donate=donate)
+    CHANGES[change](x)
+    held_worker.set()
+    assert torch.equal(first.wait(), torch.ones(4))
+    with pytest.raises(ProgramInputError, match="input #0 was modified in place after run_async"):
+        queued.wait()
+
+
+def test_unchanged_inputs_queued_behind_a_run_give_their_results(world, held_worker):
+    program = distir.compile(SUM)
+    first = program.run_async(torch.ones(4))
+    xs = [torch.arange(4.0) * k for k in range(3)]
+    queued = [program.run_async(x) for x in xs]
+    held_worker.set()
+    first.wait()
+    for x, future in zip(xs, queued):
+        assert torch.equal(future.wait(), x)
