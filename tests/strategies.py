@@ -116,9 +116,14 @@ def shapes(min_dims: int = 1, max_dims: int = 2, max_side: int = 3) -> st.Search
 
 LAYOUTS = ("contiguous", "strided", "transposed", "expanded", "negated")
 
-#: dtypes a negation view exists for (torch has no negative bit for bool, and
-#: negating an unsigned integer is not an involution torch offers)
+#: integer dtypes a negation view exists for (torch has no negative bit for
+#: bool, and no negation of an unsigned integer)
 _NEGATABLE = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def negatable(dtype: torch.dtype) -> bool:
+    """Whether a tensor of `dtype` can be passed as a negation view."""
+    return dtype.is_floating_point or dtype in _NEGATABLE
 
 
 @st.composite
@@ -130,7 +135,7 @@ def laid_out(draw, value: torch.Tensor) -> tuple[torch.Tensor, str]:
         options.append("transposed")
     if value.dim() >= 1 and value.shape[0] >= 2:
         options.append("expanded")
-    if value.dtype.is_floating_point or value.dtype in _NEGATABLE:
+    if negatable(value.dtype):
         options.append("negated")  # memory holds -value, the negative bit set
     layout = draw(st.sampled_from(options))
     if layout == "expanded":

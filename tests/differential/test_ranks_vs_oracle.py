@@ -60,13 +60,23 @@ def run_and_judge(
     judge(case, server.run(case.case(pipeline, donate)), pipeline)
 
 
-@pytest.mark.parametrize("family", sorted(strategies.FAMILIES))
-@settings(
-    max_examples=strategies.examples(0.06),
-    derandomize=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-)
-@given(data=st.data())
+def every_family(fraction: float):
+    """A test run for every case family, fed `fraction` of the hypothesis
+    profile's examples, derandomized (the same draws on every run)."""
+
+    def decorate(test):
+        test = given(data=st.data())(test)
+        test = settings(
+            max_examples=strategies.examples(fraction),
+            derandomize=True,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate],
+        )(test)
+        return pytest.mark.parametrize("family", sorted(strategies.FAMILIES))(test)
+
+    return decorate
+
+
+@every_family(0.06)
 def test_real_ranks_equal_the_oracle(server, family, data):
     case = data.draw(strategies.FAMILIES[family](WORLD), label="case")
     pipeline = data.draw(st.sampled_from(strategies.PIPELINES[1:]), label="pipeline")
@@ -83,20 +93,13 @@ def _negated_where_possible(case: strategies.DrawnCase) -> strategies.DrawnCase:
     """The case with every input a negation view can hold passed as one
     (memory holding -x under the negative bit) on every rank."""
     layouts = [
-        ["negated" if x.dtype.is_floating_point or x.dtype in strategies._NEGATABLE else lay
-         for x, lay in zip(xs, lays)]
+        ["negated" if strategies.negatable(x.dtype) else lay for x, lay in zip(xs, lays)]
         for xs, lays in zip(case.inputs, case.case().layouts)
     ]  # fmt: skip
     return dataclasses.replace(case, layouts=layouts)
 
 
-@pytest.mark.parametrize("family", sorted(strategies.FAMILIES))
-@settings(
-    max_examples=strategies.examples(0.04),
-    derandomize=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-)
-@given(data=st.data())
+@every_family(0.04)
 def test_negation_views_donated_or_not_give_the_oracles_results(server, family, data):
     # A negation view's memory holds -x: a collective that read or wrote that
     # memory as the value returned each rank's own input (gloo wrote the sum
