@@ -77,18 +77,20 @@ class RunAgreement:
         base: ProcessGroupResource,
         fingerprint: int,
         who: RunId | str = "",
+        submitted: Sequence[int | None] | None = None,
     ) -> tuple[Sequence[Any], list[Precondition]]:
         """Checks this rank's inputs and hoisted preconditions, agrees with
         every rank that they run the plan `fingerprint` names, and returns
-        the inputs as the run reads them (`Plan.check_inputs`) and the
-        preconditions (or raises on every rank). `who` names the run
-        (thread and position on the domain): runs pair only with the same
-        run on every peer (`distir.runtime.concurrency`)."""
+        the inputs as the run reads them (`Plan.check_inputs`, with the
+        versions `run_async` read, `submitted`) and the preconditions (or
+        raises on every rank). `who` names the run (thread and position on
+        the domain): runs pair only with the same run on every peer
+        (`distir.runtime.concurrency`)."""
         plan = self.plan
         input_error: ProgramInputError | None = None
         hoisted: list[Precondition] = []
         try:
-            inputs = plan.check_inputs(inputs)
+            inputs = plan.check_inputs(inputs, submitted)
         except ProgramInputError as e:
             input_error = e
         if input_error is None:

@@ -49,7 +49,7 @@ from distir.ir.facts import (
 )
 from distir.ir.parsing import describe_op, function_named, reachable_functions
 from distir.runtime.inputs import check_inputs
-from distir.runtime.ownership import is_plain, plain_inputs
+from distir.runtime.ownership import check_unchanged, is_plain, plain_inputs
 
 
 def is_executable_dist_op(op: Operation) -> bool:
@@ -275,12 +275,17 @@ class Plan:
             return op.recorded_algorithm()
         return None
 
-    def check_inputs(self, inputs: Sequence[Any]) -> Sequence[Any]:
+    def check_inputs(
+        self, inputs: Sequence[Any], submitted: Sequence[int | None] | None = None
+    ) -> Sequence[Any]:
         """The inputs as a run reads them: `inputs`, once they match the
         entry signature (dtype and every static dim) and each holds its
         value in memory of its own (`ownership.plain_inputs`: a negation
-        view is replaced by a copy of its value). Raises `ProgramInputError`
-        naming the input otherwise."""
+        view is replaced by a copy of its value), and for a queued run none
+        changed since `run_async` read their versions (`submitted`). Raises
+        `ProgramInputError` naming the input otherwise."""
+        if submitted is not None:
+            check_unchanged(inputs, submitted, f"@{self.entry}")
         specs = self._input_specs
         if self._static_inputs and len(inputs) == len(specs):
             for value, (dtype, size) in zip(inputs, specs):

@@ -235,9 +235,9 @@ class Program:
         if base.domain.first_failure is not None:  # failed before: `check` says how
             base.domain.check(self._what)
         try:
-            if submitted is not None:
-                check_unchanged(inputs, submitted, self._what)
             if autograd.records_gradient(inputs):  # one autograd node per run
+                if submitted is not None:
+                    check_unchanged(inputs, submitted, self._what)
                 return autograd.run_recorded(
                     self, inputs, group=binding.group, deadline=deadline, donate=donate
                 )
@@ -250,12 +250,12 @@ class Program:
                 # A trusted plan's first run on a group agrees too: groups are
                 # created only once every rank is known to run this very plan.
                 inputs, base.hoisted = self._run_agreement.agree(
-                    inputs, base, binding.fingerprint, who
+                    inputs, base, binding.fingerprint, who, submitted
                 )
                 binding.agreed()
             else:
                 base.hoisted = ()
-                inputs = self.plan.check_inputs(inputs)
+                inputs = self.plan.check_inputs(inputs, submitted)
             writable = writable_inputs(inputs, donate)
             mark_written(inputs, writable)
             compiled = binding.compiled

@@ -82,3 +82,47 @@ def test_unchanged_inputs_queued_behind_a_run_give_their_results(world, held_wor
     first.wait()
     for x, future in zip(xs, queued):
         assert torch.equal(future.wait(), x)
+
+
+def _one_rank_changes_its_queued_input(context) -> str:
+    import time
+
+    from distir.errors import DistirError
+
+    program = distir.compile(SUM, deadline=30)
+    release, started = threading.Event(), []
+    original = autograd.records_gradient
+
+    def first_waits(inputs):
+        if not started:
+            started.append(True)
+            assert release.wait(20)
+        return original(inputs)
+
+    autograd.records_gradient = first_waits
+    first = program.run_async(torch.ones(4))
+    x = torch.arange(4.0)
+    queued = program.run_async(x)
+    if context.rank == 1:
+        x.add_(1)
+    release.set()
+    first.wait()
+    start = time.monotonic()
+    try:
+        queued.wait()
+    except DistirError as e:
+        return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+    return "returned a result"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(90)
+def test_one_ranks_changed_queued_input_is_every_ranks_named_error_at_once():
+    from distir.runtime.launch import launch
+
+    outcomes = launch(_one_rank_changes_its_queued_input, 3, pass_context=True, timeout=60)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.startswith(("ProgramInputError", "ProgramMismatch")), (rank, outcome)
+        assert "input #0 was modified in place after run_async" in outcome, (rank, outcome)
+        seconds = float(outcome.split(" after ")[1].split(" s")[0])
+        assert seconds < 10, (rank, outcome)  # in the run agreement, not at the 30 s deadline
