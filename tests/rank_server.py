@@ -46,6 +46,10 @@ class Case:
     grad_weights: list[torch.Tensor] | None = None
     #: indices of donated inputs (`run(..., donate=...)`)
     donate: tuple[int, ...] = ()
+    #: autograd saves every input before the run (w * x saves x); a
+    #: backward through it after the run must be refused for an input the
+    #: run may have written, and otherwise give x's value from before
+    saved_by_autograd: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,11 @@ def run_case(case: Case, rank: int) -> Outcome:
     if case.grad_weights is not None:
         inputs = [x.clone().requires_grad_() for x in inputs]
     before = [x.detach().clone() for x in inputs]
+    saved = []
+    if case.saved_by_autograd:
+        for i, x in enumerate(inputs):  # w * x saves x, whatever x's dtype
+            w = torch.ones(x.shape, dtype=torch.float64, requires_grad=True)
+            saved.append((i, w, (w * x).sum()))
     try:
         results = program.run(*inputs, donate=case.donate)
     except DistirError as e:
@@ -138,6 +147,16 @@ def run_case(case: Case, rank: int) -> Outcome:
     except Exception as e:  # not a named error: the test reports it as such
         return Outcome(None, f"unnamed {type(e).__name__}: {e}")
     results = results if isinstance(results, tuple) else (results,)
+    for i, w, loss in saved:
+        try:
+            loss.backward()
+        except RuntimeError as e:
+            if i in case.donate and "modified by an inplace operation" in str(e):
+                continue  # refused: the run may have written input i
+            return Outcome(None, f"unnamed RuntimeError in backward through input #{i}: {e}")
+        want = before[i].to(torch.float64)
+        if not bool(((w.grad == want) | (w.grad.isnan() & want.isnan())).all()):
+            return Outcome(None, f"stale: backward through input #{i} used a value written by the run")
     grads = None
     if case.grad_weights is not None:
         if not results[0].requires_grad:

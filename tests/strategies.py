@@ -159,7 +159,9 @@ class DrawnCase:
     #: pipelines that apply to this case (the rest are run too: no-ops)
     pipelines: tuple[str, ...] = PIPELINES
 
-    def case(self, pipeline: str = "", donate: tuple[int, ...] = ()) -> Case:
+    def case(
+        self, pipeline: str = "", donate: tuple[int, ...] = (), saved_by_autograd: bool = False
+    ) -> Case:
         return Case(
             name=self.name,
             source=self.source,
@@ -168,6 +170,7 @@ class DrawnCase:
             pipeline=pipeline,
             implementations=self.implementations,
             donate=donate,
+            saved_by_autograd=saved_by_autograd,
         )
 
 

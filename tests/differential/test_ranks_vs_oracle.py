@@ -109,6 +109,19 @@ def test_negation_views_donated_or_not_give_the_oracles_results(server, family, 
         run_and_judge(server, case, "", donate)
 
 
+@every_family(0.05)
+def test_a_value_autograd_saved_from_an_input_is_never_used_after_the_run_wrote_it(
+    server, family, data
+):
+    # Collectives write memory torch does not track: backward through a
+    # value saved from a donated input (w * x) used the run's result.
+    # Contiguous inputs, so that every donated one may be written.
+    case = data.draw(strategies.FAMILIES[family](WORLD), label="case")
+    case = dataclasses.replace(case, layouts=[["contiguous"] * len(xs) for xs in case.inputs])
+    for donate in ((), tuple(range(len(case.inputs[0])))):
+        judge(case, server.run(case.case("", donate, saved_by_autograd=True)), "")
+
+
 # -- the defects the draws found, pinned -----------------------------------------
 
 
