@@ -50,6 +50,7 @@ from distir.he.threshold import (
     ThresholdParameters,
     ThresholdShare,
 )
+from distir.runtime.ownership import plain_inputs
 
 __all__ = [
     "Aggregate",
@@ -382,6 +383,9 @@ def switch_key(
     receiver key).  The ranks get only the switched ciphertexts, which they
     cannot decrypt."""
     deadline_s = seconds(deadline, "deadline")
+    # The key's value, in memory of its own: its bytes are digested and
+    # agreed on (a negation view's memory holds -key).
+    (receiver_key,) = plain_inputs([receiver_key], "switch_key: receiver key")
     active = _prepare(total, share, group, deadline_s)
     shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
     _spend_agreed(share, tags, group, deadline_s)

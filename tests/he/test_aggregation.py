@@ -230,3 +230,31 @@ def test_a_rank_that_exits_fails_every_survivor_promptly_with_nothing_returned(p
         assert report["error"] in ("CollectiveFailed", "DeadlineExceeded", "Poisoned"), report
         assert report["seconds"] < DEADLINE_S + 2, report
         assert report["share"] is None and report["values"] is None
+
+
+def _switch_with_a_negation_view(ctx, receiver_key: torch.Tensor) -> bytes:
+    params = ta.ThresholdParameters(parties=2, threshold=2)
+    share = ta.generate_keys(params)
+    encrypted = ts.ckks_vector(share.public_key.context(), update(2, ctx.rank).tolist())
+    total = ta.aggregate([encrypted], share)
+    # rank 1 holds the same key as a negation view: memory -key, the negative bit set
+    key = torch._neg_view(-receiver_key) if ctx.rank == 1 else receiver_key
+    return ta.switch_key(total, share, key)[0]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_receiver_key_passed_as_a_negation_view_is_switched_to_by_its_value():
+    # Its bytes are digested and agreed on: before, numpy() refused the
+    # view on that rank alone, after the others had started the switch.
+    from distir.runtime.launch import launch
+
+    params = th.ThresholdParameters(parties=2, threshold=2)
+    receiver = th.receiver_context(params)
+    blobs = launch(
+        _switch_with_a_negation_view, 2, public_key_limbs(receiver), pass_context=True, timeout=100
+    )
+    plain = update(2, 0) + update(2, 1)
+    for blob in blobs:
+        received = np.array(ts.ckks_vector_from(receiver, blob).decrypt()[:SIZE])
+        assert np.abs(received - plain).max() <= 7 * params.key_switch_error_std
