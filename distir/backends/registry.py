@@ -5,7 +5,10 @@ with `execute(invocation, inputs, resources, writable)`: `writable` holds the
 positions of the inputs the implementation may overwrite and return as its
 results (the runtime proves that nothing else reads them: a donated input,
 or an intermediate whose last use is this op); every other input is read
-only, and no result may alias it.
+only, and no result may alias it. `bind(invocation, resources)` makes the
+op's kernel once per binding (by default one that calls `execute`; an
+implementation may resolve its hot path there, tested against `execute` in
+`tests/backends/test_bound_kernels.py`).
 An execution owner gets its set from `distributed_operation_contributions()`
 and builds an `ImplementationRegistry` from it.
 
