@@ -133,7 +133,7 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
     if not donated:
         return donated
     if len(inputs) == 1:  # nothing else to overlap: only the layout matters
-        x = inputs[0]
+        x = inputs[0]  # `_dense(x)`, inline: this runs on every donated run
         return donated if isinstance(x, torch.Tensor) and x.is_contiguous() else _NONE
     spans = [storage_span(x) for x in inputs]
     return frozenset(

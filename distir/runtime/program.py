@@ -288,8 +288,9 @@ class Program:
         results are returned (what a recovered group must compute)."""
         from distir.interpreters.reference import run_simulation
 
+        dropped = set(lost)
         inputs_per_rank = [
-            self.plan.check_inputs(x) for r, x in enumerate(inputs_per_rank) if r not in set(lost)
+            self.plan.check_inputs(x) for r, x in enumerate(inputs_per_rank) if r not in dropped
         ]
         plan = self.plan
 

@@ -31,10 +31,10 @@ def world(one_rank_world):
     reset_domain(None)
 
 
-@pytest.fixture
-def held_worker(monkeypatch):
-    """The first run to start waits until the test releases it, so that
-    the runs queued behind it have not started yet."""
+def _hold_first_run(patch) -> threading.Event:
+    """Makes the first run to start wait until the returned event is set,
+    so that the runs queued behind it have not started yet (`patch(module,
+    name, value)` installs the wait: `setattr`, or pytest's monkeypatch)."""
     release, started = threading.Event(), []
     original = autograd.records_gradient
 
@@ -44,8 +44,13 @@ def held_worker(monkeypatch):
             assert release.wait(20)
         return original(inputs)
 
-    monkeypatch.setattr(autograd, "records_gradient", first_waits)
+    patch(autograd, "records_gradient", first_waits)
     return release
+
+
+@pytest.fixture
+def held_worker(monkeypatch):
+    return _hold_first_run(monkeypatch.setattr)
 
 
 CHANGES = {
@@ -90,16 +95,7 @@ def _one_rank_changes_its_queued_input(context) -> str:
     from distir.errors import DistirError
 
     program = distir.compile(SUM, deadline=30)
-    release, started = threading.Event(), []
-    original = autograd.records_gradient
-
-    def first_waits(inputs):
-        if not started:
-            started.append(True)
-            assert release.wait(20)
-        return original(inputs)
-
-    autograd.records_gradient = first_waits
+    release = _hold_first_run(setattr)
     first = program.run_async(torch.ones(4))
     x = torch.arange(4.0)
     queued = program.run_async(x)
