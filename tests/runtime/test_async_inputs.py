@@ -14,6 +14,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import distir
 from distir.errors import ProgramInputError
@@ -76,6 +78,45 @@ def test_an_input_changed_before_its_queued_run_starts_is_a_named_error(
     assert torch.equal(first.wait(), torch.ones(4))
     with pytest.raises(ProgramInputError, match="input #0 was modified in place after run_async"):
         queued.wait()
+
+
+#: in-place writes, each applied to the input or a view of it
+IN_PLACE = {
+    "add_": lambda v: v.add_(1), "sub_": lambda v: v.sub_(2), "mul_": lambda v: v.mul_(3),
+    "div_": lambda v: v.div_(2), "neg_": lambda v: v.neg_(), "zero_": lambda v: v.zero_(),
+    "fill_": lambda v: v.fill_(7), "clamp_": lambda v: v.clamp_(max=-1),
+    "copy_": lambda v: v.copy_(torch.full_like(v, 9)),
+    "masked_fill_": lambda v: v.masked_fill_(torch.ones_like(v, dtype=torch.bool), 4),
+    "setitem": lambda v: v.__setitem__(slice(None), 5.0),
+}  # fmt: skip
+
+
+@given(
+    write=st.sampled_from(sorted(IN_PLACE)),
+    start=st.integers(0, 3),
+    donate=st.booleans(),
+    agreement=st.booleans(),
+)
+def test_any_in_place_write_through_any_view_before_the_run_starts_is_named(
+    one_rank_world, write, start, donate, agreement
+):
+    from distir.backends.domain import reset_domain
+
+    program = distir.compile(SUM, agreement=agreement)
+    original = autograd.records_gradient
+    try:
+        release = _hold_first_run(setattr)
+        first = program.run_async(torch.ones(4))
+        x = torch.arange(4.0) + 1
+        queued = program.run_async(x, donate=donate)
+        IN_PLACE[write](x[start:])
+        release.set()
+        assert torch.equal(first.wait(), torch.ones(4))
+        with pytest.raises(ProgramInputError, match="input #0 was modified in place"):
+            queued.wait()
+    finally:
+        autograd.records_gradient = original
+        reset_domain(None)
 
 
 def test_unchanged_inputs_queued_behind_a_run_give_their_results(world, held_worker):
