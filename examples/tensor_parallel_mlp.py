@@ -156,11 +156,18 @@ def moe_reference(P: int) -> list[float]:
     return losses
 
 
+#: how far a distributed loss may be from the single-process one: the sums
+#: of partial products run in another order than one matmul, so the last
+#: bits of a float32 differ (by ~1e-7 here), and by how much depends on the
+#: order gloo adds in; what is stable, and printed, is the bound
+TOLERANCE = 1e-5
+
+
 def show(name: str, P: int, distributed: list[float], reference: list[float]) -> None:
     gap = max(abs(a - b) for a, b in zip(distributed, reference))
     steps = " ".join(f"{loss:.6f}" for loss in distributed)
-    print(f"{name} on {P} ranks: losses {steps}; single process within {gap:.0e}")
-    assert gap <= 1e-5, (distributed, reference)
+    print(f"{name} on {P} ranks: losses {steps}; single process within {TOLERANCE:.0e}")
+    assert gap <= TOLERANCE, (gap, distributed, reference)
 
 
 def worker(ctx) -> tuple[list[float], list[float]]:

@@ -283,7 +283,19 @@ def drawn_cases(count: int) -> list[OwnershipCase]:
     return drawn
 
 
-CASES = EXAMPLES + drawn_cases(60)
+def listed_cases() -> list[OwnershipCase]:
+    """Every family and every pattern at least once, listed: a property needs
+    them all, and no draw is sure to cover them (a hypothesis release once
+    drew no halving-doubling case in 60)."""
+    families, patterns = sorted(FAMILIES), PATTERNS
+    return [
+        OwnershipCase(families[i % len(families)], patterns[i % len(patterns)], donate, 100 + i)
+        for i in range(max(len(families), len(patterns)))
+        for donate in [((), (0,), (1,), (0, 1))[i % 4]]
+    ]
+
+
+CASES = EXAMPLES + listed_cases() + drawn_cases(50)
 
 
 @pytest.fixture(scope="module")
