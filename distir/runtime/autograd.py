@@ -28,8 +28,26 @@ gradients, so a rank that does not leaves its peers to their deadline in
 the backward. Several runs in one autograd graph are backpropagated in the
 order torch's engine picks, the same on every rank only when every rank
 built the same graph (SPMD code does); each backward run's agreement
-catches ranks that disagree. Double backward (`create_graph=True`)
-differentiates the backward program the same way, untested.
+catches ranks that disagree.
+
+What a backward reads. The backward program reads the cotangents and the
+residuals the forward program returned. A residual may be the very tensor
+handed to the caller as a result (the result of an all-reduce max is what
+its backward compares with), and a caller may edit a result in place —
+through autograd (`y += 1`), or around it (`y.data`, `y.detach()`,
+`torch.no_grad()`, `.numpy()`), which torch's version counter does not
+always see. So every residual that shares memory with a result or an
+input is copied when the forward runs (`_owned`), and all residuals are
+saved with `ctx.save_for_backward`: the backward reads only memory that no
+caller can reach, and its gradients are those of the values the forward
+computed, whatever happens to the results afterwards.
+
+Double backward (`create_graph=True`) is refused: the residuals are not
+outputs of the autograd node, so a backward recorded by autograd would miss
+every second-order term that flows through them and return a silently wrong
+second derivative. Each rank raises `NotDifferentiable` before the backward
+program's first collective and poisons its domain, so a peer that went on
+is told within its deadline + 2 s.
 """
 
 from __future__ import annotations
@@ -61,6 +79,8 @@ class Program(Protocol):
     def run(self, *inputs: Any, **options: Any) -> Any: ...
 
     def simulate(self, inputs_per_rank: Any, **options: Any) -> Any: ...
+
+    def poison(self, group: Any, error: BaseException) -> None: ...
 
 
 def records_gradient(inputs: Sequence[Any]) -> bool:
@@ -136,7 +156,8 @@ class _ProgramRun(torch.autograd.Function):
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         count = form.functions.results
         results, residuals = outputs[:count], outputs[count:]
-        ctx.form, ctx.options, ctx.residuals = form, options, residuals
+        ctx.save_for_backward(*_owned(residuals, (*results, *inputs)))
+        ctx.form, ctx.options = form, options
         ctx.result_specs = [(r.shape, r.dtype) for r in results]
         ctx.input_count = len(inputs)
         floats = set(form.functions.float_results)
@@ -146,6 +167,15 @@ class _ProgramRun(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None):
         form: DifferentiableForm = ctx.form
+        if torch.is_grad_enabled():  # create_graph=True: see the module docstring
+            error = NotDifferentiable(
+                f"@{form.forward.entry}: double backward (create_graph=True) through a "
+                "distir program is not supported; its second derivative would miss the "
+                "terms through the backward's residuals"
+            )
+            form.backward.poison(ctx.options["group"], error)
+            raise error
+        residuals = ctx.saved_tensors
         cotangents = []
         for i in form.functions.float_results:
             grad = grads[i]
@@ -153,12 +183,27 @@ class _ProgramRun(torch.autograd.Function):
             cotangents.append(
                 torch.zeros(shape, dtype=dtype) if grad is None else grad.contiguous()
             )
-        gradients = form.backward.run(*cotangents, *ctx.residuals, **ctx.options)
+        gradients = form.backward.run(*cotangents, *residuals, **ctx.options)
         gradients = gradients if isinstance(gradients, tuple) else (gradients,)
         per_input: list[torch.Tensor | None] = [None] * ctx.input_count
         for i, gradient in zip(form.functions.float_inputs, gradients):
             per_input[i] = gradient
         return (None, None, *per_input)
+
+
+def _owned(residuals: Sequence[torch.Tensor], reachable: Sequence[Any]) -> list[torch.Tensor]:
+    """`residuals`, each copied if it shares memory with a tensor of
+    `reachable` (what the caller holds), so that no edit of those can change
+    what the backward reads."""
+    held = set()
+    for x in reachable:
+        if isinstance(x, torch.Tensor) and x.numel():
+            held.add(x.untyped_storage().data_ptr())
+    owned = []
+    for r in residuals:
+        shared = r.numel() and r.untyped_storage().data_ptr() in held
+        owned.append(r.clone() if shared else r)
+    return owned
 
 
 def run_recorded(

@@ -208,6 +208,13 @@ class Program:
             ),
         )
 
+    def poison(self, group: Any, error: BaseException) -> None:
+        """Marks this rank's execution domain of `group` failed with `error`
+        (what a run does before its error propagates), for a refusal decided
+        outside a run: peers waiting in a collective hear it within their
+        deadline + 2 s."""
+        self._binding(group).base.domain.poison(error)
+
     def _binding(self, group: Any) -> Binding:
         """This program's binding on `group` (created on first use). A
         binding is alive while its process group object is registered;
