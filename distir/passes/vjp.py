@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects import arith, func, scf, tensor
+from xdsl.dialects import arith, func, math, scf, tensor
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     BFloat16Type,
@@ -729,9 +729,123 @@ def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [d_scalar, d_dest]
 
 
+# -- math: each derivative written in the ops it differentiates ---------------------
+
+
+class _Terms:
+    """Builds a derivative's terms in the backward function, elementwise, in
+    the cotangent's type (constants are splat to its shape)."""
+
+    def __init__(self, t: _Transposer, op: Operation, ct: SSAValue):
+        self.t, self.op, self.ct = t, op, ct
+
+    def x(self, i: int = 0) -> SSAValue:
+        return self.t.primal(self.op.operands[i])
+
+    def y(self) -> SSAValue:
+        return self.t.primal(self.op.results[0])
+
+    def c(self, value: float) -> SSAValue:
+        kind = self.ct.type
+        element = kind.element_type if isinstance(kind, TensorType) else kind
+        scalar = self.t.emit(arith.ConstantOp(FloatAttr(value, element))).results[0]  # type: ignore[arg-type]
+        if not isinstance(kind, TensorType):
+            return scalar
+        dynamic = [d for d in self.t.shape_of(self.ct, primal=False) if isinstance(d, SSAValue)]
+        return self.t.emit(tensor.SplatOp(scalar, dynamic, kind)).results[0]
+
+    def f(self, op_type: type[Operation], a: SSAValue) -> SSAValue:
+        return self.t.emit(op_type(a)).results[0]  # type: ignore[call-arg]
+
+    def mul(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.t.binary(arith.MulfOp, a, b)
+
+    def div(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.t.binary(arith.DivfOp, a, b)
+
+    def add(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.t.binary(arith.AddfOp, a, b)
+
+    def sub(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.t.binary(arith.SubfOp, a, b)
+
+    def square(self, a: SSAValue) -> SSAValue:
+        return self.mul(a, a)
+
+
+#: math op -> its derivative times the cotangent (`d.ct`), elementwise
+_MATH_DERIVATIVES: dict[type[Operation], Callable[[_Terms], SSAValue]] = {
+    math.ExpOp: lambda d: d.mul(d.ct, d.y()),
+    math.Exp2Op: lambda d: d.mul(d.ct, d.mul(d.y(), d.c(0.6931471805599453))),
+    math.ExpM1Op: lambda d: d.mul(d.ct, d.add(d.y(), d.c(1.0))),
+    math.LogOp: lambda d: d.div(d.ct, d.x()),
+    math.Log2Op: lambda d: d.div(d.ct, d.mul(d.x(), d.c(0.6931471805599453))),
+    math.Log10Op: lambda d: d.div(d.ct, d.mul(d.x(), d.c(2.302585092994046))),
+    math.Log1pOp: lambda d: d.div(d.ct, d.add(d.x(), d.c(1.0))),
+    math.SqrtOp: lambda d: d.div(d.mul(d.ct, d.c(0.5)), d.y()),
+    math.RsqrtOp: lambda d: d.mul(d.ct, d.div(d.mul(d.y(), d.c(-0.5)), d.x())),
+    math.SinOp: lambda d: d.mul(d.ct, d.f(math.CosOp, d.x())),
+    math.CosOp: lambda d: d.mul(d.ct, d.mul(d.f(math.SinOp, d.x()), d.c(-1.0))),
+    math.TanOp: lambda d: d.mul(d.ct, d.add(d.c(1.0), d.square(d.y()))),
+    math.SinhOp: lambda d: d.mul(d.ct, d.f(math.CoshOp, d.x())),
+    math.CoshOp: lambda d: d.mul(d.ct, d.f(math.SinhOp, d.x())),
+    math.TanhOp: lambda d: d.mul(d.ct, d.sub(d.c(1.0), d.square(d.y()))),
+    math.AsinOp: lambda d: d.div(d.ct, d.f(math.SqrtOp, d.sub(d.c(1.0), d.square(d.x())))),
+    math.AcosOp: lambda d: d.div(
+        d.mul(d.ct, d.c(-1.0)), d.f(math.SqrtOp, d.sub(d.c(1.0), d.square(d.x())))
+    ),
+    math.AtanOp: lambda d: d.div(d.ct, d.add(d.c(1.0), d.square(d.x()))),
+    math.AsinhOp: lambda d: d.div(d.ct, d.f(math.SqrtOp, d.add(d.square(d.x()), d.c(1.0)))),
+    math.AcoshOp: lambda d: d.div(d.ct, d.f(math.SqrtOp, d.sub(d.square(d.x()), d.c(1.0)))),
+    math.AtanhOp: lambda d: d.div(d.ct, d.sub(d.c(1.0), d.square(d.x()))),
+    math.ErfOp: lambda d: d.mul(
+        d.ct,
+        d.mul(
+            d.c(1.1283791670955126),  # 2 / sqrt(pi)
+            d.f(math.ExpOp, d.mul(d.square(d.x()), d.c(-1.0))),
+        ),
+    ),
+}
+
+
+def _math_unary(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    (ct,) = cts
+    assert ct is not None
+    return [_MATH_DERIVATIVES[type(op)](_Terms(t, op, ct))]
+
+
+def _absf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """The cotangent times the sign of x, 0 at ±0 (torch's `abs` too)."""
+    (ct,) = cts
+    assert ct is not None
+    d = _Terms(t, op, ct)
+    x, zeros = d.x(), d.c(0.0)
+    positive = t.emit(tensor_arith.CmpfOp(x, zeros, "ogt")).results[0]
+    negative = t.emit(tensor_arith.CmpfOp(x, zeros, "olt")).results[0]
+    flipped = t.emit(tensor_arith.SelectOp(negative, d.mul(ct, d.c(-1.0)), zeros)).results[0]
+    return [t.emit(tensor_arith.SelectOp(positive, ct, flipped)).results[0]]
+
+
+def _fma(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    # y = a * b + c
+    (ct,) = cts
+    assert ct is not None
+    a, b, _ = op.operands
+    return [t.binary(arith.MulfOp, ct, t.primal(b)), t.binary(arith.MulfOp, ct, t.primal(a)), ct]
+
+
 #: the transpose rules of xDSL's local ops and their tensor forms
 #: (`tensor_arith`); every dist op declares its own (`Transposable`)
 LOCAL_RULES: dict[type[Operation], TransposeRule] = {
+    **{op_type: _math_unary for op_type in _MATH_DERIVATIVES},
+    math.AbsFOp: _absf,
+    math.FmaOp: _fma,
+    # piecewise constant: a zero derivative almost everywhere, as torch's
+    math.FloorOp: _no_gradient,
+    math.CeilOp: _no_gradient,
+    math.RoundOp: _no_gradient,
+    math.RoundEvenOp: _no_gradient,
+    math.TruncOp: _no_gradient,
     arith.AddfOp: _addf,
     arith.SubfOp: _subf,
     arith.NegfOp: _negf,
