@@ -124,6 +124,15 @@ def test_the_sum_hook_equals_ddps_default_bit_for_bit_at_four_ranks():
     assert reports == [{"fp32": (True, [538, 768, 1306])}] * 4
 
 
+def test_the_sum_hook_equals_ddps_default_bit_for_bit_at_three_ranks():
+    """1/3 is inexact: DDP multiplies by it when it copies a gradient into
+    the bucket, and divides a gradient that is already a bucket view;
+    a division in the hook differed by an ulp."""
+    names = ["fp32", "fp32, bucket views, no_sync", "bf16"]
+    reports = launch(compare_worker, 3, names, pass_context=True, timeout=100)
+    assert reports == [{name: (True, [538, 768, 1306]) for name in names}] * 3
+
+
 # ------------------------------------------------------------ program hooks
 
 
