@@ -323,8 +323,23 @@ def _float_to_unsigned(op: Operation) -> Kernel:
     if dtype == torch.bool:
         return lambda a: ((a.trunc().to(torch.int64) & 1).to(torch.bool),)
     # Through int64 so that values above the signed range of the width wrap
-    # to the same bits an unsigned conversion gives.
-    return lambda a: (a.trunc().to(torch.int64).to(dtype),)
+    # to the same bits an unsigned conversion gives; values in [2^63, 2^64)
+    # (in range for a 64-bit unsigned result) are out of int64's range, so
+    # they convert less 2^63 and get the top bit back by wrapping.
+    def run(a: torch.Tensor) -> tuple[torch.Tensor]:
+        whole = a.trunc()
+        if a.dtype in (torch.float16, torch.bfloat16):  # below 2^63 anyway
+            return (whole.to(torch.int64).to(dtype),)
+        high = whole >= _TWO_TO_63
+        low = torch.where(high, whole - _TWO_TO_63, whole).to(torch.int64)
+        bits = torch.where(high, low + _INT64_MIN, low)
+        return (bits.to(dtype),)
+
+    return run
+
+
+_TWO_TO_63 = float(2**63)
+_INT64_MIN = torch.tensor(-(2**63), dtype=torch.int64)
 
 
 def _float_to_signed(op: Operation) -> Kernel:
@@ -354,7 +369,71 @@ def _extui(op: Operation) -> Kernel:
 
 
 def _round_half_away(a: torch.Tensor) -> torch.Tensor:
-    return torch.sign(a) * torch.floor(a.abs() + 0.5)
+    """math.round: to the nearest integer, halves away from zero, the sign
+    of zero kept. Not floor(|a| + 0.5): that sum rounds (0.49999997 + 0.5
+    is 1.0 in f32, 2^23 + 1.5 rounds to even); a - trunc(a) is exact."""
+    whole = a.trunc()
+    up = (a - whole).abs() >= 0.5
+    return torch.copysign(torch.where(up, whole + torch.sign(a), whole), a)
+
+
+def _round_to_odd_f32(s: torch.Tensor) -> torch.Tensor:
+    """An f64 tensor rounded to f32 by rounding to odd: exact values stay,
+    an inexact one becomes the one of its two f32 neighbours whose last bit
+    is odd. Rounding that once more to nearest (to a type of 22 or fewer
+    significant bits) is the correct rounding of the original."""
+    f = s.to(torch.float32)
+    error = s - f.double()  # exact: f is within an ulp of s
+    even = (f.view(torch.int32) & 1) == 0
+    toward = torch.where(error > 0, torch.inf, -torch.inf).to(torch.float32)
+    return torch.where((error != 0) & even & torch.isfinite(f), torch.nextafter(f, toward), f)
+
+
+def _fma(op: Operation) -> Kernel:
+    """math.fma: a * b + c with one rounding. For f32, f16 and bf16 the
+    product is exact in f64 (at most 48 significant bits); the sum is
+    rounded to odd in f64 (TwoSum gives its exact error), which 53 >= 24 + 2
+    bits make a correct single rounding to the result type. f64 has no such
+    wider type in torch: refused at compile time rather than rounded twice."""
+    dtype = element_dtype(op.results[0].type)
+    if dtype == torch.float64:
+        raise NotImplementedError(
+            "math.fma on f64 (torch has no fused multiply-add that rounds once)"
+        )
+
+    def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor]:
+        p = a.double() * b.double()
+        c = c.double()
+        s = p + c
+        back = s - p
+        error = (p - (s - back)) + (c - back)  # TwoSum: s + error == p + c
+        even = (s.view(torch.int64) & 1) == 0
+        toward = torch.where(error > 0, torch.inf, -torch.inf).to(torch.float64)
+        s = torch.where((error != 0) & even & torch.isfinite(s), torch.nextafter(s, toward), s)
+        if dtype == torch.float32:
+            return (s.to(dtype),)
+        return (_round_to_odd_f32(s).to(dtype),)
+
+    return run
+
+
+def _cbrt_f64(x: torch.Tensor) -> torch.Tensor:
+    """The real cube root in f64, within an ulp and exact on exact cubes:
+    x = m * 2^(3q) with m in [0.5, 4), cbrt(m) by pow and one Newton step,
+    times 2^q (exact). pow(x, 1/3) alone is off by up to ~60 ulp far from 1
+    (1/3 is inexact) and gives 3.9999999999999996 for 64."""
+    mantissa, exponent = torch.frexp(x.abs())
+    q = torch.div(exponent, 3, rounding_mode="floor")
+    m = torch.ldexp(mantissa, exponent - 3 * q)
+    y = m.pow(1.0 / 3.0)
+    y = y - (y * y * y - m) / (3.0 * y * y)
+    y = torch.ldexp(y, q)
+    special = (x == 0) | ~torch.isfinite(x)
+    return torch.copysign(torch.where(special, x.abs(), y), x)
+
+
+def _cbrt(a: torch.Tensor) -> torch.Tensor:
+    return _cbrt_f64(a.double()).to(a.dtype)
 
 
 #: the `math` ops with a kernel: one torch function each, element by element
@@ -368,7 +447,7 @@ MATH_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     math.AtanOp: torch.atan,
     math.AtanhOp: torch.atanh,
     math.Atan2Op: torch.atan2,
-    math.CbrtOp: lambda a: torch.sign(a) * a.abs().pow(1.0 / 3.0),
+    math.CbrtOp: _cbrt,
     math.CeilOp: torch.ceil,
     math.CopySignOp: torch.copysign,
     math.CosOp: torch.cos,
@@ -378,7 +457,6 @@ MATH_TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     math.Exp2Op: torch.exp2,
     math.ExpM1Op: torch.expm1,
     math.FloorOp: torch.floor,
-    math.FmaOp: lambda a, b, c: a * b + c,
     math.FPowIOp: lambda a, n: torch.pow(a, n.to(a.dtype)),
     math.LogOp: torch.log,
     math.Log10Op: torch.log10,
@@ -554,7 +632,7 @@ FRESH_RESULTS: frozenset[type[Operation]] = frozenset(
         *BINARY_TORCH_OPS,
         arith.DivSIOp, arith.RemSIOp, arith.DivUIOp, arith.RemUIOp, arith.MaxUIOp,
         arith.MinUIOp, arith.ShRUIOp, arith.NegfOp, arith.CmpiOp, arith.CmpfOp,
-        tensor_arith.CmpiOp, tensor_arith.CmpfOp, *MATH_TORCH_OPS,
+        tensor_arith.CmpiOp, tensor_arith.CmpfOp, *MATH_TORCH_OPS, math.FmaOp,
         tensor.EmptyOp, tensor.DimOp, tensor.ExtractOp, tensor.InsertOp,
         tensor.FromElementsOp, tensor.SplatOp, tensor.ExtractSliceOp, tensor.ConcatOp,
         tensor.ReshapeOp,
@@ -567,6 +645,7 @@ FRESH_RESULTS: frozenset[type[Operation]] = frozenset(
 LOCAL_KERNELS: Mapping[type[Operation], KernelFactory] = {
     **{op: _binary(fn) for op, fn in BINARY_TORCH_OPS.items()},
     **{op: _math(fn) for op, fn in MATH_TORCH_OPS.items()},
+    math.FmaOp: _fma,
     arith.DivSIOp: _divsi,
     arith.RemSIOp: _remsi,
     **dict.fromkeys(
