@@ -21,6 +21,16 @@ tensor with no dense memory (sparse, on the meta device) is refused naming
 the input. Before, gloo summed a negation view's raw memory and wrote the
 sum into a temporary: each rank returned its own donated input.
 
+A queued run (`Program.run_async`) reads copies of its inputs made when it
+was queued (`queued_inputs`): every input the caller did not donate, and
+every input of a run that records gradients. A caller may then change an
+input by any channel — an in-place op, `.data`, `.numpy()`, another tensor
+on the same storage, `torch.inference_mode()` (none of which but the first
+torch's version counter sees) — and the run computes with the values it was
+given. A donated input is the run's from the call on: it is not copied (the
+point of donating), and a change torch's version counter sees is refused by
+every rank in the run's agreement (`ProgramInputError`).
+
 Overlap means storage overlap: the same untyped storage and intersecting
 byte ranges, so views, slices, expanded tensors and a tensor passed twice
 are all caught, while disjoint slices of one buffer are not.
@@ -37,6 +47,7 @@ from torch.autograd.graph import increment_version
 from xdsl.dialects import func
 from xdsl.ir import BlockArgument, SSAValue
 
+from distir.backends.buffers import pooled_copy
 from distir.errors import ProgramInputError
 from distir.interpreters.kernels import FRESH_RESULTS
 from distir.ir.dialect import WaveOp
@@ -124,6 +135,29 @@ def donated_indices(donate: bool | Sequence[int], count: int) -> frozenset[int]:
     if bad:
         raise ProgramInputError(f"donate names inputs {sorted(bad)} of {count}")
     return indices
+
+
+def queued_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> tuple[Any, ...]:
+    """The inputs a queued run reads (see the module docstring): a copy of
+    each one not donated (a differentiable copy where it requires grad, so
+    gradients reach the caller's tensor), the donated ones themselves unless
+    the run records gradients."""
+    try:
+        donated = donated_indices(donate, len(inputs))
+    except ProgramInputError:  # the run refuses it, on every rank at once
+        donated = _NONE
+    recorded = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
+    queued = []
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor) or (i in donated and not recorded):
+            queued.append(x)
+        elif x.requires_grad:
+            queued.append(x.clone())
+        elif x.layout != torch.strided or x.device.type == "meta":
+            queued.append(x)  # no dense memory to copy: the run refuses it by name
+        else:
+            queued.append(pooled_copy(x))
+    return tuple(queued)
 
 
 def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> frozenset[int]:

@@ -43,10 +43,10 @@ from distir.runtime.agreement import RunAgreement
 from distir.runtime.binding import Binding
 from distir.runtime.concurrency import RunId
 from distir.runtime.ownership import (
-    check_unchanged,
     input_versions,
     mark_written,
     owned_results,
+    queued_inputs,
     results_maybe_shared,
     writable_inputs,
 )
@@ -196,10 +196,12 @@ class Program:
     ) -> torch.futures.Future:
         """`run`, queued on the group's distir worker: returns at once a
         future of what `run` returns (or of its named error). Runs of a
-        group execute one at a time, in submission order. A queued run reads
-        its inputs when it executes: leave them unchanged until the future
-        completes (an input modified in place before its run starts is a
-        `ProgramInputError`, never a result computed from the change)."""
+        group execute one at a time, in submission order. A queued run
+        reads copies of its inputs made now, so the caller may change them
+        at once; a donated input is not copied, and one changed in place
+        before its run starts is a `ProgramInputError` on every rank
+        (`distir.runtime.ownership.queued_inputs`)."""
+        inputs = queued_inputs(inputs, donate)
         submitted = input_versions(inputs)
         return self._binding(group).gate.submit(
             self._what,
@@ -243,8 +245,7 @@ class Program:
             base.domain.check(self._what)
         try:
             if autograd.records_gradient(inputs):  # one autograd node per run
-                if submitted is not None:
-                    check_unchanged(inputs, submitted, self._what)
+                # (queued: every input is a private copy, nothing to check)
                 return autograd.run_recorded(
                     self, inputs, group=binding.group, deadline=deadline, donate=donate
                 )

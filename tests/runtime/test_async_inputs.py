@@ -1,11 +1,14 @@
 """A queued run never computes with an input changed after it was queued.
 
-`Program.run_async` returns at once and the run reads its inputs when it
-executes, later, as torch.distributed's async collectives do. An input
-modified in place in between (`x.add_(1)` before the future completes)
-used to be computed with silently; the run now compares each input's
-version counter with the one read when it was queued, and a change is a
-`ProgramInputError` naming the input.
+`Program.run_async` returns at once and the run executes later. An input
+modified in between used to be computed with silently: first through any
+in-place op, then (once version counters were checked) through every
+channel torch's version counter does not see — `.data`, `.numpy()`,
+another tensor on the same storage, `torch.inference_mode()`. Now a queued
+run reads copies made when it was queued (`ownership.queued_inputs`), so it
+computes with the values it was given whatever the caller does next; a
+donated input is not copied, and a change to it that the version counter
+sees is a `ProgramInputError` on every rank.
 """
 
 from __future__ import annotations
@@ -64,20 +67,69 @@ CHANGES = {
 
 
 @pytest.mark.parametrize("agreement", [True, False])
-@pytest.mark.parametrize("donate", [False, True])
 @pytest.mark.parametrize("change", sorted(CHANGES))
-def test_an_input_changed_before_its_queued_run_starts_is_a_named_error(
-    world, held_worker, agreement, donate, change
+def test_a_donated_input_changed_before_its_queued_run_starts_is_a_named_error(
+    world, held_worker, agreement, change
 ):
     program = distir.compile(SUM, agreement=agreement)
     first = program.run_async(torch.ones(4))
     x = torch.arange(4.0)
-    queued = program.run_async(x, donate=donate)
+    queued = program.run_async(x, donate=True)
     CHANGES[change](x)
     held_worker.set()
     assert torch.equal(first.wait(), torch.ones(4))
     with pytest.raises(ProgramInputError, match="input #0 was modified in place after run_async"):
         queued.wait()
+
+
+def _same_storage(x: torch.Tensor) -> None:
+    other = torch.from_numpy(x.detach().numpy())  # its own version counter
+    other.add_(100)
+
+
+def _inference(x: torch.Tensor) -> None:
+    with torch.inference_mode():
+        x.add_(100)
+
+
+def _no_grad(x: torch.Tensor) -> None:
+    with torch.no_grad():
+        x.add_(100)
+
+
+#: every channel that changes an input's memory, including those torch's
+#: version counter does not see (all but the in-place ops)
+CHANNELS = {
+    "add_": lambda x: x.detach().add_(100) if x.requires_grad else x.add_(100),
+    "setitem": lambda x: x.detach().__setitem__(0, 100.0),
+    ".data": lambda x: x.data.add_(100),
+    ".numpy()": lambda x: x.detach().numpy().__iadd__(100),
+    "another tensor on the storage": _same_storage,
+    "inference_mode": _inference,
+    "no_grad": _no_grad,
+}
+
+
+@pytest.mark.parametrize("agreement", [True, False])
+@pytest.mark.parametrize("grad", [False, True], ids=["plain", "requires grad"])
+@pytest.mark.parametrize("channel", sorted(CHANNELS))
+def test_a_queued_run_computes_with_the_values_it_was_given(
+    world, held_worker, agreement, grad, channel
+):
+    program = distir.compile(SUM, agreement=agreement)
+    first = program.run_async(torch.ones(4))
+    x = torch.arange(4.0).requires_grad_(grad)
+    queued = program.run_async(x)
+    if not (grad and channel == "no_grad"):  # (a leaf requiring grad refuses that one)
+        CHANNELS[channel](x)
+        assert not torch.equal(x.detach(), torch.arange(4.0))  # the change happened
+    held_worker.set()
+    assert torch.equal(first.wait(), torch.ones(4))
+    y = queued.wait()
+    assert torch.equal(y.detach(), torch.arange(4.0))  # one rank: the sum is x as queued
+    if grad:
+        (y * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+        assert torch.equal(x.grad, torch.tensor([1.0, 2.0, 3.0, 4.0]))
 
 
 #: in-place writes, each applied to the input or a view of it
@@ -97,9 +149,10 @@ IN_PLACE = {
     donate=st.booleans(),
     agreement=st.booleans(),
 )
-def test_any_in_place_write_through_any_view_before_the_run_starts_is_named(
+def test_any_in_place_write_through_any_view_before_the_run_starts(
     one_rank_world, write, start, donate, agreement
 ):
+    """Donated: a named error; not donated: the values as queued."""
     from distir.backends.domain import reset_domain
 
     program = distir.compile(SUM, agreement=agreement)
@@ -112,8 +165,11 @@ def test_any_in_place_write_through_any_view_before_the_run_starts_is_named(
         IN_PLACE[write](x[start:])
         release.set()
         assert torch.equal(first.wait(), torch.ones(4))
-        with pytest.raises(ProgramInputError, match="input #0 was modified in place"):
-            queued.wait()
+        if donate:
+            with pytest.raises(ProgramInputError, match="input #0 was modified in place"):
+                queued.wait()
+        else:
+            assert torch.equal(queued.wait(), torch.arange(4.0) + 1)
     finally:
         autograd.records_gradient = original
         reset_domain(None)
@@ -139,7 +195,7 @@ def _one_rank_changes_its_queued_input(context) -> str:
     release = _hold_first_run(setattr)
     first = program.run_async(torch.ones(4))
     x = torch.arange(4.0)
-    queued = program.run_async(x)
+    queued = program.run_async(x, donate=True)
     if context.rank == 1:
         x.add_(1)
     release.set()
@@ -163,3 +219,26 @@ def test_one_ranks_changed_queued_input_is_every_ranks_named_error_at_once():
         assert "input #0 was modified in place after run_async" in outcome, (rank, outcome)
         seconds = float(outcome.split(" after ")[1].split(" s")[0])
         assert seconds < 10, (rank, outcome)  # in the run agreement, not at the 30 s deadline
+
+
+def _one_rank_changes_its_queued_input_unseen(context) -> list[float]:
+    program = distir.compile(SUM, deadline=30)
+    release = _hold_first_run(setattr)
+    first = program.run_async(torch.ones(4))
+    x = torch.arange(4.0) * (context.rank + 1)
+    queued = program.run_async(x)
+    if context.rank == 1:
+        x.data.add_(100)  # no version counter sees it
+    release.set()
+    first.wait()
+    return queued.wait().tolist()
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(90)
+def test_one_ranks_unseen_change_to_a_queued_input_changes_no_ranks_result():
+    from distir.runtime.launch import launch
+
+    outcomes = launch(_one_rank_changes_its_queued_input_unseen, 3, pass_context=True, timeout=60)
+    expected = (torch.arange(4.0) * (1 + 2 + 3)).tolist()
+    assert outcomes == [expected] * 3
