@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import struct
 import sys
 import threading
 from bisect import bisect_right
@@ -39,14 +40,24 @@ from pathlib import Path
 from xdsl.context import Context
 from xdsl.dialects import arith, math
 from xdsl.dialects.arith import Arith
-from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
+from xdsl.dialects.builtin import (
+    AnyFloat,
+    BFloat16Type,
+    Builtin,
+    DenseIntOrFPElementsAttr,
+    FileLineColLoc,
+    IntAttr,
+    ModuleOp,
+    StringAttr,
+    UnknownLoc,
+)
 from xdsl.dialects.func import CallOp, Func, FuncOp
 from xdsl.dialects.linalg import Linalg
 from xdsl.dialects.math import Math
 from xdsl.dialects.scf import Scf
 from xdsl.dialects.tensor import Tensor
 from xdsl.ir import Dialect, Operation, Region
-from xdsl.parser import Parser
+from xdsl.parser import AttrParser, Parser
 from xdsl.parser.generic_parser import ParserState
 from xdsl.utils.exceptions import DiagnosticException, MultipleSpansParseError, ParseError
 from xdsl.utils.lexer import Input, Span
@@ -159,6 +170,56 @@ def _recursion_headroom(frames: int) -> Iterator[None]:
                 sys.setrecursionlimit(_saved_limit)
 
 
+def _splat_by_bits(self: DenseIntOrFPElementsAttr) -> bool:
+    """Whether every element has the same bits. xDSL 0.74 compares values,
+    so `dense<[0.0, -0.0]>` printed as the splat `dense<0.0>` (the sign of
+    zero lost on a round trip through the printer: `1 / x` then changes
+    sign); distir prints through xDSL's printer, so it mends the test there."""
+    raw = self.data.data
+    count = len(self)
+    if count == 0:
+        return True
+    size = len(raw) // count
+    return raw == raw[:size] * count
+
+
+DenseIntOrFPElementsAttr.is_splat = _splat_by_bits  # type: ignore[method-assign]
+
+#: struct formats of the float element types a bit pattern can name
+_FLOAT_FORMATS = {16: "e", 32: "f", 64: "d"}
+
+
+class _BitPattern(AttrParser._TensorLiteralElement):
+    """A hexadecimal element of a dense literal. For a float element type
+    MLIR reads it as the element's bit pattern (how it prints -inf, NaN and
+    every value it cannot print exactly: `dense<0xFF800000> : tensor<2xf32>`
+    is -inf), not as the integer's value (4.29e9, what xDSL reads)."""
+
+    def to_type(self, parser: AttrParser, type):  # noqa: ANN001 - xDSL's signature
+        if not isinstance(type, AnyFloat):
+            return super().to_type(parser, type)
+        width = type.bitwidth
+        if self.is_negative:
+            parser.raise_error(
+                f"a hexadecimal {type} literal is a bit pattern and takes no sign",
+                at_position=self.span,
+            )
+        if isinstance(type, BFloat16Type):  # the top half of an f32's bits
+            if self.value >= 1 << 16:
+                parser.raise_error(f"bit pattern {self.span.text} is wider than bf16", self.span)
+            return struct.unpack("<f", struct.pack("<I", self.value << 16))[0]
+        form = _FLOAT_FORMATS.get(width)
+        if form is None:
+            parser.raise_error(f"no bit patterns for {type} elements", at_position=self.span)
+        if self.value >= 1 << width:
+            parser.raise_error(
+                f"bit pattern {self.span.text} is wider than {type} ({width} bits)",
+                at_position=self.span,
+            )
+        unsigned = {16: "H", 32: "I", 64: "Q"}[width]
+        return struct.unpack(f"<{form}", struct.pack(f"<{unsigned}", self.value))[0]
+
+
 class LocatedParser(Parser):
     """A Parser that stamps `FileLineColLoc` on each op lacking a location,
     reports an op it cannot build as a located parse error, and rejects
@@ -183,6 +244,21 @@ class LocatedParser(Parser):
         self._lines = LineIndex(text)
         self._filename = StringAttr(name)
         self._region_depth = 0
+
+    def _parse_tensor_literal_element(self) -> AttrParser._TensorLiteralElement:
+        span = self._current_token.span
+        word = re.match(r"-?\s*(inf|nan)\b", span.input.content[span.start : span.start + 8])
+        if word:
+            self.raise_error(
+                f"MLIR has no '{word.group(0)}' literal: write a non-finite float as its bit "
+                "pattern, as MLIR prints it (f32: 0x7F800000 is inf, 0xFF800000 -inf, "
+                "0x7FC00000 NaN; f64: 0x7FF0000000000000 is inf)"
+            )
+        element = super()._parse_tensor_literal_element()
+        text = element.span.text.lstrip("-").lower()
+        if text.startswith("0x") and isinstance(element.value, int):
+            return _BitPattern(element.is_negative, element.value, element.span)
+        return element
 
     def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
         if allow_implicit_module and self._current_token.kind == MLIRTokenKind.EOF:
