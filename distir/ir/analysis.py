@@ -298,11 +298,11 @@ def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
             value = args[0]
         elif isinstance(op, arith.NegfOp):
             value = -args[0]
-        elif isinstance(op, arith.SelectOp):
+        elif op.name == "arith.select":  # xDSL's scalar one or tensor_arith's
             value = args[1] if args[0] else args[2]
-        elif isinstance(op, arith.CmpiOp) and op.predicate.value.data in _CMP:
+        elif op.name == "arith.cmpi" and op.predicate.value.data in _CMP:
             value = Fraction(_CMP[op.predicate.value.data](*args))
-        elif isinstance(op, arith.CmpfOp) and op.predicate.value.data in _CMPF_AS_CMPI:
+        elif op.name == "arith.cmpf" and op.predicate.value.data in _CMPF_AS_CMPI:
             value = Fraction(_CMP[_CMPF_AS_CMPI[op.predicate.value.data]](*args))
         elif len(args) == 2:
             if isinstance(op, arith.MaxUIOp | arith.MinUIOp | arith.DivUIOp | arith.RemUIOp) and (
@@ -316,20 +316,186 @@ def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
     raise _Unknown
 
 
-def non_commutative_witness(block: Block) -> tuple[int, int, Fraction, Fraction] | None:
+def non_commutative_witness(block: Block) -> tuple[str, str, str, str] | None:
     """(a, b, combine(a, b), combine(b, a)) proving that an elementwise
     combine region depends on the order of its operands, or None when no
-    witness proves it (it may still be non-commutative)."""
+    witness proves it (it may still be non-commutative).
+
+    Every ordered pair of witnesses covering the element type's whole
+    domain is tried: for floats ±0, small values of both signs, the largest
+    finite values, ±inf and NaN (a combine that keeps `a` when |a| >= |b|
+    differs on (2, -2)); for integers negatives and the extremes too."""
     if len(block.args) < 2 or not is_elementwise_region(block):
         return None
-    for a, b in _WITNESSES:
-        try:
-            forward, backward = _evaluate(block, a, b), _evaluate(block, b, a)
-        except (_Unknown, ArithmeticError, ValueError):  # inf/nan constants, huge shifts
-            continue
-        if forward != backward:
-            return a, b, forward, backward
+    element = _element_type(block.args[0])
+    floats = isinstance(element, AnyFloat)
+    witnesses = _float_witnesses(element) if floats else _integer_witnesses(element)
+    evaluate = _evaluate_floats if floats else _evaluate
+    for i, a in enumerate(witnesses):
+        for b in witnesses[i + 1 :]:
+            try:
+                forward, backward = evaluate(block, a, b), evaluate(block, b, a)
+            except (_Unknown, ArithmeticError, ValueError):  # huge shifts, ...
+                continue
+            if not _same(forward, backward):
+                return _show(a), _show(b), _show(forward), _show(backward)
     return None
+
+
+def _show(x: object) -> str:
+    """A witness as a message shows it: 2 for 2.0, but -0.0, inf, nan."""
+    if isinstance(x, Fraction):
+        return str(x)
+    if isinstance(x, float) and math.isfinite(x) and x.is_integer() and x != 0:
+        return str(int(x))
+    return str(x)
+
+
+def _same(x: object, y: object) -> bool:
+    if isinstance(x, float) and isinstance(y, float):
+        if math.isnan(x) or math.isnan(y):  # any NaN is the same NaN (no payloads)
+            return math.isnan(x) and math.isnan(y)
+        return x == y and math.copysign(1, x) == math.copysign(1, y)
+    return x == y
+
+
+def _integer_witnesses(element: Attribute) -> list[int]:
+    if not isinstance(element, IntegerType | IndexType):
+        return list(dict.fromkeys(v for pair in _WITNESSES for v in pair))
+    width = element.width.data if isinstance(element, IntegerType) else 64
+    if width == 1:
+        return [0, 1]
+    unsigned = isinstance(element, IntegerType) and element.signedness.data == Signedness.UNSIGNED
+    small = [2, 5, 0, 1, 3, 6]
+    if unsigned:
+        return [*small, (1 << width) - 1]
+    return [*small, -1, -2, -5, -(1 << (width - 1)), (1 << (width - 1)) - 1]
+
+
+#: (significand bits, largest exponent, smallest normal exponent) per float width
+_FLOAT_FORMATS = {16: (11, 15, -14), 32: (24, 127, -126), 64: (53, 1023, -1022)}
+
+
+def _float_format(element: Attribute) -> tuple[int, int, int]:
+    if isinstance(element, BFloat16Type):
+        return 8, 127, -126
+    found = _FLOAT_FORMATS.get(getattr(element, "bitwidth", 0))
+    if found is None:
+        raise _Unknown
+    return found
+
+
+def _float_witnesses(element: Attribute) -> list[float]:
+    try:
+        bits, top, _ = _float_format(element)
+    except _Unknown:
+        return []
+    largest = float((2 - Fraction(1, 2 ** (bits - 1))) * Fraction(2) ** top)
+    small = [2.0, 5.0, 1.0, 3.0, -2.0, 0.5, -1.0, 6.0, 0.0, -0.0]
+    return [*small, largest, -largest, math.inf, -math.inf, math.nan]
+
+
+def _representable(q: Fraction, element: Attribute) -> bool:
+    """Whether `q` is a normal (or zero) value of the float type `element`."""
+    if q == 0:
+        return True
+    bits, top, bottom = _float_format(element)
+    numerator, denominator = abs(q.numerator), q.denominator
+    if denominator & (denominator - 1):
+        return False
+    exponent = numerator.bit_length() - denominator.bit_length()
+    if not bottom <= exponent <= top:
+        return False
+    while numerator % 2 == 0:
+        numerator //= 2
+    return numerator.bit_length() <= bits
+
+
+def _ieee(op: Operation, a: float, b: float, element: Attribute) -> float:
+    """An arith float op on `element` values held exactly as Python floats,
+    as IEEE 754 defines it, or _Unknown where it would round."""
+    if isinstance(op, arith.MaximumfOp | arith.MinimumfOp | arith.MaxnumfOp | arith.MinnumfOp):
+        if math.isnan(a) or math.isnan(b):
+            if isinstance(op, arith.MaxnumfOp | arith.MinnumfOp):
+                return b if math.isnan(a) else a
+            return math.nan
+        biggest = isinstance(op, arith.MaximumfOp | arith.MaxnumfOp)
+        if a == b == 0:  # -0.0 below +0.0
+            plus = math.copysign(1, a) > 0 or math.copysign(1, b) > 0
+            minus = math.copysign(1, a) < 0 or math.copysign(1, b) < 0
+            return 0.0 if (plus if biggest else not minus) else -0.0
+        return max(a, b) if biggest else min(a, b)
+    if isinstance(op, arith.DivfOp) and b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, math.copysign(1, a) * math.copysign(1, b))
+    python = {arith.AddfOp: float.__add__, arith.SubfOp: float.__sub__,
+              arith.MulfOp: float.__mul__, arith.DivfOp: float.__truediv__}  # fmt: skip
+    fn = python.get(type(op))
+    if fn is None:
+        raise _Unknown
+    result = fn(a, b)
+    if math.isfinite(a) and math.isfinite(b):
+        exact = _int_op(op, Fraction(a), Fraction(b))
+        if not _representable(exact, element) or Fraction(result) != exact:
+            raise _Unknown  # rounds or overflows in `element`: not a proof
+    return result
+
+
+#: MLIR's cmpf predicates: (ordered comparison, true when unordered)
+_CMPF = {
+    1: (lambda a, b: a == b, False), 2: (lambda a, b: a > b, False),
+    3: (lambda a, b: a >= b, False), 4: (lambda a, b: a < b, False),
+    5: (lambda a, b: a <= b, False), 6: (lambda a, b: a != b, False),
+    7: (lambda a, b: True, False), 8: (lambda a, b: a == b, True),
+    9: (lambda a, b: a > b, True), 10: (lambda a, b: a >= b, True),
+    11: (lambda a, b: a < b, True), 12: (lambda a, b: a <= b, True),
+    13: (lambda a, b: a != b, True), 14: (lambda a, b: False, True),
+    0: (lambda a, b: False, False), 15: (lambda a, b: True, True),
+}  # fmt: skip
+
+
+def _evaluate_floats(block: Block, lhs: float, rhs: float) -> object:
+    """The region's yielded element on float witnesses (lhs, rhs), exactly
+    as IEEE 754 defines each op on the block's element type."""
+    env: dict[SSAValue, object] = {block.args[0]: lhs, block.args[1]: rhs}
+    for op in block.ops:
+        if op.name == "dist.yield":
+            return env[op.operands[0]]
+        if isinstance(op, arith.ConstantOp):
+            attr = op.value
+            values = attr.get_values() if isinstance(attr, DenseIntOrFPElementsAttr) else ()
+            if values and len({repr(v) for v in values}) == 1:  # a splat (not empty)
+                value = values[0]
+            elif isinstance(attr, IntegerAttr | FloatAttr):
+                value = attr.value.data
+            else:
+                raise _Unknown
+            env[op.result] = float(value) if isinstance(value, float) else value
+            continue
+        if any(v not in env for v in op.operands) or len(op.results) != 1:
+            raise _Unknown
+        args = [env[v] for v in op.operands]
+        result = op.results[0]
+        element = _element_type(result)
+        if isinstance(op, tensor.SplatOp):
+            value = args[0]
+        elif isinstance(op, arith.NegfOp):
+            value = -args[0]
+        elif op.name == "math.absf":
+            value = abs(args[0])
+        elif op.name == "arith.select":  # xDSL's scalar one or tensor_arith's
+            value = args[1] if args[0] else args[2]
+        elif op.name == "arith.cmpf" and op.predicate.value.data in _CMPF:
+            compare, unordered = _CMPF[op.predicate.value.data]
+            a, b = args
+            value = unordered if (math.isnan(a) or math.isnan(b)) else compare(a, b)
+        elif len(args) == 2 and all(isinstance(x, float) for x in args):
+            value = _ieee(op, args[0], args[1], element)
+        else:
+            raise _Unknown
+        env[result] = value
+    raise _Unknown
 
 
 def static_bytes(t: object) -> int | None:

@@ -19,9 +19,10 @@ returns the value(s) to yield; the helper appends the `dist.yield`.
 The local ops of a combine are built by `arith`, `cmpf` / `cmpi`, `select`,
 `cast` and `math`:
 
-    def abs_max(a, b):
-        a_wins = cmpf("oge", math("absf", a), math("absf", b))
-        return select(a_wins, a, b)
+    def abs_max(a, b):  # a tie (x and -x, NaN) takes maximumf: commutative
+        bigger = cmpf("ogt", math("absf", a), math("absf", b))
+        smaller = cmpf("olt", math("absf", a), math("absf", b))
+        return select(bigger, a, select(smaller, b, arith("maximumf", a, b)))
 
 Every op a helper builds carries the Python call site (`file:line:col` of
 the line that called the helper) as its location, so errors found later

@@ -115,10 +115,12 @@ def all_reduce(
 
     Example (on every rank)::
 
-        from distir.ir.builder import cmpf, math, select
+        from distir.ir.builder import arith, cmpf, math, select
 
-        def abs_max(a, b):
-            return select(cmpf("oge", math("absf", a), math("absf", b)), a, b)
+        def abs_max(a, b):  # a tie takes maximumf: commutative on every value
+            bigger = cmpf("ogt", math("absf", a), math("absf", b))
+            smaller = cmpf("olt", math("absf", a), math("absf", b))
+            return select(bigger, a, select(smaller, b, arith("maximumf", a, b)))
 
         total = distir.all_reduce(torch.ones(4), "sum")
         largest = distir.all_reduce(x, combine=abs_max)

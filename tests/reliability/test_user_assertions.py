@@ -6,7 +6,11 @@ accepts exactly the values its field declares (`passes.option`)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
+import re
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -87,19 +91,23 @@ def refusal(source: str) -> str | None:
     return None
 
 
-def witness_inputs(element: str, seed: int) -> list[list[torch.Tensor]]:
+def witness_inputs(why: str, element: str) -> list[list[torch.Tensor]]:
+    """Two ranks' inputs holding the pair the refusal names: rank 0 all a,
+    rank 1 all b (`combine(a, b) = ... while combine(b, a) = ...`)."""
     from tests.backends.dtype_cases import DTYPES
 
-    g = torch.Generator().manual_seed(seed)
-    pairs = [(2, 5), (0, 3), (1, 2), (6, 3), (1, 0)]
-    low = torch.tensor([p[0] for p in pairs] + torch.randint(0, 9, (N - 5,), generator=g).tolist())
-    high = torch.tensor([p[1] for p in pairs] + torch.randint(0, 9, (N - 5,), generator=g).tolist())
-    return [[low.to(DTYPES[element])], [high.to(DTYPES[element])]]
+    a, b = re.search(r"combine\(([^,]+), ([^)]+)\) = ", why).groups()
+    return [[torch.full((N,), float(v)).to(DTYPES[element])] for v in (a, b)]
 
 
 def same(x: torch.Tensor, y: torch.Tensor) -> bool:
     if x.is_floating_point():
-        return torch.equal(x.isnan(), y.isnan()) and torch.equal(x[~x.isnan()], y[~y.isnan()])
+        kept = ~x.isnan()  # ±0 differ (their signs), any NaN is the same NaN
+        return (
+            torch.equal(x.isnan(), y.isnan())
+            and torch.equal(x[kept], y[kept])
+            and torch.equal(x[kept].signbit(), y[kept].signbit())
+        )
     return torch.equal(x, y)
 
 
@@ -112,13 +120,13 @@ def test_a_refused_commutative_marker_is_one_the_kernels_refute(data):
     expr = data.draw(expressions(element))
     lines, value = region(expr, element)
     why = refusal(program(lines, value, element, commutative=True))
-    plain = distir.compile(program(lines, value, element, commutative=False))
-    inputs = witness_inputs(element, 0)
-    forward = distir.simulate(plain, inputs)[0]
-    backward = distir.simulate(plain, inputs[::-1])[0]
     if why is not None:
         assert "is marked commutative but its combine is not" in why
         assert "'dist.all_reduce' at <program>:2:3" in why
+        plain = distir.compile(program(lines, value, element, commutative=False))
+        inputs = witness_inputs(why, element)
+        forward = distir.simulate(plain, inputs)[0]
+        backward = distir.simulate(plain, inputs[::-1])[0]
         assert not same(forward, backward), why
 
 
@@ -232,3 +240,92 @@ def test_regions_the_evaluator_cannot_decide_are_trusted_not_crashed_on(t, const
     )
     why = refusal(source)
     assert why is None or "is marked commutative but its combine is not" in why, why
+
+
+# -- sign-dependent combines: the witnesses cover the whole value domain ----------------
+
+F6 = "tensor<6xf32>"
+SIGN_DEPENDENT = {
+    # a tie of x and -x keeps the left operand: (2, -2)
+    "abs-max keeping a on ties": [
+        f"%p = math.absf %a : {F6}",
+        f"%q = math.absf %b : {F6}",
+        f"%w = arith.cmpf oge, %p, %q : {F6}",
+        f"%r = arith.select %w, %a, %b : tensor<6xi1>, {F6}",
+    ],
+    # +0 and -0 compare equal: the left one is kept
+    "max by select": [
+        f"%w = arith.cmpf oge, %a, %b : {F6}",
+        f"%r = arith.select %w, %a, %b : tensor<6xi1>, {F6}",
+    ],
+    # a NaN loses every ordered comparison: kept only on the right
+    "max by ogt": [
+        f"%w = arith.cmpf ogt, %a, %b : {F6}",
+        f"%r = arith.select %w, %a, %b : tensor<6xi1>, {F6}",
+    ],
+    # inf - inf is NaN: differs only at infinity
+    "a - a + b": [f"%d = arith.subf %a, %a : {F6}", f"%r = arith.addf %d, %b : {F6}"],
+}
+
+ABS_MAX = [
+    f"%p = math.absf %a : {F6}",
+    f"%q = math.absf %b : {F6}",
+    f"%bigger = arith.cmpf ogt, %p, %q : {F6}",
+    f"%smaller = arith.cmpf olt, %p, %q : {F6}",
+    f"%tie = arith.maximumf %a, %b : {F6}",
+    f"%s = arith.select %smaller, %b, %tie : tensor<6xi1>, {F6}",
+    f"%r = arith.select %bigger, %a, %s : tensor<6xi1>, {F6}",
+]
+
+
+def _combine(lines: list[str], commutative: bool) -> str:
+    body = "\n".join(f"    {line}" for line in lines)
+    marker = " commutative" if commutative else ""
+    return (
+        f"func.func @main(%x: {F6}) -> {F6} {{\n"
+        f"  %y = dist.all_reduce %x{marker} : {F6} combine(%a, %b) {{\n{body}\n"
+        f"    dist.yield %r : {F6}\n  }}\n  func.return %y : {F6}\n}}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SIGN_DEPENDENT))
+def test_a_sign_dependent_combine_marked_commutative_is_refuted(name):
+    why = refusal(_combine(SIGN_DEPENDENT[name], commutative=True))
+    assert why is not None and "is marked commutative but its combine is not" in why, why
+    # and the kernels agree: the named pair, swapped, gives another result
+    plain = distir.compile(_combine(SIGN_DEPENDENT[name], commutative=False))
+    a, b = re.search(r"combine\(([^,]+), ([^)]+)\) = ", why).groups()
+    inputs = [[torch.full((6,), float(v))] for v in (a, b)]
+    forward = distir.simulate(plain, inputs)[0]
+    backward = distir.simulate(plain, inputs[::-1])[0]
+    assert not same(forward, backward), why
+
+
+SPECIALS = [0.0, -0.0, 2.0, -2.0, math.inf, -math.inf, math.nan, 3.4e38, -3.4e38, 1e-45]
+
+
+def test_the_readme_abs_max_is_commutative_on_every_pair_of_special_values():
+    """Accepted by the verifier, and on three ranks in every order the
+    simulator gives one result, the numpy oracle's."""
+    assert refusal(_combine(ABS_MAX, commutative=True)) is None
+    plain = distir.compile(_combine(ABS_MAX, commutative=False))
+    rows = list(itertools.product(SPECIALS, repeat=3))
+    for start in range(0, len(rows), 6):
+        chunk = rows[start : start + 6]
+        chunk += [chunk[-1]] * (6 - len(chunk))
+        ranks = [torch.tensor([row[r] for row in chunk], dtype=torch.float32) for r in range(3)]
+        oracle = _abs_max_oracle(np.stack([x.numpy() for x in ranks]))
+        for order in itertools.permutations(range(3)):
+            got = distir.simulate(plain, [[ranks[r]] for r in order])[0]
+            assert same(got, torch.from_numpy(oracle)), (order, chunk, got, oracle)
+
+
+def _abs_max_oracle(stacked: np.ndarray) -> np.ndarray:
+    """Per column: NaN if any; else the largest |x|, ties to the larger x."""
+    out = []
+    for column in stacked.T:
+        if np.isnan(column).any():
+            out.append(np.float32(np.nan))
+            continue
+        out.append(max(column.tolist(), key=lambda v: (abs(v), v, math.copysign(1, v))))
+    return np.array(out, dtype=np.float32)

@@ -8,12 +8,14 @@ import torch
 
 import distir
 from distir.errors import DistirError
-from distir.ir.builder import cmpf, math, select
+from distir.ir.builder import arith, cmpf, math, select
 from distir.runtime import eager
 
 
-def abs_max(a, b):
-    return select(cmpf("oge", math("absf", a), math("absf", b)), a, b)
+def abs_max(a, b):  # the README's
+    bigger = cmpf("ogt", math("absf", a), math("absf", b))
+    smaller = cmpf("olt", math("absf", a), math("absf", b))
+    return select(bigger, a, select(smaller, b, arith("maximumf", a, b)))
 
 
 def eager_worker(ctx) -> dict:
