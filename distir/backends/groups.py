@@ -114,7 +114,7 @@ class ProcessGroupResource:
     def __init__(
         self,
         group: dist.ProcessGroup | None = None,
-        name: str = "world",
+        name: str | None = None,
         domain: ExecutionDomain | None = None,
     ):
         if not dist.is_initialized():
@@ -123,14 +123,16 @@ class ProcessGroupResource:
                 "distir-run or torchrun, or init_process_group first"
             )
         self.group = group
-        self.name = name
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self.backend = str(dist.get_backend(group))
         self._global = [
             dist.get_global_rank(group, r) if group is not None else r
             for r in range(self.size)
         ]
+        # Named as it is: a group `recover()` formed is not the world, and
+        # an error on it names its (original) ranks.
+        self.name = name or ("world" if group is None else f"of ranks {self._global}")
+        self.backend = str(dist.get_backend(group))
         #: the process group object the collectives are submitted to
         self.pg = group if group is not None else c10d._get_default_group()
         #: whether collectives that are waited for at once run inline (gloo)

@@ -72,6 +72,10 @@ from distir.errors import DistirError, RecoveryFailed
 #: the key the launcher writes when a rank's process is gone (value: why)
 GONE_KEY = "distir/gone/{rank}"
 
+#: the share of `recover`'s deadline its join window takes by default: the
+#: rest is left for forming and confirming the new group
+JOIN_WINDOW_SHARE = 0.6
+
 #: seconds between two looks at the store while waiting for joins
 _POLL_S = 0.01
 
@@ -100,10 +104,10 @@ def recover(
     returns the same `Membership` on every survivor, within `deadline`
     (seconds or a timedelta; plus at most 2 s), or raises `Excluded` (the others moved on
     without this rank) or `RecoveryFailed` (no agreement in time). Members
-    that do not join within `join_window` seconds (default: half the
-    deadline) are left out; ranks the launcher reports gone are not waited
-    for. Programs run on `membership.group` afterwards; the old group is
-    destroyed.
+    that do not join within `join_window` seconds (default:
+    `JOIN_WINDOW_SHARE` of the deadline, 60%) are left out; ranks the
+    launcher reports gone are not waited for. Programs run on
+    `membership.group` afterwards; the old group is destroyed.
 
     Give it a deadline longer than the collectives' deadline plus the time
     to form a group: a survivor may still be inside a collective of the old
@@ -119,7 +123,9 @@ def recover(
     deadline = seconds(deadline, "deadline")
     start = time.monotonic()
     end = start + deadline
-    window = 0.6 * deadline if join_window is None else seconds(join_window, "join_window")
+    window = (
+        JOIN_WINDOW_SHARE * deadline if join_window is None else seconds(join_window, "join_window")
+    )
     current = membership()
     if group is not None and group is not current.group:
         raise DistirError(

@@ -107,13 +107,30 @@ class BuilderError(DistirError, ValueError):
 
 _THIS_FILE = str(Path(__file__).resolve())
 
+#: files whose frames are never a program's source: this one, and the
+#: modules that build programs on a caller's behalf (`located_at_callers_of`)
+_LIBRARY_FILES = {_THIS_FILE}
+
+
+def located_at_callers_of(filename: str) -> None:
+    """Ops built from code in `filename` (a module building programs for its
+    callers, as `distir.all_reduce` does) take the location of the line that
+    called into it, not a line of its own."""
+    _LIBRARY_FILES.add(str(Path(filename).resolve()))
+
+
+def call_site() -> FileLineColLoc | None:
+    """The location ops built now get: the innermost frame outside the
+    builder, the library files and xDSL."""
+    return _call_site()
+
 
 def _call_site() -> FileLineColLoc | None:
-    """The location of the innermost frame outside this module and xDSL."""
+    """The location of the innermost frame outside the library files and xDSL."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename != _THIS_FILE and "/xdsl/" not in filename:
+        if filename not in _LIBRARY_FILES and "/xdsl/" not in filename:
             # The column of the call being executed (Python >= 3.11).
             positions = list(frame.f_code.co_positions())
             col = positions[frame.f_lasti // 2][2] if frame.f_lasti // 2 < len(positions) else None

@@ -62,7 +62,11 @@ def _program(
 ) -> Program:
     from distir.ir import builder
 
-    key = (kind, combine, commutative, dtype, shape, deadline)
+    # The op is located at the caller's line (errors found later point
+    # there), so the call site is part of what a cached program is.
+    builder.located_at_callers_of(__file__)
+    site = builder.call_site()
+    key = (kind, combine, commutative, dtype, shape, deadline, str(site))
     with _lock:
         program = _cache.get(key)
         if program is not None:

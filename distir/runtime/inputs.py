@@ -272,7 +272,7 @@ def load_inputs(path: str | Path, rank: int, world_size: int) -> list[torch.Tens
             made = factory(rank, world_size)
         except Exception as e:
             raise DistirError(f"{path}: make_inputs raised {one_line(e, path)}") from None
-        if isinstance(made, torch.Tensor) or not isinstance(made, Sequence):
+        if isinstance(made, torch.Tensor | str | bytes) or not isinstance(made, Sequence):
             raise DistirError(
                 f"{path}: make_inputs must return a list of tensors, got {type(made).__name__}"
             )

@@ -21,8 +21,7 @@ def abs_max(a, b):  # the README's
 def eager_worker(ctx) -> dict:
     before = eager.cached_programs()
     x = torch.tensor([1.0, -5.0, 2.0]) * (ctx.rank + 1)
-    total = distir.all_reduce(x, "sum")
-    again = distir.all_reduce(x * 2, "sum")  # same signature: no new program
+    total, again = (distir.all_reduce(x * k, "sum") for k in (1, 2))  # one line: one program
     after_sums = eager.cached_programs()
     largest = distir.all_reduce(x, combine=abs_max, commutative=True)
     ints = distir.all_reduce(torch.arange(4) + ctx.rank, "max")
@@ -63,3 +62,20 @@ def test_without_a_process_group_it_says_how_to_get_one() -> None:
 def test_bad_calls_are_distir_errors(call, message) -> None:
     with pytest.raises(DistirError, match=message):
         call()
+
+
+def _not_commutative(a, b):
+    return arith("subf", a, b)
+
+
+def test_an_eager_programs_error_names_the_callers_line(one_rank_world) -> None:
+    """Not a line of distir/runtime/eager.py: the line that called it (and
+    a second call site gets its own program, located there)."""
+    import inspect
+
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(DistirError, match=rf"'dist.all_reduce' at .*test_eager\.py:{line}:") as e:
+        distir.all_reduce(torch.ones(2), combine=_not_commutative, commutative=True)
+    assert "runtime/eager.py" not in str(e.value)
+    with pytest.raises(DistirError, match=rf"test_eager\.py:{line + 3}:"):
+        distir.all_reduce(torch.ones(2), combine=_not_commutative, commutative=True)

@@ -225,6 +225,11 @@ def test_a_python_inputs_file(tmp_path) -> None:
         ("x = 1\n", r"make\.py must define make_inputs\(rank, world_size\)"),
         ("def make_inputs(rank, world_size):\n    return 3\n",
          r"make_inputs must return a list of tensors, got int"),
+        # a string is a sequence too: it was "takes 2 inputs, got 11"
+        ("def make_inputs(rank, world_size):\n    return 'hello world'\n",
+         r"make_inputs must return a list of tensors, got str"),
+        ("def make_inputs(rank, world_size):\n    return b'ab'\n",
+         r"make_inputs must return a list of tensors, got bytes"),
     ],
 )
 def test_a_broken_python_inputs_file_is_one_located_line(tmp_path, text, expected) -> None:
