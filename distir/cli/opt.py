@@ -45,6 +45,7 @@ from xdsl.utils.exceptions import (
 )
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from distir.cli import quiet_when_output_closes
 from distir.ir.parsing import (
     NO_KERNEL,
     LocatedParser,
@@ -390,6 +391,7 @@ def _fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
+@quiet_when_output_closes
 def main(args: Sequence[str] | None = None) -> None:
     """Entry point of the `distir-opt` console script."""
     try:

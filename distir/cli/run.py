@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from distir.cli import quiet_when_output_closes
+
 # Only the standard library is imported before `main` has taken over SIGINT
 # and SIGTERM: distir, xDSL and torch load inside the functions that use them
 # (the rank body in `distir.cli.rank` and the printing in `distir.cli.report`
@@ -354,6 +356,7 @@ def _own_signals() -> None:
             signal.signal(signum, _exit_on_signal)
 
 
+@quiet_when_output_closes
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `distir-run` console script; returns the exit status.
 

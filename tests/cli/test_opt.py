@@ -572,3 +572,22 @@ def test_an_empty_or_comment_only_file_is_an_empty_module(
     path.write_text(text)
     main([str(path)])
     assert capsys.readouterr().out == "builtin.module {\n}\n\n"  # as for any module
+
+
+@pytest.mark.slow
+def test_a_reader_closing_the_output_early_ends_it_quietly() -> None:
+    """`distir-opt -p print-transfer-maps ... | head -1`: no BrokenPipeError
+    message, the status a program SIGPIPE ended has (128 + 13)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "mesh_transfer.mlir"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "distir.cli.opt", "-p", "print-transfer-maps", str(example)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    # The reader is gone before the first write (as `head` is after its
+    # lines): every write the program makes meets a closed pipe.
+    process.stdout.close()
+    error = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, error
+    assert "BrokenPipeError" not in error and "Traceback" not in error, error
