@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
-from distir.he.seal import ckks_to_limbs, limbs_to_ckks
+from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
     DecryptionBudgetExhausted,
     ThresholdMismatch,
@@ -83,14 +84,15 @@ def _check_agreed(
     *,
     group: Any,
     deadline_s: float,
-    what: str,
+    what: str | Sequence[tuple[str, int]],
     messages: dict[int, str],
     extra: Sequence[int] = (),
 ) -> list[int]:
     """One all-reduce: every rank's status ``code`` (a bit set), agreement on
     ``values``, and the maximum of ``extra`` over the group.  Raises the
     same error on every rank unless every code is 0 and every rank passed
-    the same ``values``."""
+    the same ``values``; ``what`` names them, or names consecutive runs of
+    them ((name, count) pairs) so that the error says which differ."""
     words = [code, *values, *(-v for v in values), *extra]
     agreed = programs.agree_max(
         torch.tensor(words, dtype=torch.int64), group=group, deadline_s=deadline_s
@@ -105,6 +107,14 @@ def _check_agreed(
         if codes & bit:
             raise ThresholdMismatch(messages[bit])
     if not same:
+        if not isinstance(what, str):
+            differ, start = [], 1
+            for name, count in what:
+                high, low = agreed[start : start + count], agreed[start + k : start + k + count]
+                if high != [-v for v in low]:  # the max and the min of some word differ
+                    differ.append(name)
+                start += count
+            what = " and ".join(differ)
         raise ThresholdMismatch(f"ranks of the group passed different {what}; nothing was done")
     return agreed[1 + 2 * k :]
 
@@ -244,12 +254,21 @@ def aggregate(
     limbs = torch.stack([p[0] for p in pairs])
     commitment = hashlib.sha256(limbs.numpy().tobytes()).digest()
     code = _OK if size <= parameters.parties else _BAD_GROUP
+    # The scale is the one fact of a ciphertext its limbs do not carry (the
+    # level is its moduli, checked above): a sum of ciphertexts at different
+    # scales decrypts to a different wrong value on every rank, so it is
+    # agreed with the parameters.
+    scales = [layout.scale for c in ciphertexts for layout in parse_ckks_chunks(c)]
     _check_agreed(
         code,
-        [*_digest_words(parameters.digest()), len(ciphertexts)],
+        [
+            *_digest_words(parameters.digest()),
+            len(ciphertexts),
+            *_digest_words(hashlib.sha256(struct.pack(f"<{len(scales)}d", *scales)).digest()),
+        ],
         group=group,
         deadline_s=deadline_s,
-        what="parameters or numbers of ciphertexts",
+        what=[("parameters", 3), ("numbers of ciphertexts", 1), ("ciphertext scales", 3)],
         messages={
             _BAD_GROUP: f"{size} ranks cannot aggregate under a key of "
             f"{parameters.parties} parties (the smudging bound covers at most that many)"

@@ -258,3 +258,32 @@ def test_a_receiver_key_passed_as_a_negation_view_is_switched_to_by_its_value():
     for blob in blobs:
         received = np.array(ts.ckks_vector_from(receiver, blob).decrypt()[:SIZE])
         assert np.abs(received - plain).max() <= 7 * params.key_switch_error_std
+
+
+def scale_worker(ctx) -> dict:
+    """Rank 1 encrypts at another scale than its peers (2^30, not the
+    context's 2^40): its limbs and moduli look like everyone's."""
+    params = ta.ThresholdParameters(parties=ctx.world_size)
+    share = ta.generate_keys(params, deadline=20.0)
+    context = share.public_key.context()
+    scale = 2.0**30 if ctx.rank == 1 else None
+    encrypted = ts.ckks_vector(context, [1.0] * 8, scale=scale)
+    try:
+        ta.aggregate([encrypted], share, deadline=20.0)
+        return {"error": None}
+    except ta.ThresholdMismatch as e:
+        return {"error": str(e)}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_ciphertexts_at_different_scales_are_refused_on_every_rank():
+    """A sum of them decrypted to 1.000977 on one rank and 1025.0 on another
+    for a true 2.0: the scale is agreed with the parameters now."""
+    from distir.runtime.launch import launch
+
+    reports = launch(scale_worker, 2, pass_context=True, timeout=100)
+    for report in reports:
+        assert report["error"] == (
+            "ranks of the group passed different ciphertext scales; nothing was done"
+        ), report
