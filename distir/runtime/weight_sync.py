@@ -1,0 +1,451 @@
+"""Weight sync: a whole state dict moved between two layouts as one plan.
+
+A trainer holds each named tensor in one layout on its mesh (sharded,
+replicated or partial per mesh axis); the inference ranks want it in another
+layout on theirs (disjoint or overlapping ranks). `plan_weight_sync` takes
+both sides' declarations per tensor name and builds one plan, once, from the
+same transfer map that `dist.transfer` executes (`distir.ir.mesh.transfer_map`):
+every piece of every tensor, then the remote pieces packed into a few large
+buckets, each bucket one message per (source rank, destination rank) pair.
+`WeightSyncPlan.describe` prints it; `WeightSyncPlan.run` executes it on the
+default process group, packing the next bucket while the current one is on
+the wire.
+
+Every declaration error (names or shapes that differ between the sides, a
+dtype the wire cannot carry, a layout that does not cover the tensor) is a
+`WeightSyncSpecError` raised while planning, before any byte moves. Local
+shards that do not match the plan are found by every rank in one agreed
+exchange before the first bucket, so every rank raises the named error.
+
+Ranks named in a mesh are global ranks of the default group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from distir.errors import DistirError
+from distir.ir.layouts import Box, Layout, Mesh, local_box
+from distir.ir.mesh import Transfer, transfer_map
+
+__all__ = [
+    "WIRE_DTYPES",
+    "TensorLayout",
+    "WeightSyncError",
+    "WeightSyncFailed",
+    "WeightSyncPlan",
+    "WeightSyncSpecError",
+    "plan_weight_sync",
+]
+
+#: dtypes the wire carries (as raw bytes) and that partial sums can add
+WIRE_DTYPES = (
+    torch.float64, torch.float32, torch.bfloat16, torch.float16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+)  # fmt: skip
+
+#: default bucket size: few large messages, small enough to pipeline
+DEFAULT_BUCKET_BYTES = 16 << 20
+
+
+_ALIGN = 8
+
+
+class WeightSyncError(DistirError):
+    """Base of the weight-sync errors."""
+
+
+class WeightSyncSpecError(WeightSyncError, ValueError):
+    """The two sides' declarations cannot make a plan (raised before any byte moves)."""
+
+
+class WeightSyncFailed(WeightSyncError):
+    """A sync did not complete: a rank's inputs were refused, a peer failed,
+    or a message missed its deadline. Raised on every rank that took part."""
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """One side's declaration of one named tensor: its global shape and
+    dtype, and how it lives on ``mesh``: ``dims[d]`` is the mesh axis that
+    shards tensor dim ``d`` (None: whole), ``partial`` the mesh axes holding
+    partial sums; any other axis replicates it (see `distir.ir.layouts.Layout`).
+    ``dims=None`` means replicated on every rank of the mesh."""
+
+    mesh: Mesh
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    dims: tuple[int | None, ...] | None = None
+    partial: tuple[int, ...] = ()
+
+    def layout(self) -> Layout:
+        """The `Layout` this declaration names."""
+        dims = (None,) * len(self.shape) if self.dims is None else tuple(self.dims)
+        return Layout(dims, tuple(self.partial))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One transfer of one tensor, with its place in a bucket's message."""
+
+    name: str
+    transfer: Transfer
+    #: byte offset inside the (src, dst) message of its bucket
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Pieces sent together: one message per (src rank, dst rank) pair."""
+
+    index: int
+    messages: dict[tuple[int, int], tuple[Piece, ...]]
+
+    def message_bytes(self, pair: tuple[int, int]) -> int:
+        """Bytes of the message between ``pair`` (pieces start 8-byte aligned)."""
+        last = self.messages[pair][-1]
+        return last.offset + last.nbytes
+
+    def payload_bytes(self, pair: tuple[int, int]) -> int:
+        """Tensor bytes in the message between ``pair`` (its padding left out)."""
+        return sum(p.nbytes for p in self.messages[pair])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this bucket's messages, alignment padding included."""
+        return sum(self.message_bytes(pair) for pair in self.messages)
+
+
+def _spec_error(name: str, message: str) -> WeightSyncSpecError:
+    return WeightSyncSpecError(f"weight sync: tensor {name!r}: {message}")
+
+
+def _check_side(name: str, side: str, decl: TensorLayout) -> Layout:
+    if decl.dtype not in WIRE_DTYPES:
+        raise _spec_error(
+            name,
+            f"{side} dtype {decl.dtype} cannot be carried on the wire "
+            f"(carried: {', '.join(str(d).removeprefix('torch.') for d in WIRE_DTYPES)})",
+        )
+    try:
+        layout = decl.layout()
+        layout.check(decl.mesh, decl.shape)
+    except ValueError as e:
+        raise _spec_error(name, f"{side} layout does not cover the tensor: {e}") from None
+    return layout
+
+
+def _tensor_transfers(name: str, src: TensorLayout, dst: TensorLayout) -> list[Transfer]:
+    if tuple(src.shape) != tuple(dst.shape):
+        raise _spec_error(
+            name, f"shapes differ: source {list(src.shape)}, destination {list(dst.shape)}"
+        )
+    src_layout = _check_side(name, "source", src)
+    dst_layout = _check_side(name, "destination", dst)
+    try:
+        return transfer_map(src.mesh, src_layout, dst.mesh, dst_layout, src.shape)
+    except ValueError as e:
+        raise _spec_error(name, str(e)) from None
+
+
+def _buckets(pieces: Iterable[tuple[str, Transfer, int]], limit: int) -> list[Bucket]:
+    """Cut the remote pieces, in plan order, into buckets of at most ``limit``
+    bytes (a larger piece travels alone)."""
+    buckets: list[Bucket] = []
+    current: dict[tuple[int, int], list[Piece]] = {}
+    used = 0
+
+    def close() -> None:
+        nonlocal current, used
+        if current:
+            messages = {pair: tuple(ps) for pair, ps in sorted(current.items())}
+            buckets.append(Bucket(len(buckets), messages))
+        current, used = {}, 0
+
+    def placed(pair: tuple[int, int], nbytes: int) -> tuple[int, int]:
+        """(offset, bytes added to the bucket) of a piece appended to ``pair``'s message."""
+        message = current.get(pair)
+        if not message:
+            return 0, nbytes
+        end = message[-1].offset + message[-1].nbytes
+        # Every piece starts 8-byte aligned so that it can be viewed in its dtype.
+        offset = -(-end // _ALIGN) * _ALIGN
+        return offset, offset - end + nbytes
+
+    for name, t, nbytes in pieces:
+        pair = (t.src_rank, t.dst_rank)
+        offset, cost = placed(pair, nbytes)
+        if used and used + cost > limit:
+            close()
+            offset, cost = placed(pair, nbytes)
+        current.setdefault(pair, []).append(Piece(name, t, offset, nbytes))
+        used += cost
+    close()
+    return buckets
+
+
+def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
+    return tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
+
+
+@dataclass(frozen=True)
+class WeightSyncPlan:
+    """A state dict's move from the source layouts to the destination layouts.
+
+    Built by `plan_weight_sync`; pure data apart from `run`.
+    """
+
+    source: dict[str, TensorLayout]
+    dest: dict[str, TensorLayout]
+    transfers: dict[str, tuple[Transfer, ...]]
+    buckets: tuple[Bucket, ...]
+    local: tuple[tuple[str, Transfer], ...]
+    bucket_bytes: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Tensor names in plan order."""
+        return tuple(self.source)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Tensor bytes sent between ranks by one sync (alignment padding left out)."""
+        return sum(b.payload_bytes(pair) for b in self.buckets for pair in b.messages)
+
+    def source_shape(self, name: str, rank: int) -> tuple[int, ...] | None:
+        """The local shard shape ``rank`` holds of ``name`` (None: not a source rank)."""
+        decl = self.source[name]
+        if rank not in decl.mesh.ranks:
+            return None
+        return local_box(decl.mesh, decl.layout(), decl.shape, rank).sizes
+
+    def dest_box(self, name: str, rank: int) -> Box | None:
+        """The box of ``name`` that ``rank`` receives (None: not a destination rank)."""
+        decl = self.dest[name]
+        if rank not in decl.mesh.ranks:
+            return None
+        return local_box(decl.mesh, decl.layout(), decl.shape, rank)
+
+    def describe(self) -> str:
+        """The plan as text: one row per message of each bucket, then totals."""
+        header = ("bucket", "src rank", "->", "dst rank", "bytes", "pieces", "tensors")
+        rows = []
+        for bucket in self.buckets:
+            for (src, dst), pieces in bucket.messages.items():
+                names = list(dict.fromkeys(p.name for p in pieces))
+                shown = ", ".join(names[:3]) + (
+                    f", ... (+{len(names) - 3})" if len(names) > 3 else ""
+                )
+                rows.append(
+                    (str(bucket.index), str(src), "->", str(dst),
+                     str(bucket.payload_bytes((src, dst))), str(len(pieces)), shown)
+                )  # fmt: skip
+        widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+        right = {0, 1, 3, 4, 5}
+
+        def line(cells: Sequence[str]) -> str:
+            return " | ".join(
+                c.rjust(w) if i in right else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths))
+            ).rstrip()
+
+        local_bytes = sum(t.numel * self.source[name].dtype.itemsize for name, t in self.local)
+        lines = [
+            f"weight sync: {len(self.names)} tensors, {len(self.buckets)} buckets "
+            f"(limit {self.bucket_bytes} bytes)",
+            line(header),
+            "-+-".join("-" * w for w in widths),
+            *(line(r) for r in rows),
+            f"{sum(len(b.messages) for b in self.buckets)} messages, {self.wire_bytes} bytes "
+            f"on the wire; {len(self.local)} local copies, {local_bytes} bytes",
+        ]
+        return "\n".join(lines)
+
+    # -- execution -----------------------------------------------------------
+
+    def _check_local(self, shards: Mapping[str, torch.Tensor], me: int) -> str | None:
+        """Why this rank's shards do not fit the plan, or None."""
+        for name in self.names:
+            shape = self.source_shape(name, me)
+            if shape is None:
+                continue
+            if name not in shards:
+                return f"rank {me}: tensor {name!r} is missing from its source shards"
+            x = shards[name]
+            want = self.source[name].dtype
+            if tuple(x.shape) != shape or x.dtype != want:
+                return (
+                    f"rank {me}: tensor {name!r} shard is {list(x.shape)} {x.dtype}, "
+                    f"the plan needs {list(shape)} {want}"
+                )
+        return None
+
+    def _agree_inputs(self, problem: str | None, me: int, timeout: timedelta) -> None:
+        """Every rank learns whether any rank's shards are refused, before any byte moves."""
+        flag = torch.tensor([0 if problem is None else me + 1], dtype=torch.int64)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        _wait(work, timeout, "agreeing the inputs")
+        if problem is not None:
+            raise WeightSyncFailed(f"weight sync refused before any byte moved: {problem}")
+        if int(flag) != 0:
+            raise WeightSyncFailed(
+                f"weight sync refused before any byte moved: rank {int(flag) - 1}'s "
+                "source shards do not fit the plan"
+            )
+
+    def _pack(
+        self, bucket: Bucket, shards: Mapping[str, torch.Tensor], me: int
+    ) -> list[tuple[int, torch.Tensor]]:
+        out = []
+        for (src, dst), pieces in bucket.messages.items():
+            if src != me:
+                continue
+            buffer = torch.empty(bucket.message_bytes((src, dst)), dtype=torch.uint8)
+            for p in pieces:
+                t = p.transfer
+                part = shards[p.name][_slices(t.src_offsets, t.box.sizes)].contiguous()
+                buffer[p.offset : p.offset + p.nbytes].copy_(part.reshape(-1).view(torch.uint8))
+            out.append((dst, buffer))
+        return out
+
+    def run(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        *,
+        timeout: float = 60.0,
+    ) -> dict[str, torch.Tensor]:
+        """Move the state dict: ``shards`` are this rank's source shards (by
+        name; ignored on ranks outside every source mesh). Returns this rank's
+        destination shards, fresh tensors in the destination dtypes (empty on
+        ranks outside every destination mesh). Every rank of the default group
+        calls it. Partial addends are summed in the source dtype in
+        source-rank order, then cast."""
+        me = dist.get_rank()
+        deadline = timedelta(seconds=timeout)
+        self._agree_inputs(self._check_local(shards, me), me, deadline)
+        staged: dict[str, torch.Tensor] = {}
+        for name in self.names:
+            box = self.dest_box(name, me)
+            if box is not None:
+                staged[name] = torch.zeros(box.sizes, dtype=self.source[name].dtype)
+        arrivals: list[tuple[Piece, torch.Tensor]] = []
+        for name, t in self.local:
+            if t.dst_rank == me:
+                arrivals.append(
+                    (Piece(name, t, 0, 0), shards[name][_slices(t.src_offsets, t.box.sizes)])
+                )
+        packed = self._pack(self.buckets[0], shards, me) if self.buckets else []
+        for i, bucket in enumerate(self.buckets):
+            ops, received = [], []
+            for dst, buffer in packed:
+                ops.append(dist.P2POp(dist.isend, buffer, dst))
+            for (src, dst), pieces in bucket.messages.items():
+                if dst == me:
+                    buffer = torch.empty(bucket.message_bytes((src, dst)), dtype=torch.uint8)
+                    ops.append(dist.P2POp(dist.irecv, buffer, src))
+                    received.append((pieces, buffer))
+            works = dist.batch_isend_irecv(ops) if ops else []
+            # Pack the next bucket while this one is on the wire.
+            packed = (
+                self._pack(self.buckets[i + 1], shards, me) if i + 1 < len(self.buckets) else []
+            )
+            for work in works:
+                _wait(work, deadline, f"bucket {bucket.index}")
+            for pieces, buffer in received:
+                for p in pieces:
+                    dtype = self.source[p.name].dtype
+                    raw = buffer[p.offset : p.offset + p.nbytes].view(dtype)
+                    arrivals.append((p, raw.view(p.transfer.box.sizes)))
+        # Apply in plan order so that partial addends sum in source-rank order.
+        order = {id(t): k for name in self.names for k, t in enumerate(self.transfers[name])}
+        arrivals.sort(key=lambda a: (self.names.index(a[0].name), order[id(a[0].transfer)]))
+        for p, piece in arrivals:
+            t = p.transfer
+            target = staged[p.name][_slices(t.dst_offsets, t.box.sizes)]
+            if t.partial:
+                target.add_(piece)
+            else:
+                target.copy_(piece)
+        return {
+            name: y.to(self.dest[name].dtype) if y.dtype != self.dest[name].dtype else y
+            for name, y in staged.items()
+        }
+
+
+def _wait(work: dist.Work, timeout: timedelta, what: str) -> None:
+    try:
+        completed = work.wait(timeout)
+    except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
+        raise WeightSyncFailed(f"weight sync failed while {what}: {e}") from e
+    if completed is False:
+        raise WeightSyncFailed(f"weight sync: {what} missed its deadline of {timeout}")
+
+
+def plan_weight_sync(
+    source: Mapping[str, TensorLayout],
+    dest: Mapping[str, TensorLayout],
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> WeightSyncPlan:
+    """Plan the move of every named tensor from its ``source`` layout to its ``dest`` layout.
+
+    Args:
+        source: per tensor name, the trainer side's declaration.
+        dest: per tensor name, the inference side's declaration (same names,
+            same global shapes; the dtype may differ: the receiver casts).
+        bucket_bytes: the most bytes one bucket carries (a larger piece
+            travels alone).
+
+    Returns:
+        The plan; ``print(plan.describe())`` shows it, ``plan.run(shards)``
+        executes it on every rank.
+
+    Raises:
+        WeightSyncSpecError: names or shapes differ between the sides, a dtype
+            the wire cannot carry, a layout that does not cover its tensor.
+
+    Example::
+
+        train = Mesh("train", (2,), (0, 1)); infer = Mesh("infer", (2,), (2, 3))
+        plan = plan_weight_sync(
+            {"w": TensorLayout(train, (8, 4), torch.float32, dims=(0, None))},
+            {"w": TensorLayout(infer, (8, 4), torch.float32, dims=(None, 0))},
+        )
+    """
+    if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise WeightSyncSpecError(
+            f"weight sync: bucket_bytes must be a positive int, not {bucket_bytes!r}"
+        )
+    only_source = sorted(set(source) - set(dest))
+    only_dest = sorted(set(dest) - set(source))
+    if only_source or only_dest:
+        raise WeightSyncSpecError(
+            "weight sync: the two sides name different tensors: "
+            f"only in the source {only_source}, only in the destination {only_dest}"
+        )
+    transfers: dict[str, tuple[Transfer, ...]] = {}
+    remote: list[tuple[str, Transfer, int]] = []
+    local: list[tuple[str, Transfer]] = []
+    for name in source:
+        ts = tuple(_tensor_transfers(name, source[name], dest[name]))
+        transfers[name] = ts
+        itemsize = source[name].dtype.itemsize
+        for t in ts:
+            if t.is_local:
+                local.append((name, t))
+            else:
+                remote.append((name, t, t.numel * itemsize))
+    return WeightSyncPlan(
+        source=dict(source),
+        dest={name: dest[name] for name in source},
+        transfers=transfers,
+        buckets=tuple(_buckets(remote, bucket_bytes)),
+        local=tuple(local),
+        bucket_bytes=bucket_bytes,
+    )
