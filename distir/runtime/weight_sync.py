@@ -22,6 +22,7 @@ Ranks named in a mesh are global ranks of the default group.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +41,7 @@ __all__ = [
     "WeightSyncFailed",
     "WeightSyncPlan",
     "WeightSyncSpecError",
+    "WeightVersions",
     "plan_weight_sync",
 ]
 
@@ -54,6 +56,7 @@ DEFAULT_BUCKET_BYTES = 16 << 20
 
 
 _ALIGN = 8
+_DIGEST_BYTES = 16
 
 
 class WeightSyncError(DistirError):
@@ -314,21 +317,22 @@ class WeightSyncPlan:
             out.append((dst, buffer))
         return out
 
-    def run(
+    @property
+    def messages(self) -> tuple[tuple[int, tuple[int, int]], ...]:
+        """Every message of every bucket, as (bucket index, (src, dst)), in plan order."""
+        return tuple((b.index, pair) for b in self.buckets for pair in b.messages)
+
+    def _transfer(
         self,
         shards: Mapping[str, torch.Tensor],
-        *,
-        timeout: float = 60.0,
+        me: int,
+        deadline: timedelta,
+        sent: torch.Tensor,
+        received_digests: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """Move the state dict: ``shards`` are this rank's source shards (by
-        name; ignored on ranks outside every source mesh). Returns this rank's
-        destination shards, fresh tensors in the destination dtypes (empty on
-        ranks outside every destination mesh). Every rank of the default group
-        calls it. Partial addends are summed in the source dtype in
-        source-rank order, then cast."""
-        me = dist.get_rank()
-        deadline = timedelta(seconds=timeout)
-        self._agree_inputs(self._check_local(shards, me), me, deadline)
+        """Move every bucket; fill row k of ``sent`` / ``received_digests`` with the
+        digest of message k as this rank sent / received it."""
+        index = {message: k for k, message in enumerate(self.messages)}
         staged: dict[str, torch.Tensor] = {}
         for name in self.names:
             box = self.dest_box(name, me)
@@ -344,12 +348,13 @@ class WeightSyncPlan:
         for i, bucket in enumerate(self.buckets):
             ops, received = [], []
             for dst, buffer in packed:
+                sent[index[(bucket.index, (me, dst))]] = _digest(buffer)
                 ops.append(dist.P2POp(dist.isend, buffer, dst))
             for (src, dst), pieces in bucket.messages.items():
                 if dst == me:
                     buffer = torch.empty(bucket.message_bytes((src, dst)), dtype=torch.uint8)
                     ops.append(dist.P2POp(dist.irecv, buffer, src))
-                    received.append((pieces, buffer))
+                    received.append((index[(bucket.index, (src, dst))], pieces, buffer))
             works = dist.batch_isend_irecv(ops) if ops else []
             # Pack the next bucket while this one is on the wire.
             packed = (
@@ -357,7 +362,8 @@ class WeightSyncPlan:
             )
             for work in works:
                 _wait(work, deadline, f"bucket {bucket.index}")
-            for pieces, buffer in received:
+            for k, pieces, buffer in received:
+                received_digests[k] = _digest(buffer)
                 for p in pieces:
                     dtype = self.source[p.name].dtype
                     raw = buffer[p.offset : p.offset + p.nbytes].view(dtype)
@@ -376,6 +382,101 @@ class WeightSyncPlan:
             name: y.to(self.dest[name].dtype) if y.dtype != self.dest[name].dtype else y
             for name, y in staged.items()
         }
+
+    def run(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        *,
+        timeout: float = 60.0,
+    ) -> dict[str, torch.Tensor]:
+        """Move the state dict and agree that it arrived intact.
+
+        ``shards`` are this rank's source shards (by name; ignored on ranks
+        outside every source mesh). Returns this rank's destination shards,
+        fresh tensors in the destination dtypes (empty on ranks outside every
+        destination mesh). Every rank of the default group calls it. Partial
+        addends are summed in the source dtype in source-rank order, then cast.
+
+        Before returning, every rank takes part in one vote (an all-reduce):
+        each rank's status, and the digest (BLAKE2b) of every message as its
+        sender sent it and as its receiver received it. Any failed rank or
+        differing digest raises `WeightSyncFailed` on every rank that
+        completes the vote, naming the rank or the bucket and message; a
+        rank that cannot complete it (a peer is gone, the deadline passed)
+        raises it too. Each wait is bounded by ``timeout`` seconds.
+        """
+        me = dist.get_rank()
+        world = dist.get_world_size()
+        deadline = timedelta(seconds=timeout)
+        self._agree_inputs(self._check_local(shards, me), me, deadline)
+        n = len(self.messages)
+        sent = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
+        got = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
+        failure: WeightSyncFailed | None = None
+        try:
+            staged = self._transfer(shards, me, deadline, sent, got)
+        except WeightSyncFailed as e:
+            failure = e
+        status = torch.zeros(world, dtype=torch.int64)
+        status[me] = 0 if failure is None else 1
+        vote = torch.cat([status, sent.reshape(-1), got.reshape(-1)])
+        try:
+            _wait(dist.all_reduce(vote, async_op=True), deadline, "agreeing the digests")
+        except WeightSyncFailed as e:
+            raise (failure or e) from None
+        if failure is not None:
+            raise failure
+        failed = [r for r in range(world) if int(vote[r])]
+        if failed:
+            raise WeightSyncFailed(f"weight sync failed on rank(s) {failed}; nothing published")
+        sent, got = vote[world:].reshape(2, n, _DIGEST_BYTES)
+        for k, (bucket, (src, dst)) in enumerate(self.messages):
+            if not torch.equal(sent[k], got[k]):
+                raise WeightSyncFailed(
+                    f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
+                    "different digest than it was sent with; nothing published"
+                )
+        return staged
+
+    def sync(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        versions: WeightVersions,
+        *,
+        timeout: float = 60.0,
+    ) -> int:
+        """`run`, then publish the result as ``versions``' next version.
+
+        The new version is installed only after the vote succeeded, so on
+        any failure ``versions`` keeps its current version and tensors
+        untouched (the staged tensors are fresh) and `WeightSyncFailed`
+        propagates. Returns the version now published (every rank that
+        returns publishes the same number).
+        """
+        staged = self.run(shards, timeout=timeout)
+        return versions.publish(staged)
+
+
+class WeightVersions:
+    """The published weights of one rank: a version number and a dict of
+    tensors that no sync writes in place (a sync stages fresh tensors and
+    swaps them in as a whole)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def publish(self, weights: dict[str, torch.Tensor]) -> int:
+        """Install ``weights`` as the next version; returns its number."""
+        self.weights = weights
+        self.version += 1
+        return self.version
+
+
+def _digest(buffer: torch.Tensor) -> torch.Tensor:
+    """BLAKE2b of a byte buffer, as int64 values 0..255 (summable in the vote)."""
+    digest = hashlib.blake2b(buffer.numpy(), digest_size=_DIGEST_BYTES).digest()
+    return torch.tensor(list(digest), dtype=torch.int64)
 
 
 def _wait(work: dist.Work, timeout: timedelta, what: str) -> None:

@@ -125,7 +125,7 @@ def test_wire_bytes_equal_the_bytes_each_receiver_lacks():
     source, dest = _declare(train, infer)
     plan = plan_weight_sync(source, dest)
     expected = 0
-    for shape, sdt, _, _, partial, ddims in TENSORS.values():  # in TENSORS.items():
+    for shape, sdt, _, _, partial, ddims in TENSORS.values():
         numel = torch.zeros(shape).numel()
         copies = 2 if ddims is None else 1  # replicated on both receivers
         expected += numel * copies * sdt.itemsize * (2 if partial else 1)
@@ -180,3 +180,110 @@ def test_a_shard_that_does_not_fit_is_refused_on_every_rank():
     assert "rank 1: tensor 'rows_to_cols' shard is [1, 4]" in messages[1]
     for rank in (0, 2, 3):
         assert "rank 1's source shards do not fit the plan" in messages[rank]
+
+
+# -- integrity and versions ---------------------------------------------------
+
+
+def _oracle_v(name: str, version: int, rank: int, infer: Mesh) -> torch.Tensor:
+    shape, _, _, _, _, ddims = TENSORS[name]
+    coord = _coord(infer.ranks, infer.shape, rank)
+    x = _global(name, shape, torch.float64) + version
+    return _oracle_shard(x, ddims, infer.shape, coord)
+
+
+def _shards_v(train: Mesh, rank: int, version: int) -> dict[str, torch.Tensor]:
+    """Version ``version`` of the source shards: the global tensors plus
+    ``version``, spread over the partial addends' first one."""
+    shards = _source_shards(train, rank)
+    if rank in train.ranks:
+        coord = _coord(train.ranks, train.shape, rank)
+        for name, x in shards.items():
+            partial = TENSORS[name][4]
+            if not partial or coord[partial[0]] == 0:
+                x += version
+    return shards
+
+
+def _synced(versions, infer: Mesh, rank: int, version: int) -> bool:
+    if rank not in infer.ranks:
+        return versions.weights == {}
+    return all(
+        torch.equal(versions.weights[name].to(torch.float64), _oracle_v(name, version, rank, infer))
+        for name in TENSORS
+    )
+
+
+def _sync_with_fault(ctx, fault: str, victim: int):
+    """Publish version 1, then try version 2 with ``fault`` injected on rank
+    ``victim``, then (when no rank was lost) version 2 again."""
+    import os
+
+    import distir.runtime.weight_sync as ws
+
+    train, infer = MESHES["disjoint"]
+    plan = plan_weight_sync(*_declare(train, infer), bucket_bytes=64)
+    versions = ws.WeightVersions()
+    plan.sync(_shards_v(train, ctx.rank, 1), versions, timeout=5)
+    report = {"v1": _synced(versions, infer, ctx.rank, 1)}
+    if ctx.rank == victim:
+        if fault == "flipped byte":
+            # on the wire: after the sender took its digest
+            real_batch = ws.dist.batch_isend_irecv
+            calls = []
+
+            def flipping_batch(ops):
+                calls.append(1)
+                sends = [op for op in ops if op.op is ws.dist.isend]
+                if len(calls) == 2 and sends:
+                    sends[0].tensor[3] ^= 0x10
+                return real_batch(ops)
+
+            ws.dist.batch_isend_irecv = flipping_batch
+        else:  # a killed rank: it dies waiting for its second bucket
+            real_wait = ws._wait
+
+            def dying_wait(work, timeout, what):
+                if what == "bucket 1":
+                    os._exit(17)
+                return real_wait(work, timeout, what)
+
+            ws._wait = dying_wait
+    try:
+        plan.sync(_shards_v(train, ctx.rank, 2), versions, timeout=5)
+        report["error"] = None
+    except ws.WeightSyncFailed as e:
+        report["error"] = str(e)
+    report["kept"] = versions.version == 1 and _synced(versions, infer, ctx.rank, 1)
+    if fault == "flipped byte":
+        if ctx.rank == victim:
+            ws.dist.batch_isend_irecv = real_batch
+        report["next"] = plan.sync(_shards_v(train, ctx.rank, 2), versions, timeout=5)
+        report["v2"] = _synced(versions, infer, ctx.rank, 2)
+    return report
+
+
+@pytest.mark.parametrize("victim", [0, 1])  # a sender of each receiver
+def test_a_flipped_byte_publishes_nothing_and_the_next_sync_succeeds(victim):
+    reports = distir.launch(
+        _sync_with_fault, 4, "flipped byte", victim, pass_context=True, timeout=120
+    )
+    for report in reports:
+        assert report["v1"]
+        assert "arrived with a different digest" in report["error"]
+        assert "nothing published" in report["error"]
+        assert report["kept"]
+        assert report["next"] == 2 and report["v2"]
+
+
+@pytest.mark.parametrize("fault, victim", [("killed sender", 0), ("killed receiver", 3)])
+def test_a_killed_rank_leaves_every_survivor_on_the_old_version(fault, victim):
+    outcome = distir.launch(
+        _sync_with_fault, 4, fault, victim, pass_context=True, timeout=120, tolerate=1
+    )
+    assert sorted(outcome.lost) == [victim]
+    assert sorted(outcome.results) == sorted(set(range(4)) - {victim})
+    for rank, report in outcome.results.items():
+        assert report["v1"], rank
+        assert report["error"] is not None and report["error"].startswith("weight sync"), rank
+        assert report["kept"], rank
