@@ -113,7 +113,7 @@ class Bucket:
     def message_bytes(self, pair: tuple[int, int]) -> int:
         """Bytes of the message between ``pair`` (pieces start 8-byte aligned)."""
         last = self.messages[pair][-1]
-        return last.offset + last.nbytes
+        return -(-(last.offset + last.nbytes) // _ALIGN) * _ALIGN
 
     def payload_bytes(self, pair: tuple[int, int]) -> int:
         """Tensor bytes in the message between ``pair`` (its padding left out)."""
@@ -289,16 +289,24 @@ class WeightSyncPlan:
                 )
         return None
 
-    def _agree_inputs(self, problem: str | None, me: int, timeout: timedelta) -> None:
-        """Every rank learns whether any rank's shards are refused, before any byte moves."""
-        flag = torch.tensor([0 if problem is None else me + 1], dtype=torch.int64)
+    def _agree_inputs(
+        self, problem: str | None, me: int, timeout: timedelta, version: int = 0
+    ) -> None:
+        """Every rank learns whether any rank's shards are refused, or the
+        ranks hold different published versions, before any byte moves."""
+        flag = torch.tensor([0 if problem is None else me + 1, version, -version])
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
         _wait(work, timeout, "agreeing the inputs")
         if problem is not None:
             raise WeightSyncFailed(f"weight sync refused before any byte moved: {problem}")
-        if int(flag) != 0:
+        if int(flag[1]) != -int(flag[2]):
             raise WeightSyncFailed(
-                f"weight sync refused before any byte moved: rank {int(flag) - 1}'s "
+                "weight sync refused before any byte moved: the ranks hold different "
+                f"published versions (from {-int(flag[2])} to {int(flag[1])})"
+            )
+        if int(flag[0]) != 0:
+            raise WeightSyncFailed(
+                f"weight sync refused before any byte moved: rank {int(flag[0]) - 1}'s "
                 "source shards do not fit the plan"
             )
 
@@ -309,7 +317,8 @@ class WeightSyncPlan:
         for (src, dst), pieces in bucket.messages.items():
             if src != me:
                 continue
-            buffer = torch.empty(bucket.message_bytes((src, dst)), dtype=torch.uint8)
+            # zeros: the alignment padding must not differ between versions (delta)
+            buffer = torch.zeros(bucket.message_bytes((src, dst)), dtype=torch.uint8)
             for p in pieces:
                 t = p.transfer
                 part = shards[p.name][_slices(t.src_offsets, t.box.sizes)].contiguous()
@@ -322,6 +331,26 @@ class WeightSyncPlan:
         """Every message of every bucket, as (bucket index, (src, dst)), in plan order."""
         return tuple((b.index, pair) for b in self.buckets for pair in b.messages)
 
+    def _exchange_counts(self, counts: dict[int, int], me: int, deadline: timedelta) -> None:
+        """Send each receiver the delta entry count (-1: dense) of every message
+        this rank sends it; fill ``counts`` with those of the messages it receives."""
+        by_pair: dict[tuple[int, int], list[int]] = {}
+        for k, (_, pair) in enumerate(self.messages):
+            by_pair.setdefault(pair, []).append(k)
+        ops, incoming = [], []
+        for (src, dst), ks in by_pair.items():
+            if src == me:
+                header = torch.tensor([counts[k] for k in ks], dtype=torch.int64)
+                ops.append(dist.P2POp(dist.isend, header, dst))
+            elif dst == me:
+                header = torch.empty(len(ks), dtype=torch.int64)
+                ops.append(dist.P2POp(dist.irecv, header, src))
+                incoming.append((ks, header))
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            _wait(work, deadline, "exchanging the delta sizes")
+        for ks, header in incoming:
+            counts.update(zip(ks, header.tolist()))
+
     def _transfer(
         self,
         shards: Mapping[str, torch.Tensor],
@@ -329,9 +358,14 @@ class WeightSyncPlan:
         deadline: timedelta,
         sent: torch.Tensor,
         received_digests: torch.Tensor,
+        pinned: _Pinned | None = None,
+        buffers: _Pinned | None = None,
     ) -> dict[str, torch.Tensor]:
         """Move every bucket; fill row k of ``sent`` / ``received_digests`` with the
-        digest of message k as this rank sent / received it."""
+        digest of message k as this rank sent / received it (dense, decoded),
+        and ``buffers`` with those dense messages. With ``pinned`` (the
+        messages of the last published version) each message travels as a
+        delta against it where that is smaller."""
         index = {message: k for k, message in enumerate(self.messages)}
         staged: dict[str, torch.Tensor] = {}
         for name in self.names:
@@ -344,26 +378,56 @@ class WeightSyncPlan:
                 arrivals.append(
                     (Piece(name, t, 0, 0), shards[name][_slices(t.src_offsets, t.box.sizes)])
                 )
-        packed = self._pack(self.buckets[0], shards, me) if self.buckets else []
+        counts: dict[int, int] = {}
+        if pinned is not None:
+            # Delta sizes are data-dependent: pack everything, then tell each
+            # receiver the size of each of its messages in one exchange.
+            everything = [self._pack(b, shards, me) for b in self.buckets]
+            encoded: dict[int, torch.Tensor] = {}
+            for bucket, packed in zip(self.buckets, everything):
+                for dst, buffer in packed:
+                    k = index[(bucket.index, (me, dst))]
+                    counts[k], encoded[k] = _encode(buffer, pinned.sent[k])
+            self._exchange_counts(counts, me, deadline)
+        packed = self._pack(self.buckets[0], shards, me) if self.buckets and pinned is None else []
         for i, bucket in enumerate(self.buckets):
+            if pinned is not None:
+                packed = everything[i]
             ops, received = [], []
             for dst, buffer in packed:
-                sent[index[(bucket.index, (me, dst))]] = _digest(buffer)
-                ops.append(dist.P2POp(dist.isend, buffer, dst))
+                k = index[(bucket.index, (me, dst))]
+                sent[k] = _digest(buffer)
+                if buffers is not None:
+                    buffers.sent[k] = buffer
+                wire = encoded[k] if pinned is not None else buffer
+                if buffers is not None:
+                    buffers.wire_bytes += wire.numel()
+                if wire.numel():
+                    ops.append(dist.P2POp(dist.isend, wire, dst))
             for (src, dst), pieces in bucket.messages.items():
                 if dst == me:
-                    buffer = torch.empty(bucket.message_bytes((src, dst)), dtype=torch.uint8)
-                    ops.append(dist.P2POp(dist.irecv, buffer, src))
-                    received.append((index[(bucket.index, (src, dst))], pieces, buffer))
+                    k = index[(bucket.index, (src, dst))]
+                    size = bucket.message_bytes((src, dst))
+                    if pinned is not None and counts[k] >= 0:
+                        size = counts[k] * _DELTA_ENTRY_BYTES
+                    buffer = torch.empty(size, dtype=torch.uint8)
+                    if size:
+                        ops.append(dist.P2POp(dist.irecv, buffer, src))
+                    received.append((k, pieces, buffer))
             works = dist.batch_isend_irecv(ops) if ops else []
             # Pack the next bucket while this one is on the wire.
-            packed = (
-                self._pack(self.buckets[i + 1], shards, me) if i + 1 < len(self.buckets) else []
-            )
+            if pinned is None:
+                packed = (
+                    self._pack(self.buckets[i + 1], shards, me) if i + 1 < len(self.buckets) else []
+                )
             for work in works:
                 _wait(work, deadline, f"bucket {bucket.index}")
             for k, pieces, buffer in received:
+                if pinned is not None and counts[k] >= 0:
+                    buffer = _decode(buffer, counts[k], pinned.received[k])
                 received_digests[k] = _digest(buffer)
+                if buffers is not None:
+                    buffers.received[k] = buffer
                 for p in pieces:
                     dtype = self.source[p.name].dtype
                     raw = buffer[p.offset : p.offset + p.nbytes].view(dtype)
@@ -388,6 +452,8 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         *,
         timeout: float = 60.0,
+        _versions: WeightVersions | None = None,
+        _delta: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Move the state dict and agree that it arrived intact.
 
@@ -408,13 +474,17 @@ class WeightSyncPlan:
         me = dist.get_rank()
         world = dist.get_world_size()
         deadline = timedelta(seconds=timeout)
-        self._agree_inputs(self._check_local(shards, me), me, deadline)
+        version = 0 if _versions is None else _versions.version
+        self._agree_inputs(self._check_local(shards, me), me, deadline, version)
+        # Every rank holds the same version (agreed), so all choose the same mode.
+        pinned = _versions.pinned if _delta and _versions is not None else None
+        buffers = _Pinned({}, {}) if _versions is not None else None
         n = len(self.messages)
         sent = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
         got = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
         failure: WeightSyncFailed | None = None
         try:
-            staged = self._transfer(shards, me, deadline, sent, got)
+            staged = self._transfer(shards, me, deadline, sent, got, pinned, buffers)
         except WeightSyncFailed as e:
             failure = e
         status = torch.zeros(world, dtype=torch.int64)
@@ -436,6 +506,8 @@ class WeightSyncPlan:
                     f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
                     "different digest than it was sent with; nothing published"
                 )
+        if _versions is not None:
+            _versions.publish(staged, buffers)
         return staged
 
     def sync(
@@ -443,6 +515,7 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         versions: WeightVersions,
         *,
+        delta: bool = False,
         timeout: float = 60.0,
     ) -> int:
         """`run`, then publish the result as ``versions``' next version.
@@ -452,9 +525,17 @@ class WeightSyncPlan:
         untouched (the staged tensors are fresh) and `WeightSyncFailed`
         propagates. Returns the version now published (every rank that
         returns publishes the same number).
+
+        With ``delta=True`` each message travels as the 2-byte words that
+        changed since the last published version (an int32 index and the
+        word each, 6 bytes an entry), or dense where that is not smaller, or
+        on the first sync. Both sides pin the dense messages of each
+        published version for this (memory: the bytes they send and
+        receive). The digests are of the dense messages, so the vote checks
+        the reconstruction bit for bit.
         """
-        staged = self.run(shards, timeout=timeout)
-        return versions.publish(staged)
+        self.run(shards, timeout=timeout, _versions=versions, _delta=delta)
+        return versions.version
 
 
 class WeightVersions:
@@ -465,12 +546,55 @@ class WeightVersions:
     def __init__(self) -> None:
         self.version = 0
         self.weights: dict[str, torch.Tensor] = {}
+        self.pinned: _Pinned | None = None
 
-    def publish(self, weights: dict[str, torch.Tensor]) -> int:
-        """Install ``weights`` as the next version; returns its number."""
-        self.weights = weights
+    @property
+    def last_sent_bytes(self) -> int:
+        """Bytes this rank sent in the sync that published the current version."""
+        return 0 if self.pinned is None else self.pinned.wire_bytes
+
+    def publish(self, weights: dict[str, torch.Tensor], pinned: _Pinned | None = None) -> int:
+        """Install ``weights`` (and the messages that built them) as the next
+        version; returns its number."""
+        self.weights, self.pinned = weights, pinned
         self.version += 1
         return self.version
+
+
+@dataclass
+class _Pinned:
+    """The dense messages of one version, by message index: as this rank sent
+    them and as it received them (a delta is taken against these)."""
+
+    sent: dict[int, torch.Tensor]
+    received: dict[int, torch.Tensor]
+    #: bytes this rank put on the wire in the sync that built them
+    wire_bytes: int = 0
+
+
+#: a delta entry: an int32 index and an int16 value
+_DELTA_ENTRY_BYTES = 6
+
+
+def _encode(buffer: torch.Tensor, old: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """``buffer`` as (entry count, changed 2-byte words) against ``old``, or
+    (-1, buffer) where the delta would not be smaller. Words compare as
+    bits, so -0.0, NaN payloads and every other change travel exactly."""
+    new16, old16 = buffer.view(torch.int16), old.view(torch.int16)
+    changed = (new16 != old16).nonzero().flatten()
+    if changed.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
+        return -1, buffer
+    indices = changed.to(torch.int32)
+    payload = torch.cat([indices.view(torch.uint8), new16[changed].contiguous().view(torch.uint8)])
+    return changed.numel(), payload
+
+
+def _decode(payload: torch.Tensor, count: int, old: torch.Tensor) -> torch.Tensor:
+    """The dense message: ``old`` with the ``count`` entries of ``payload`` applied."""
+    out = old.clone()
+    indices = payload[: 4 * count].view(torch.int32).long()
+    out.view(torch.int16)[indices] = payload[4 * count :].view(torch.int16)
+    return out
 
 
 def _digest(buffer: torch.Tensor) -> torch.Tensor:
