@@ -295,7 +295,10 @@ class WeightSyncPlan:
         """Every rank learns whether any rank's shards are refused, or the
         ranks hold different published versions, before any byte moves."""
         flag = torch.tensor([0 if problem is None else me + 1, version, -version])
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        work = _call(
+            lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True),
+            "agreeing the inputs",
+        )
         _wait(work, timeout, "agreeing the inputs")
         if problem is not None:
             raise WeightSyncFailed(f"weight sync refused before any byte moved: {problem}")
@@ -346,7 +349,7 @@ class WeightSyncPlan:
                 header = torch.empty(len(ks), dtype=torch.int64)
                 ops.append(dist.P2POp(dist.irecv, header, src))
                 incoming.append((ks, header))
-        for work in dist.batch_isend_irecv(ops) if ops else []:
+        for work in _post(ops, "exchanging the delta sizes"):
             _wait(work, deadline, "exchanging the delta sizes")
         for ks, header in incoming:
             counts.update(zip(ks, header.tolist()))
@@ -414,7 +417,7 @@ class WeightSyncPlan:
                     if size:
                         ops.append(dist.P2POp(dist.irecv, buffer, src))
                     received.append((k, pieces, buffer))
-            works = dist.batch_isend_irecv(ops) if ops else []
+            works = _post(ops, f"bucket {bucket.index}")
             # Pack the next bucket while this one is on the wire.
             if pinned is None:
                 packed = (
@@ -491,7 +494,8 @@ class WeightSyncPlan:
         status[me] = 0 if failure is None else 1
         vote = torch.cat([status, sent.reshape(-1), got.reshape(-1)])
         try:
-            _wait(dist.all_reduce(vote, async_op=True), deadline, "agreeing the digests")
+            vote_work = _call(lambda: dist.all_reduce(vote, async_op=True), "agreeing the digests")
+            _wait(vote_work, deadline, "agreeing the digests")
         except WeightSyncFailed as e:
             raise (failure or e) from None
         if failure is not None:
@@ -601,6 +605,19 @@ def _digest(buffer: torch.Tensor) -> torch.Tensor:
     """BLAKE2b of a byte buffer, as int64 values 0..255 (summable in the vote)."""
     digest = hashlib.blake2b(buffer.numpy(), digest_size=_DIGEST_BYTES).digest()
     return torch.tensor(list(digest), dtype=torch.int64)
+
+
+def _call(post, what: str):
+    """``post()``, its backend failure (a peer already gone) as the named error."""
+    try:
+        return post()
+    except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
+        raise WeightSyncFailed(f"weight sync failed while {what}: {e}") from e
+
+
+def _post(ops: list, what: str) -> list:
+    """Post a batch of point-to-point ops; a backend failure is the named error."""
+    return _call(lambda: dist.batch_isend_irecv(ops), what) if ops else []
 
 
 def _wait(work: dist.Work, timeout: timedelta, what: str) -> None:
