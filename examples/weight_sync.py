@@ -109,7 +109,6 @@ def first_launch(ctx):
             )
             return
         seconds = time.perf_counter() - start
-        # WeightSyncFailed text reads "...failed..."; a published version never does
         ok = "matches" if matches(versions, ctx.rank, step) else "DIFFERS"
         lines.append((label, f"version {versions.version}, {ok} the oracle",
                       versions.last_sent_bytes, seconds))  # fmt: skip
@@ -171,7 +170,7 @@ if __name__ == "__main__":
     print("bytes sent by the trainer ranks:")
     for k, (label, _, _, seconds) in enumerate(results[0][1]):
         sent = sum(results[r][1][k][2] for r in TRAIN.ranks)
-        if "failed" in results[0][1][k][1]:
+        if "WeightSyncFailed" in results[0][1][k][1]:
             print(f"  {label}: not published")
         else:
             print(f"  {label}: {sent} bytes, {seconds:.2f} s")
