@@ -21,6 +21,9 @@ import distir
 from distir.runtime.launch import LaunchError, launch
 
 ROOT = Path(__file__).resolve().parents[2]
+# "At once" after a signal: far below what the signalled run would take, far
+# above the launcher's 1 s grace, so a loaded machine does not fail it.
+SIGNAL_EXIT_BOUND_S = 10.0
 LONG_RUN = ["examples/all_reduce.mlir", "--nproc", "2", "--repeat", "1000000000", "--timeout", "200"]
 
 
@@ -174,7 +177,9 @@ def test_a_signal_to_distir_run_stops_every_rank_and_exits_at_once(
     out, err = proc.communicate(timeout=30)
     took = time.monotonic() - sent
     assert proc.returncode == status, (proc.returncode, err)
-    assert took < 3.0, f"exited {took:.1f} s after {signum.name}"
+    # The launcher's grace is 1 s; left alone the run lasts 200 s. The margin
+    # is for a loaded machine, where ranks with torch loaded take time to die.
+    assert took < SIGNAL_EXIT_BOUND_S, f"exited {took:.1f} s after {signum.name}"
     assert "Traceback" not in err + out, err
     assert f"({signum.name}); no rank is left running" in err
     assert_gone_within(ranks, 3.0)
@@ -260,7 +265,7 @@ def test_launch_forwards_a_signal_then_lets_it_act_on_the_caller(
     sent = time.monotonic()
     os.kill(proc.pid, signum)
     out, err = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 3.0
+    assert time.monotonic() - sent < SIGNAL_EXIT_BOUND_S  # left alone: 600 s
     # SIGINT: KeyboardInterrupt raised from launch; SIGTERM: the default action.
     assert proc.returncode == status, (proc.returncode, err)
     assert printed in out
