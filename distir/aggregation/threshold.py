@@ -65,7 +65,7 @@ __all__ = [
     "switch_key",
 ]
 
-_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE = 0, 1, 2, 4
+_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL = 0, 1, 2, 4, 8
 _SHAMIR = b"shamir-share"
 
 
@@ -103,7 +103,7 @@ def _check_agreed(
     # every rank computes the same verdict from the same agreed row
     if codes & _BUDGET:
         raise DecryptionBudgetExhausted(messages[_BUDGET])
-    for bit in (_BAD_GROUP, _BAD_AGGREGATE):
+    for bit in (_BAD_GROUP, _BAD_AGGREGATE, _BAD_LEVEL):
         if codes & bit:
             raise ThresholdMismatch(messages[bit])
     if not same:
@@ -244,36 +244,37 @@ def aggregate(
     if not ciphertexts:
         raise ValueError("aggregate needs at least one ciphertext")
     pairs = [ckks_to_limbs(c) for c in ciphertexts]
-    moduli = tuple(int(x) for x in pairs[0][1].tolist())
-    if moduli != parameters.data_moduli or any(
-        p[0].shape[0] != 2 or tuple(p[1].tolist()) != moduli for p in pairs
-    ):
-        raise ValueError(
-            "aggregate takes fresh 2-polynomial ciphertexts at the parameters' first data level"
-        )
-    limbs = torch.stack([p[0] for p in pairs])
-    commitment = hashlib.sha256(limbs.numpy().tobytes()).digest()
-    code = _OK if size <= parameters.parties else _BAD_GROUP
-    # The scale is the one fact of a ciphertext its limbs do not carry (the
-    # level is its moduli, checked above): a sum of ciphertexts at different
-    # scales decrypts to a different wrong value on every rank, so it is
-    # agreed with the parameters.
+    moduli = parameters.data_moduli
+    # A ciphertext at another level (or of another size) would be summed
+    # limb by limb against its peers' and come out silently wrong, so the
+    # check is agreed: every rank raises it, none waits on a sum.
+    fresh = all(p[0].shape[0] == 2 and tuple(p[1].tolist()) == moduli for p in pairs)
+    # The scale is the one fact of a ciphertext its limbs do not carry: SEAL
+    # adds ciphertexts of different scales as if they were equal (a silently
+    # wrong sum, different on each rank), so the scales of every chunk of
+    # every ciphertext, in order, are agreed like the parameters.
     scales = [layout.scale for c in ciphertexts for layout in parse_ckks_chunks(c)]
+    scale_digest = hashlib.sha256(struct.pack(f"<{len(scales)}d", *scales)).digest()
+    code = (_OK if size <= parameters.parties else _BAD_GROUP) | (_OK if fresh else _BAD_LEVEL)
     _check_agreed(
         code,
         [
             *_digest_words(parameters.digest()),
             len(ciphertexts),
-            *_digest_words(hashlib.sha256(struct.pack(f"<{len(scales)}d", *scales)).digest()),
+            *_digest_words(scale_digest),
         ],
         group=group,
         deadline_s=deadline_s,
         what=[("parameters", 3), ("numbers of ciphertexts", 1), ("ciphertext scales", 3)],
         messages={
             _BAD_GROUP: f"{size} ranks cannot aggregate under a key of "
-            f"{parameters.parties} parties (the smudging bound covers at most that many)"
+            f"{parameters.parties} parties (the smudging bound covers at most that many)",
+            _BAD_LEVEL: "a rank's ciphertexts are not fresh 2-polynomial ciphertexts at the "
+            f"parameters' first data level ({len(moduli)} moduli); nothing was summed",
         },
     )
+    limbs = torch.stack([p[0] for p in pairs])
+    commitment = hashlib.sha256(limbs.numpy().tobytes()).digest()
     q = torch.tensor(moduli, dtype=torch.int64)
     gathered, total = programs.gather_and_sum(
         programs.words(commitment), limbs, q, group=group, deadline_s=deadline_s

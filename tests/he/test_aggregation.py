@@ -260,30 +260,47 @@ def test_a_receiver_key_passed_as_a_negation_view_is_switched_to_by_its_value():
         assert np.abs(received - plain).max() <= 7 * params.key_switch_error_std
 
 
-def scale_worker(ctx) -> dict:
-    """Rank 1 encrypts at another scale than its peers (2^30, not the
-    context's 2^40): its limbs and moduli look like everyone's."""
-    params = ta.ThresholdParameters(parties=ctx.world_size)
-    share = ta.generate_keys(params, deadline=20.0)
+def metadata_worker(ctx) -> dict:
+    """3 ranks aggregate one ciphertext each: rank 0's at twice the scale,
+    then rank 0's one level down (times a plaintext 1, rescaled);
+    each try must be refused by name on every rank, and the honest sum
+    after them must still decrypt."""
+    out: dict = {}
+    share = ta.generate_keys(ta.ThresholdParameters(parties=3))
     context = share.public_key.context()
-    scale = 2.0**30 if ctx.rank == 1 else None
-    encrypted = ts.ckks_vector(context, [1.0] * 8, scale=scale)
+    values = update(3, ctx.rank).tolist()
+    scale = context.global_scale * (2 if ctx.rank == 0 else 1)
     try:
-        ta.aggregate([encrypted], share, deadline=20.0)
-        return {"error": None}
+        ta.aggregate([ts.ckks_vector(context, values, scale)], share)
     except ta.ThresholdMismatch as e:
-        return {"error": str(e)}
+        out["scale"] = str(e)
+    encrypted = ts.ckks_vector(context, values)
+    if ctx.rank == 0:
+        # one level down: a small scale leaves room for a product, rescaled
+        encrypted = ts.ckks_vector(context, values, 2.0**40) * ([1.0] * SIZE)
+    try:
+        ta.aggregate([encrypted], share)
+    except ta.ThresholdMismatch as e:
+        out["level"] = str(e)
+    total = ta.aggregate([ts.ckks_vector(context, values)], share)
+    out["honest"] = np.array(ta.decrypt(total, share)[0][:SIZE])
+    return out
 
 
 @pytest.mark.multirank
-@pytest.mark.timeout(120)
-def test_ciphertexts_at_different_scales_are_refused_on_every_rank():
-    """A sum of them decrypted to 1.000977 on one rank and 1025.0 on another
-    for a true 2.0: the scale is agreed with the parameters now."""
+@pytest.mark.timeout(150)
+def test_a_ciphertext_of_another_scale_or_level_is_refused_by_name_on_every_rank():
     from distir.runtime.launch import launch
 
-    reports = launch(scale_worker, 2, pass_context=True, timeout=100)
+    reports = launch(metadata_worker, 3, pass_context=True, timeout=140)
+    plain = sum(update(3, r) for r in range(3))
+    sigma = th.ThresholdParameters(parties=3).smudging_error_std
     for report in reports:
-        assert report["error"] == (
+        assert report["scale"] == (
             "ranks of the group passed different ciphertext scales; nothing was done"
-        ), report
+        )
+        assert report["level"].startswith(
+            "a rank's ciphertexts are not fresh 2-polynomial ciphertexts at the "
+            "parameters' first data level"
+        )
+        assert np.abs(report["honest"] - plain).max() <= 7 * sigma
