@@ -231,7 +231,9 @@ class ProgramHookState(HookState):
     elements of type T (f32, f16, bf16, f64). `source` is a compiled
     `Program`, IR text or a module (for one bucket size), or a function
     `(numel, element_type) -> Program | text | module`, called once per
-    bucket size and dtype. The program's value is the new bucket as is (no
+    bucket size and dtype: `element_type` is the bucket's IR element type
+    as a string (`"f32"`, `"f16"`, `"bf16"`, `"f64"`), as written in
+    `tensor<{numel}x{element_type}>`. The program's value is the new bucket as is (no
     division by the world size: a mean divides in the program)."""
 
     source: ProgramSourceFor = None

@@ -1,6 +1,6 @@
-"""The README shows what the tools print.
+"""The README and the documentation site show what the tools print.
 
-Every fenced block whose info string is `console` holds `$ command` lines,
+In README.md and every page under docs/, every fenced block whose info string is `console` holds `$ command` lines,
 each followed by what it prints (stdout and stderr together); this test runs
 each block's commands in order from the repository root, as a new user
 would, and compares (trailing spaces aside) exactly. `console approx` blocks
@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+#: the README and every page of the documentation site
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^```(console(?: approx)?)\n(.*?)^```$", re.M | re.S)
 _DURATION = re.compile(r"\b\d+(\.\d+)? (ms|s)\b")
@@ -32,10 +33,12 @@ _PORT = re.compile(r"\]:\d+\b")
 pytestmark = pytest.mark.multirank  # the commands start local gloo ranks
 
 
-def _blocks() -> list[tuple[list[tuple[str, str]], bool]]:
-    """Every console block: its (command, expected output) pairs, in order."""
+def _blocks() -> list[tuple[str, list[tuple[str, str]], bool]]:
+    """Every console block: its page, its (command, expected output) pairs, in order."""
     found = []
-    for kind, body in _FENCE.findall(README):
+    for page, (kind, body) in (
+        (source, block) for source in PAGES for block in _FENCE.findall(source.read_text())
+    ):
         pairs: list[tuple[str, str]] = []
         command, output = None, []
         for line in body.splitlines():
@@ -47,7 +50,7 @@ def _blocks() -> list[tuple[list[tuple[str, str]], bool]]:
                 output.append(line)
         if command is not None:
             pairs.append((command, "\n".join(output)))
-        found.append((pairs, kind == "console approx"))
+        found.append((page.relative_to(ROOT).as_posix(), pairs, kind == "console approx"))
     return found
 
 
@@ -63,7 +66,9 @@ def _normal(text: str, approx: bool) -> str:
 
 
 def test_the_readme_shows_commands_to_check() -> None:
-    assert sum(len(pairs) for pairs, _ in BLOCKS) >= 8
+    in_readme = [pairs for page, pairs, _ in BLOCKS if page == "README.md"]
+    assert sum(len(pairs) for pairs in in_readme) >= 3
+    assert sum(len(pairs) for _, pairs, _ in BLOCKS) >= 8
 
 
 def test_approximate_blocks_mask_only_durations_and_ports() -> None:
@@ -76,9 +81,11 @@ def test_approximate_blocks_mask_only_durations_and_ports() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pairs", "approx"), BLOCKS, ids=[pairs[0][0][:60] for pairs, _ in BLOCKS]
+    ("page", "pairs", "approx"),
+    BLOCKS,
+    ids=[f"{page}: {pairs[0][0][:60]}" for page, pairs, _ in BLOCKS],
 )
-def test_a_readme_block_prints_what_the_readme_shows(pairs, approx, tmp_path) -> None:
+def test_a_block_prints_what_its_page_shows(page, pairs, approx, tmp_path) -> None:
     env = dict(os.environ, COLUMNS="100", PYTHONWARNINGS="ignore")
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
@@ -89,4 +96,4 @@ def test_a_readme_block_prints_what_the_readme_shows(pairs, approx, tmp_path) ->
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         want = _normal(expected.replace("/tmp/", private), approx)
-        assert _normal(proc.stdout, approx) == want, (command, proc.stdout)
+        assert _normal(proc.stdout, approx) == want, (page, command, proc.stdout)

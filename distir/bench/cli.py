@@ -30,6 +30,7 @@ from distir.bench.report import (
     fit_cost_model,
     format_cost_model,
     format_dispatch,
+    format_summary,
     format_table,
     format_targets,
     format_wrong,
@@ -40,7 +41,11 @@ from distir.bench.sizes import format_size, parse_size, size_sweep
 from distir.errors import DistirError
 
 FULL_SIZES = ("4K", "64K", "1M", "16M", "64M")
-QUICK_SIZES = ("4K", "1M", "16M")
+#: --quick: a small matrix (one group size, a small and a large message) that
+#: fits in a few minutes on a loaded 2-core machine; the full matrix is the default
+QUICK_SIZES = ("4K", "1M")
+QUICK_NPROC = (2,)
+QUICK_DISPATCH_REPEATS = 5
 DEFAULT_NPROC = (2, 4)
 RESULTS_ROOT = "bench-results"
 
@@ -78,8 +83,8 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
     sizes.add_argument("--sizes", type=_size, nargs="+", metavar="SIZE",
                        help="an explicit list of sizes instead of -b/-e/-f")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
-                        help=f"preset: P={' and '.join(map(str, DEFAULT_NPROC))}, sizes "
-                             f"{' '.join(QUICK_SIZES)}, fewer iterations (200 at 4K)")  # fmt: skip
+                        help=f"preset: P={' and '.join(map(str, QUICK_NPROC))}, sizes "
+                             f"{' '.join(QUICK_SIZES)}, fewer iterations (100 at 4K)")  # fmt: skip
     parser.add_argument("--nproc", type=int, nargs="+", metavar="P",
                         help="group sizes to run (default " + " ".join(map(str, DEFAULT_NPROC)) + ")")  # fmt: skip
     parser.add_argument("--families", nargs="+", default=list(registry), choices=list(registry),
@@ -110,7 +115,8 @@ def build_parser(registry: Mapping[str, Family] = FAMILIES) -> argparse.Argument
     parser.add_argument("--no-plots", action="store_true", help="skip the busbw plots")
     parser.add_argument("--dispatch-chain", type=int, default=1000, metavar="N",
                         help="ops in the 1-rank dispatch-overhead chain (0 to skip; default 1000)")  # fmt: skip
-    parser.add_argument("--dispatch-repeats", type=int, default=15, metavar="N")
+    parser.add_argument("--dispatch-repeats", type=int, metavar="N",
+                        help="repeats of the dispatch chain (default 15; --quick 5)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="seconds one group size may take (default 1800)")  # fmt: skip
     return parser
@@ -154,7 +160,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, Family] = 
     """Runs the benchmark; 0 when it ran (and, with -c, every result was right)."""
     parser = build_parser(registry)
     args = parser.parse_args(argv)
-    nprocs = args.nproc or list(DEFAULT_NPROC)
+    nprocs = args.nproc or list(QUICK_NPROC if args.quick else DEFAULT_NPROC)
+    if args.dispatch_repeats is None:
+        args.dispatch_repeats = QUICK_DISPATCH_REPEATS if args.quick else 15
     if any(p < 1 for p in nprocs):
         parser.error("--nproc values must be >= 1")
     if (args.iters is not None and args.iters < 1) or (args.warmup or 0) < 0:
@@ -214,6 +222,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, Family] = 
     targets = format_targets(check_targets(report.rows))
     if targets:
         print(targets)
+    summary = format_summary(report.rows)
+    if summary:
+        print(summary)
     print(f"\nresults in {out}/: {', '.join(p.name for p in written)} ({meta['wall_s']} s; load "
           f"average before {meta['load_before']}, after {meta['load_after']})")  # fmt: skip
     wrong = report.wrong_rows()

@@ -80,7 +80,7 @@ def format_table(rows: Sequence[dict]) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """A ratio the latency work (issue 26) holds a row to: the median of
+    """A ratio distir's latency targets hold a row to: the median of
     `variant` over the median of `baseline`, same family, P and size, for
     sizes in [min_size, max_size], at most `bound`."""
 
@@ -95,7 +95,8 @@ class Target:
 
 _KIB, _MIB = 1 << 10, 1 << 20
 TRUSTED, VERIFIED = TRUSTED_DONATED.name, DONATED.name
-#: The "Done when" of the small-message latency issue, as data.
+#: distir's latency targets, as data: how much slower than raw torch.distributed
+#: (or than the cheapest distir variant) a row may be.
 TARGETS = (
     Target("all_reduce", TRUSTED, RAW, 1.10, 4 * _KIB, 4 * _KIB),
     Target("all_reduce", TRUSTED, RAW, 1.10, _MIB, _MIB),
@@ -145,8 +146,10 @@ def format_targets(checked: Sequence[dict]) -> str:
     """One line per checked target (empty when no row was covered)."""
     if not checked:
         return ""
-    lines = ["targets (ratio of medians, interleaved; issue 26; `paired`: the median of "
-             "per-iteration ratios):"]
+    lines = ["latency targets: each line is a distir variant's median time over its baseline's "
+             "(same P and size, run interleaved), the bound distir aims for, 'met' or 'MISSED' "
+             "(slower than the bound on this machine), and `paired`: the median of the "
+             "per-iteration ratios, less sensitive to a loaded machine:"]
     for c in checked:
         lines.append(
             f"  P={c['P']} {c['family']:<10} {c['size_label']:>4}  {c['variant']!r} / "
@@ -176,6 +179,37 @@ def format_dispatch(d: dict) -> str:
         f"  -> Program.run adds {d['overhead_us_per_op']:.1f} us/op over raw in place "
         f"({d['overhead_donated_us_per_op']:.1f} donated); the runtime's own dispatch costs "
         f"{d['runtime_dispatch_us_per_op']:.1f} us/op"
+        + (
+            "\n  (a negative overhead: the difference is below this machine's timing noise; "
+            "distir's dispatch costs nothing measurable here)"
+            if min(d["overhead_us_per_op"], d["overhead_donated_us_per_op"]) < 0
+            else ""
+        )
+    )
+
+
+def format_summary(rows: Sequence[dict]) -> str:
+    """The line a user acts on: per message size, how distir's time compares
+    with raw torch.distributed's (the median, over every distir row of that
+    size, of its median over raw's), empty without such rows."""
+    import statistics
+
+    ratios: dict[int, list[float]] = {}
+    for r in rows:
+        # the baselines ("raw", "raw clone+op", "raw + tiny exchange", ...) are
+        # torch.distributed's own; every other variant runs through distir
+        if not r["variant"].startswith(RAW) and r.get("ratio_to_raw", 0) > 0:
+            ratios.setdefault(r["size"], []).append(r["ratio_to_raw"])
+    if not ratios:
+        return ""
+    parts = []
+    for size in sorted(ratios):
+        x = statistics.median(ratios[size])
+        how = f"{(x - 1) * 100:.0f}% over raw" if x >= 1 else f"{(1 - x) * 100:.0f}% under raw"
+        parts.append(f"{format_size(size)}: {x:.2f}x raw's time ({how})")
+    return (
+        "summary: at your message sizes distir costs " + "; ".join(parts) + " (the median of "
+        "every distir variant's `x raw` column at that size; run with --sizes SIZE... for yours)"
     )
 
 

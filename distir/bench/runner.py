@@ -55,12 +55,13 @@ def iterations_for(size: int, quick: bool = False) -> tuple[int, int]:
     iterations keep the median where it is; measured, 10 iterations moved
     --quick's 4K ratios by 30% between runs)."""
     if quick:
-        # 16 MiB rows at 12 iterations agreed within 10% between two runs for
-        # 14 of 35 ratios at P=2; at 40 iterations, 1 MiB and 16 MiB rows
-        # together for 60 of 70.
+        # A first look in a few minutes: fewer iterations, so the ratios move
+        # more between runs (16 MiB rows at 12 iterations agreed within 10%
+        # between two runs for 14 of 35 ratios at P=2); the default is for
+        # numbers to compare.
         if size <= 64 * KIB:
-            return 200, 20
-        return (60, 5) if size <= MIB else (30, 3) if size <= 16 * MIB else (5, 1)
+            return 100, 10
+        return (30, 3) if size <= MIB else (15, 2) if size <= 16 * MIB else (5, 1)
     if size <= 64 * KIB:
         return 300, 30
     if size <= MIB:

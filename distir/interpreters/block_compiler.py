@@ -31,6 +31,26 @@ from distir.interpreters.semantics import semantics_of
 from distir.ir.dialect import WaveOp, YieldOp
 from distir.ir.parsing import NO_KERNEL, NO_KERNEL_OPS, function_named
 
+
+def _dialect_ops(dialect: str) -> str:
+    names = sorted(t.name.removeprefix(dialect + ".") for t in LOCAL_KERNELS
+                   if t.name.startswith(dialect + "."))  # fmt: skip
+    return f"{dialect}.{{{', '.join(names)}}}"
+
+
+#: what has a kernel, listed from the kernel table itself (a dialect whose
+#: every op runs is named whole; tensor and linalg op by op), so that the
+#: message never claims an op it cannot run
+_SUPPORTED = (
+    f"dist; arith; math; {_dialect_ops('tensor')}; {_dialect_ops('linalg')}; "
+    "func.call; scf.for; scf.if"
+)
+#: the op with a kernel that does what an unsupported one does
+_SHAPE_HINTS = {
+    "tensor.expand_shape": "; tensor.reshape with a shape operand does the same",
+    "tensor.collapse_shape": "; tensor.reshape with a shape operand does the same",
+}
+
 TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
 
 #: kernel(inputs, writable) -> results
@@ -336,11 +356,8 @@ class BlockCompiler:
             return kernel, captured, False
         if type(op) in NO_KERNEL_OPS:
             raise UnsupportedOpError(op, NO_KERNEL)
-        raise UnsupportedOpError(
-            op,
-            "no kernel for this op (supported: dist; arith; math; tensor; linalg.broadcast; "
-            "func.call; scf.for; scf.if)",
-        )
+        hint = _SHAPE_HINTS.get(op.name, "")
+        raise UnsupportedOpError(op, f"no kernel for this op{hint} (supported: {_SUPPORTED})")
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
         """Starts every op of the wave in order, then awaits them in order.

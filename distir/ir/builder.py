@@ -35,9 +35,10 @@ naming the call (`arith("addi", f32, f32)`) and its call site.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from xdsl import builder as _xdsl_builder
@@ -310,11 +311,51 @@ def arith(name: str, *operands: Value) -> SSAValue:
             raise BuilderError(
                 f"arith({name!r}, ...): build it with {others.get(name, 'cast(...)')}"
             )
-        raise BuilderError(f"no arith op {name!r}; known: {', '.join(sorted(_ARITH_OPS))}")
+        raise BuilderError(
+            f"no arith op {name!r}{_did_you_mean(name, _ARITH_OPS)}; "
+            f"known: {', '.join(sorted(_ARITH_OPS))}"
+        )
     if op is SelectOp:
         return select(*operands)
     values = _typed(f"arith.{name}", operands)
+    _check_arith_element(name, values)
     return _verified(op(*values)).results[0]  # type: ignore[call-arg]
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'sum'?)` for the closest choice, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: the arith ops of one operand family, and the other family's counterpart
+#: (an `addi` on floats is an `addf`): checked before xDSL's verifier, whose
+#: wording ("Unexpected attribute f32") names neither the op nor the fix
+_FLOAT_ARITH = {"addf": "addi", "subf": "subi", "mulf": "muli", "divf": "divsi",
+                "maximumf": "maxsi", "minimumf": "minsi",
+                "maxnumf": "maxsi", "minnumf": "minsi", "negf": None}  # fmt: skip
+_INT_ARITH = {"addi": "addf", "subi": "subf", "muli": "mulf", "divsi": "divf", "divui": "divf",
+              "ceildivsi": None, "ceildivui": None, "floordivsi": None, "remsi": None,
+              "remui": None, "andi": None, "ori": None, "xori": None, "shli": None,
+              "shrsi": None, "shrui": None, "maxsi": "maximumf", "maxui": "maximumf",
+              "minsi": "minimumf", "minui": "minimumf", "addui_extended": None,
+              "mulsi_extended": None, "mului_extended": None}  # fmt: skip
+
+
+def _check_arith_element(name: str, values: Sequence[SSAValue]) -> None:
+    if not values:
+        return
+    t = values[0].type
+    element = t.element_type if isinstance(t, TensorType) else t
+    is_int = isinstance(element, IntegerType | IndexType)
+    if name in _FLOAT_ARITH and is_int:
+        family, other = "float", _FLOAT_ARITH[name]
+    elif name in _INT_ARITH and not is_int:
+        family, other = "integer", _INT_ARITH[name]
+    else:
+        return
+    hint = f"; for {element} use arith({other!r}, ...)" if other else ""
+    raise BuilderError(f"arith.{name} takes {family} operands, got {t}{hint}")
 
 
 @_located
@@ -452,6 +493,12 @@ def all_reduce(
     if (kind is None) == (combine is None):
         raise ValueError("all_reduce needs exactly one of `kind` and `combine`")
     if kind is not None:
+        kinds = [k.value for k in ReductionKind]
+        if str(kind) not in kinds:
+            raise BuilderError(
+                f"no native reduction {kind!r}{_did_you_mean(str(kind), kinds)}; the native "
+                f"reductions are {', '.join(kinds)} (or pass combine= for your own)"
+            )
         return AllReduceOp(x, kind=ReductionKind(kind), group=group).result
     assert combine is not None
     x_type = SSAValue.get(x).type

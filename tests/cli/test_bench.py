@@ -193,6 +193,7 @@ def test_targets_compare_medians_of_the_same_p_size_and_dtype():
         ("distir, donated", "raw + tiny exchange", 2): (1.05, True),
     }
     assert "MISSED" in format_targets(check_targets(rows)) and format_targets([]) == ""
+    assert "issue" not in format_targets(check_targets(rows))
 
 
 def test_the_table_lines_up_and_shows_the_check_only_when_checked():
@@ -335,3 +336,31 @@ def test_threads_are_placed_once_the_rows_made_their_groups(one_rank_world, warm
     times = time_calls(calls, 4, warmup, "cpu", settle=lambda: settled_after.append(len(runs)))
     assert settled_after == [2 * max(warmup, 1)]
     assert {name: len(t) for name, t in times.items()} == {"raw": 4, "distir": 4}
+
+
+def test_the_summary_gives_distirs_cost_over_raw_per_size_from_distir_rows_only():
+    from distir.bench.report import format_summary
+
+    def row(variant, size, ratio):
+        return {"variant": variant, "size": size, "ratio_to_raw": ratio}
+
+    rows = [row("raw", 4096, 1.0), row("raw clone+op", 4096, 3.0), row("distir", 4096, 1.2),
+            row("distir, donated", 4096, 1.4), row("distir, donated", 4096, 1.6),
+            row("distir", 1 << 20, 0.9)]  # fmt: skip
+    line = format_summary(rows)
+    # the medians by hand: (1.2, 1.4, 1.6) -> 1.4 at 4K, 0.9 at 1M; raw rows left out
+    assert "4K: 1.40x raw's time (40% over raw)" in line
+    assert "1M: 0.90x raw's time (10% under raw)" in line
+    assert format_summary([row("raw", 4096, 1.0)]) == ""
+
+
+def test_a_negative_dispatch_overhead_is_explained():
+    from distir.bench.report import format_dispatch
+
+    us = {"raw": 10.0, "raw_out_of_place": 11.0, "program_run": 9.5,
+          "program_run_donated": 9.0, "program_run_without_collectives": 2.0}  # fmt: skip
+    d = {"chain": 10, "repeats": 3, "us_per_op": us, "overhead_us_per_op": -0.5,
+         "overhead_donated_us_per_op": -1.0, "runtime_dispatch_us_per_op": 2.0}  # fmt: skip
+    assert "below this machine's timing noise" in format_dispatch(d)
+    d.update(overhead_us_per_op=0.5, overhead_donated_us_per_op=0.2)
+    assert "noise" not in format_dispatch(d)

@@ -438,3 +438,49 @@ def every_op_program():
 def test_every_op_program_round_trips() -> None:
     module = every_op_program()
     assert parse_module(str(module)).is_structurally_equivalent(module)
+
+
+#: every binary/unary arith op of one operand family, and the op the error
+#: suggests for the other family (None: no counterpart)
+INTEGER_ARITH = {"addi": "addf", "subi": "subf", "muli": "mulf", "divsi": "divf",
+                 "divui": "divf", "ceildivsi": None, "ceildivui": None, "floordivsi": None,
+                 "remsi": None, "remui": None, "andi": None, "ori": None, "xori": None,
+                 "shli": None, "shrsi": None, "shrui": None, "maxsi": "maximumf",
+                 "maxui": "maximumf", "minsi": "minimumf", "minui": "minimumf",
+                 "addui_extended": None, "mulsi_extended": None,
+                 "mului_extended": None}  # fmt: skip
+FLOAT_ARITH = {"addf": "addi", "subf": "subi", "mulf": "muli", "divf": "divsi",
+               "maximumf": "maxsi", "minimumf": "minsi", "maxnumf": "maxsi",
+               "minnumf": "minsi", "negf": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "other", "wrong", "right"),
+    [(n, o, "f32", "i64") for n, o in INTEGER_ARITH.items()]
+    + [(n, o, "i64", "f32") for n, o in FLOAT_ARITH.items()],
+)
+def test_an_arith_op_on_the_other_families_type_names_the_op_and_the_fix(
+    name, other, wrong, right
+) -> None:
+    family = "integer" if name in INTEGER_ARITH else "float"
+    with pytest.raises(b.BuilderError) as info:
+        b.build_program(lambda x: b.arith(name, x, x), [b.tensor_type(wrong, [4])])
+    message = str(info.value)
+    assert f"arith.{name} takes {family} operands, got tensor<4x{wrong}>" in message
+    assert "Unexpected attribute" not in message
+    if other is None:
+        assert "use arith(" not in message
+    else:
+        assert f"for {wrong} use arith({other!r}, ...)" in message
+        # the suggestion builds on that type
+        b.build_program(lambda x: b.arith(other, x, x), [b.tensor_type(wrong, [4])])
+
+
+def test_a_misspelt_name_gets_a_suggestion() -> None:
+    with pytest.raises(b.BuilderError, match=r"no native reduction 'summ' \(did you mean 'sum'\?\); "
+                       r"the native reductions are sum, prod, min, max, band, bor, bxor"):  # fmt: skip
+        b.build_program(lambda x: b.all_reduce(x, "summ"), [b.tensor_type("f32", [4])])
+    with pytest.raises(b.BuilderError, match=r"no arith op 'adf' \(did you mean 'addf'\?\)"):
+        b.build_program(lambda x: b.arith("adf", x, x), [b.tensor_type("f32", [4])])
+    # a native kind still builds
+    b.build_program(lambda x: b.all_reduce(x, "sum"), [b.tensor_type("f32", [4])])

@@ -79,7 +79,7 @@ def test_built_ops_carry_the_line_that_built_them() -> None:
     ("build", "call", "message"),
     [
         (lambda x: b.arith("addi", x, x), "arith('addi', tensor<4xf32>, tensor<4xf32>)",
-         "does not verify"),
+         "arith.addi takes integer operands, got tensor<4xf32>; for f32 use arith('addf', ...)"),
         (lambda x: b.cmpf("oggt", x, x), "cmpf('oggt', tensor<4xf32>, tensor<4xf32>)",
          "no cmpf predicate 'oggt'; the predicates are false, oeq, ogt"),
         (lambda x: b.arith("cmpf", x, x), "arith('cmpf', tensor<4xf32>, tensor<4xf32>)",

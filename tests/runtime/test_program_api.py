@@ -430,3 +430,32 @@ func.func @main(%x: tensor<?x2xi64>, %c: tensor<2xi64>, %u: tensor<3xi64>) -> (t
     assert plan.invocations[first].options.get("counts_in_agreement") is True
     assert "hoisted" not in plan.invocations[second].options
     assert all(plan.invocations[op].options["agree"] for op in plan.ops)
+
+@pytest.mark.parametrize(
+    ("op", "text"),
+    [
+        ("tensor.expand_shape", "%y = tensor.expand_shape %x [[0, 1]] output_shape [2, 2] "
+                                ": tensor<4xf32> into tensor<2x2xf32>"),
+        ("tensor.collapse_shape", "%y = tensor.collapse_shape %x [[0, 1]] "
+                                  ": tensor<2x2xf32> into tensor<4xf32>"),
+    ],
+)  # fmt: skip
+def test_a_tensor_op_without_a_kernel_is_named_and_the_list_claims_only_ops_that_run(
+    op, text, tmp_path
+) -> None:
+    arg, result = ("tensor<4xf32>", "tensor<2x2xf32>")
+    if op == "tensor.collapse_shape":
+        arg, result = result, arg
+    program = (f"func.func @main(%x: {arg}) -> {result} {{\n  {text}\n"
+               f"  func.return %y : {result}\n}}\n")  # fmt: skip
+    path = write_program(tmp_path, program)
+    with pytest.raises(CompileError) as info:
+        distir.compile(path)
+    message = str(info.value)
+    assert location(program, op, str(path)) in message
+    assert f"'{op}'" in message and "no kernel for this op" in message
+    assert "tensor.reshape with a shape operand does the same" in message
+    # the tensor ops are listed one by one, and the refused one is not among them
+    assert "tensor;" not in message and "reshape" in message
+    listed = message.split("tensor.{", 1)[1].split("}", 1)[0].split(", ")
+    assert op.removeprefix("tensor.") not in listed and "extract_slice" in listed
