@@ -47,15 +47,32 @@ UNARY = {
     "round": (lambda x: torch.sign(x) * torch.floor(x.abs() + 0.5), (-3, 3)),
     "roundeven": (torch.round, (-3, 3)),
     "trunc": (torch.trunc, (-3, 3)),
+    "cbrt": (lambda x: torch.sign(x) * x.abs().pow(1 / 3), (0.1, 10)),
 }
+
+#: op -> (plain torch function, domain of each operand); `None`: drawn from a
+#: few values so that ties, zeros and signed zeros come up
+BINARY = {
+    "math.powf": (torch.pow, [(0.1, 10), (-3, 3)]),
+    "math.atan2": (torch.atan2, [(-3, 3), (-3, 3)]),
+    "math.copysign": (torch.copysign, [None, None]),
+    "arith.maximumf": (torch.maximum, [None, None]),
+    "arith.minimumf": (torch.minimum, [None, None]),
+    "arith.maxnumf": (torch.fmax, [None, None]),
+    "arith.minnumf": (torch.fmin, [None, None]),
+}
+
+#: the few values that make ties and zeros likely
+FEW = [-2.0, -1.0, -0.0, 0.0, 1.0, 2.5]
 
 
 def _program(op: str, arity: int = 1) -> str:
     args = ", ".join(f"%a{i}: tensor<{N}xf64>" for i in range(arity))
     operands = ", ".join(f"%a{i}" for i in range(arity))
+    name = op if "." in op else f"math.{op}"
     return f"""
 func.func @main({args}) -> tensor<{N}xf64> {{
-  %y = math.{op} {operands} : tensor<{N}xf64>
+  %y = {name} {operands} : tensor<{N}xf64>
   %s = dist.all_reduce sum %y : tensor<{N}xf64>
   func.return %s : tensor<{N}xf64>
 }}"""
@@ -82,7 +99,7 @@ def _check(text: str, fn, inputs, cotangents) -> None:
     expected = _oracle(fn, inputs, cotangents)
     for rank in range(P):
         for got, want in zip(gradients[rank], expected[rank]):
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
 @pytest.mark.parametrize("op", sorted(UNARY))
@@ -93,6 +110,30 @@ def test_each_math_derivative_equals_torch_autograd(op, data):
     inputs = [[data.draw(_values(low, high, N))] for _ in range(P)]
     cotangents = [data.draw(_values(-2, 2, N)) for _ in range(P)]
     _check(_program(op), fn, inputs, cotangents)
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_each_binary_derivative_equals_torch_autograd(op, data):
+    fn, domains = BINARY[op]
+
+    def operand(domain):
+        if domain is None:
+            few = st.lists(st.sampled_from(FEW), min_size=N, max_size=N)
+            return few.map(lambda v: torch.tensor(v, dtype=torch.float64))
+        return _values(*domain, N)
+
+    inputs = [[data.draw(operand(d)) for d in domains] for _ in range(P)]
+    cotangents = [data.draw(_values(-2, 2, N)) for _ in range(P)]
+    _check(_program(op, 2), fn, inputs, cotangents)
+
+
+def test_powf_at_a_zero_base_masks_as_torch():
+    a = torch.tensor([0.0, 0.0, 0.0, 2.0], dtype=torch.float64)
+    b = torch.tensor([0.0, 2.0, 3.0, 0.0], dtype=torch.float64)
+    ct = torch.ones(N, dtype=torch.float64)
+    _check(_program("math.powf", 2), torch.pow, [[a, b], [a, b]], [ct, ct])
 
 
 @settings(max_examples=8, deadline=None)
@@ -109,9 +150,15 @@ def test_absf_at_zero_sends_no_gradient_as_torch():
     _check(_program("absf"), torch.abs, [[x], [x]], [ct, ct])
 
 
-@pytest.mark.parametrize("op", ["atan2", "copysign", "powf"])
-def test_a_math_op_without_a_derivative_is_refused_by_name(op):
-    program = distir.compile(_program(op, 2))
-    x = torch.ones(N, dtype=torch.float64)
-    with pytest.raises(NotDifferentiable, match=f"'math.{op}' has no derivative"):
-        simulate_vjp(program, [[x, x]] * P, [[x]] * P)
+def test_fpowi_is_refused_by_name():
+    """`math.fpowi` (an integer exponent) has no derivative rule: refused."""
+    text = f"""
+func.func @main(%a: tensor<{N}xf64>, %n: tensor<{N}xi32>) -> tensor<{N}xf64> {{
+  %y = math.fpowi %a, %n : tensor<{N}xf64>, tensor<{N}xi32>
+  %s = dist.all_reduce sum %y : tensor<{N}xf64>
+  func.return %s : tensor<{N}xf64>
+}}"""
+    program = distir.compile(text)
+    x, n = torch.ones(N, dtype=torch.float64), torch.ones(N, dtype=torch.int32)
+    with pytest.raises(NotDifferentiable, match="'math.fpowi' has no derivative"):
+        simulate_vjp(program, [[x, n]] * P, [[x]] * P)
