@@ -940,6 +940,7 @@ LOCAL_RULES: dict[type[Operation], TransposeRule] = {
     tensor_arith.CmpfOp: _no_gradient,
     arith.FPToSIOp: _no_gradient,
     tensor_arith.FPToSIOp: _no_gradient,
+    arith.FPToUIOp: _no_gradient,
     tensor_arith.FPToUIOp: _no_gradient,
     tensor.DimOp: _no_gradient,
     tensor.CastOp: _cast,

@@ -150,15 +150,58 @@ def test_absf_at_zero_sends_no_gradient_as_torch():
     _check(_program("absf"), torch.abs, [[x], [x]], [ct, ct])
 
 
-def test_fpowi_is_refused_by_name():
-    """`math.fpowi` (an integer exponent) has no derivative rule: refused."""
+#: the local ops with a kernel and no derivative rule that may read a float:
+#: each refused by name when a gradient would flow through it
+REFUSED = {"arith.bitcast", "math.fpowi", "tensor.from_elements", "tensor.reshape"}
+
+#: the local ops with a kernel and no derivative rule that read no float
+#: (integers, indices, constants, fresh tensors): no gradient flows through
+#: them, so the pass never asks for a rule
+READ_NO_FLOAT = {
+    *(f"arith.{n}" for n in ["addi", "andi", "cmpi", "constant", "divsi", "divui", "extsi",
+                             "extui", "index_cast", "maxsi", "maxui", "minsi", "minui", "muli",
+                             "ori", "remsi", "remui", "shli", "shrsi", "shrui", "sitofp",
+                             "subi", "trunci", "uitofp", "xori"]),
+    "math.absi", "tensor.empty", "dist.assert_reduced",
+}  # fmt: skip
+
+
+def test_every_local_op_with_a_kernel_has_a_derivative_or_is_listed():
+    """The kernel table and the rule table are compared op by op, so an op
+    given a kernel is never silently left without a decision."""
+    from distir.interpreters.kernels import LOCAL_KERNELS
+    from distir.passes.vjp import LOCAL_RULES
+
+    without_rule = {t.name for t in LOCAL_KERNELS if t not in LOCAL_RULES}
+    assert without_rule == REFUSED | READ_NO_FLOAT
+    assert not REFUSED & READ_NO_FLOAT
+
+
+#: a program per refused op, a gradient flowing through it
+REFUSED_PROGRAMS = {
+    "arith.bitcast": ("%y = arith.bitcast %a : tensor<4xf64> to tensor<4xi64>\n"
+                      "  %z = arith.bitcast %y : tensor<4xi64> to tensor<4xf64>", "%z"),
+    "math.fpowi": ("%n = arith.constant dense<2> : tensor<4xi32>\n"
+                   "  %z = math.fpowi %a, %n : tensor<4xf64>, tensor<4xi32>", "%z"),
+    "tensor.from_elements": ("%i = arith.constant 0 : index\n"
+                             "  %e = tensor.extract %a[%i] : tensor<4xf64>\n"
+                             "  %z = tensor.from_elements %e, %e, %e, %e : tensor<4xf64>", "%z"),
+    "tensor.reshape": ("%shape = arith.constant dense<4> : tensor<1xi64>\n"
+                       "  %z = tensor.reshape %a(%shape) : (tensor<4xf64>, tensor<1xi64>) -> tensor<4xf64>",
+                       "%z"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(REFUSED))
+def test_each_refused_op_is_refused_by_name(op):
+    body, out = REFUSED_PROGRAMS[op]
     text = f"""
-func.func @main(%a: tensor<{N}xf64>, %n: tensor<{N}xi32>) -> tensor<{N}xf64> {{
-  %y = math.fpowi %a, %n : tensor<{N}xf64>, tensor<{N}xi32>
-  %s = dist.all_reduce sum %y : tensor<{N}xf64>
+func.func @main(%a: tensor<{N}xf64>) -> tensor<{N}xf64> {{
+  {body}
+  %s = dist.all_reduce sum {out} : tensor<{N}xf64>
   func.return %s : tensor<{N}xf64>
 }}"""
     program = distir.compile(text)
-    x, n = torch.ones(N, dtype=torch.float64), torch.ones(N, dtype=torch.int32)
-    with pytest.raises(NotDifferentiable, match="'math.fpowi' has no derivative"):
-        simulate_vjp(program, [[x, n]] * P, [[x]] * P)
+    x = torch.ones(N, dtype=torch.float64)
+    with pytest.raises(NotDifferentiable, match=f"'{op}' has no derivative"):
+        simulate_vjp(program, [[x]] * P, [[x]] * P)
