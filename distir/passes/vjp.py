@@ -729,6 +729,23 @@ def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [d_scalar, d_dest]
 
 
+def _from_elements(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """Each element's cotangent is the cotangent's element at its place
+    (the elements fill the static shape in row-major order)."""
+    (ct,) = cts
+    assert ct is not None
+    shape = list(op.results[0].type.get_shape())  # type: ignore[attr-defined]
+    gradients = []
+    for i, element in enumerate(op.operands):
+        at, rest = [], i
+        for size in reversed(shape):
+            at.append(rest % size)
+            rest //= size
+        indices = [t.index(k) for k in reversed(at)]
+        gradients.append(t.emit(tensor.ExtractOp(ct, indices, element.type)).results[0])
+    return gradients
+
+
 # -- math: each derivative written in the ops it differentiates ---------------------
 
 
@@ -955,6 +972,7 @@ LOCAL_RULES: dict[type[Operation], TransposeRule] = {
     LinalgReduceOp: _linalg_reduce,
     tensor.ExtractOp: _extract,
     tensor.InsertOp: _insert,
+    tensor.FromElementsOp: _from_elements,
 }
 
 

@@ -156,7 +156,7 @@ def test_absf_at_zero_sends_no_gradient_as_torch():
 
 #: the local ops with a kernel and no derivative rule that may read a float:
 #: each refused by name when a gradient would flow through it
-REFUSED = {"arith.bitcast", "math.fpowi", "tensor.from_elements", "tensor.reshape"}
+REFUSED = {"arith.bitcast", "math.fpowi", "tensor.reshape"}
 
 #: the local ops with a kernel and no derivative rule that read no float
 #: (integers, indices, constants, fresh tensors): no gradient flows through
@@ -187,9 +187,6 @@ REFUSED_PROGRAMS = {
                       "  %z = arith.bitcast %y : tensor<4xi64> to tensor<4xf64>", "%z"),
     "math.fpowi": ("%n = arith.constant dense<2> : tensor<4xi32>\n"
                    "  %z = math.fpowi %a, %n : tensor<4xf64>, tensor<4xi32>", "%z"),
-    "tensor.from_elements": ("%i = arith.constant 0 : index\n"
-                             "  %e = tensor.extract %a[%i] : tensor<4xf64>\n"
-                             "  %z = tensor.from_elements %e, %e, %e, %e : tensor<4xf64>", "%z"),
     "tensor.reshape": ("%shape = arith.constant dense<4> : tensor<1xi64>\n"
                        "  %z = tensor.reshape %a(%shape) : (tensor<4xf64>, tensor<1xi64>) -> tensor<4xf64>",
                        "%z"),
@@ -209,3 +206,25 @@ func.func @main(%a: tensor<{N}xf64>) -> tensor<{N}xf64> {{
     x = torch.ones(N, dtype=torch.float64)
     with pytest.raises(NotDifferentiable, match=f"'{op}' has no derivative"):
         simulate_vjp(program, [[x]] * P, [[x]] * P)
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_the_from_elements_derivative_equals_torch_autograd(data):
+    """Elements of a 2x3 tensor built from scalars extracted in a drawn order."""
+    order = data.draw(st.permutations(range(6)))
+    extracts = "\n".join(
+        f"  %i{k} = arith.constant {k} : index\n  %e{k} = tensor.extract %a0[%i{k}] : tensor<6xf64>"
+        for k in range(6)
+    )
+    elements = ", ".join(f"%e{k}" for k in order)
+    text = f"""
+func.func @main(%a0: tensor<6xf64>) -> tensor<2x3xf64> {{
+{extracts}
+  %y = tensor.from_elements {elements} : tensor<2x3xf64>
+  %s = dist.all_reduce sum %y : tensor<2x3xf64>
+  func.return %s : tensor<2x3xf64>
+}}"""
+    inputs = [[data.draw(_values(-3, 3, 6))] for _ in range(P)]
+    cotangents = [data.draw(_values(-2, 2, 6)).reshape(2, 3) * (1 + r) for r in range(P)]
+    _check(text, lambda a: a[list(order)].reshape(2, 3), inputs, cotangents)
