@@ -729,6 +729,23 @@ def _insert(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [d_scalar, d_dest]
 
 
+def _from_elements(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """Each element's cotangent is the cotangent's element at its place
+    (the elements fill the static shape in row-major order)."""
+    (ct,) = cts
+    assert ct is not None
+    shape = list(op.results[0].type.get_shape())  # type: ignore[attr-defined]
+    gradients = []
+    for i, element in enumerate(op.operands):
+        at, rest = [], i
+        for size in reversed(shape):
+            at.append(rest % size)
+            rest //= size
+        indices = [t.index(k) for k in reversed(at)]
+        gradients.append(t.emit(tensor.ExtractOp(ct, indices, element.type)).results[0])
+    return gradients
+
+
 # -- math: each derivative written in the ops it differentiates ---------------------
 
 
@@ -771,6 +788,12 @@ class _Terms:
 
     def square(self, a: SSAValue) -> SSAValue:
         return self.mul(a, a)
+
+    def cmp(self, predicate: str, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.t.emit(tensor_arith.CmpfOp(a, b, predicate)).results[0]
+
+    def where(self, condition: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.t.emit(tensor_arith.SelectOp(condition, a, b)).results[0]
 
 
 #: math op -> its derivative times the cotangent (`d.ct`), elementwise
@@ -826,6 +849,75 @@ def _absf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     return [t.emit(tensor_arith.SelectOp(positive, ct, flipped)).results[0]]
 
 
+def _cbrt(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """d cbrt(x) = 1 / (3 y^2): infinite at 0, as the function's slope."""
+    (ct,) = cts
+    assert ct is not None
+    d = _Terms(t, op, ct)
+    return [d.div(ct, d.mul(d.c(3.0), d.square(d.y())))]
+
+
+def _powf(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """y = a^b: da = b a^(b-1) (0 where b = 0), db = y log a (0 where a = 0
+    and b >= 0): torch's `pow` backward, masks included."""
+    (ct,) = cts
+    assert ct is not None
+    d = _Terms(t, op, ct)
+    a, b, zeros = d.x(0), d.x(1), d.c(0.0)
+    slope = d.mul(b, d.t.binary(math.PowFOp, a, d.sub(b, d.c(1.0))))
+    da = d.where(d.cmp("oeq", b, zeros), zeros, d.mul(ct, slope))
+    log_term = d.mul(ct, d.mul(d.y(), d.f(math.LogOp, a)))
+    at_zero = d.where(d.cmp("oge", b, zeros), zeros, log_term)
+    return [da, d.where(d.cmp("oeq", a, zeros), at_zero, log_term)]
+
+
+def _atan2(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """y = atan2(u, v): du = v / (u^2 + v^2), dv = -u / (u^2 + v^2); where
+    1 / (u^2 + v^2) overflows (at the origin), 0, as torch's."""
+    (ct,) = cts
+    assert ct is not None
+    d = _Terms(t, op, ct)
+    u, v = d.x(0), d.x(1)
+    recip = d.div(d.c(1.0), d.add(d.square(u), d.square(v)))
+    recip = d.where(d.cmp("oeq", recip, d.c(float("inf"))), d.c(0.0), recip)
+    scaled = d.mul(ct, recip)
+    return [d.mul(scaled, v), d.mul(scaled, d.mul(u, d.c(-1.0)))]
+
+
+def _copysign(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+    """y = copysign(a, b): da = y / a (±1; 0 where a = 0, as torch), db = 0."""
+    (ct,) = cts
+    assert ct is not None
+    d = _Terms(t, op, ct)
+    a, zeros = d.x(0), d.c(0.0)
+    ratio = d.where(d.cmp("oeq", a, zeros), zeros, d.div(d.y(), a))
+    return [d.mul(ct, ratio), None]
+
+
+def _extremum(larger: bool, number: bool) -> TransposeRule:
+    """The rule of maximumf / minimumf (`number`: maxnumf / minnumf), as
+    torch's `maximum`/`minimum` (a tie splits the cotangent in halves) and
+    `fmax`/`fmin` (a tie sends it all to the first operand; a NaN operand
+    sends it to the other) differentiate."""
+
+    def rule(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
+        (ct,) = cts
+        assert ct is not None
+        d = _Terms(t, op, ct)
+        a, b, zeros = d.x(0), d.x(1), d.c(0.0)
+        if number:
+            first = d.cmp("oge" if larger else "ole", a, b)
+            first = d.where(d.cmp("uno", b, b), d.cmp("oeq", zeros, zeros), first)
+            return [d.where(first, ct, zeros), d.where(first, zeros, ct)]
+        half = d.where(d.cmp("oeq", a, b), d.mul(ct, d.c(0.5)), ct)
+        a_loses, b_loses = d.cmp("olt", a, b), d.cmp("ogt", a, b)
+        if not larger:
+            a_loses, b_loses = b_loses, a_loses
+        return [d.where(a_loses, zeros, half), d.where(b_loses, zeros, half)]
+
+    return rule
+
+
 def _fma(t: _Transposer, op: Operation, cts: list[SSAValue | None]):
     # y = a * b + c
     (ct,) = cts
@@ -840,6 +932,14 @@ LOCAL_RULES: dict[type[Operation], TransposeRule] = {
     **{op_type: _math_unary for op_type in _MATH_DERIVATIVES},
     math.AbsFOp: _absf,
     math.FmaOp: _fma,
+    math.CbrtOp: _cbrt,
+    math.PowFOp: _powf,
+    math.Atan2Op: _atan2,
+    math.CopySignOp: _copysign,
+    arith.MaximumfOp: _extremum(larger=True, number=False),
+    arith.MinimumfOp: _extremum(larger=False, number=False),
+    arith.MaxnumfOp: _extremum(larger=True, number=True),
+    arith.MinnumfOp: _extremum(larger=False, number=True),
     # piecewise constant: a zero derivative almost everywhere, as torch's
     math.FloorOp: _no_gradient,
     math.CeilOp: _no_gradient,
@@ -857,6 +957,7 @@ LOCAL_RULES: dict[type[Operation], TransposeRule] = {
     tensor_arith.CmpfOp: _no_gradient,
     arith.FPToSIOp: _no_gradient,
     tensor_arith.FPToSIOp: _no_gradient,
+    arith.FPToUIOp: _no_gradient,
     tensor_arith.FPToUIOp: _no_gradient,
     tensor.DimOp: _no_gradient,
     tensor.CastOp: _cast,
@@ -871,6 +972,7 @@ LOCAL_RULES: dict[type[Operation], TransposeRule] = {
     LinalgReduceOp: _linalg_reduce,
     tensor.ExtractOp: _extract,
     tensor.InsertOp: _insert,
+    tensor.FromElementsOp: _from_elements,
 }
 
 
