@@ -94,8 +94,15 @@ class ReduceScatterOp(CollectiveOp, Transposable):
                 f"got {t_in}"
             )
         rows_in, rows_out = t_in.get_shape()[axis], t_out.get_shape()[axis]
-        if rows_in >= 0 and rows_out >= 0 and (
-            rows_out == 0 and rows_in > 0 or rows_out > 0 and (rows_in == 0 or rows_in % rows_out)
+        if (
+            rows_in >= 0
+            and rows_out >= 0
+            and (
+                rows_out == 0
+                and rows_in > 0
+                or rows_out > 0
+                and (rows_in == 0 or rows_in % rows_out)
+            )
         ):
             raise VerifyException(
                 f"'dist.reduce_scatter' result rows ({rows_out}) on axis {axis} must be "
