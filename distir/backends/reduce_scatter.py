@@ -43,15 +43,17 @@ class NativeReduceScatterImplementation(Implementation):
         resources.precondition(invocation, inputs)
         kind, axis = invocation.properties["kind"], invocation.properties["axis"]
         x = inputs[0]
-        # Never the caller's memory: the order keys and gloo write their input.
+        # The transport reads its input and never writes it (gloo and NCCL),
+        # but the order keys overwrite theirs: then never the caller's memory.
         front = x.movedim(axis, 0).resolve_neg().contiguous()
-        if front.data_ptr() == x.data_ptr():
+        keyed = kind in ("max", "min") and x.dtype in ORDER_KEYS
+        if keyed and front.data_ptr() == x.data_ptr():
             front = front.clone()
         rows = front.shape[0] // resources.size
         out = torch.empty((rows, *front.shape[1:]), dtype=x.dtype, device=x.device)
         if front.numel() == 0:
             return (out.movedim(0, axis).contiguous(),)
-        if kind in ("max", "min") and x.dtype in ORDER_KEYS:
+        if keyed:
             keys = to_order_keys(front, kind)
             got = torch.empty((rows, *front.shape[1:]), dtype=keys.dtype, device=x.device)
             resources.reduce_scatter(got, keys, C10D_REDUCTIONS[kind], invocation, wait=True)
