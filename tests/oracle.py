@@ -345,6 +345,20 @@ def all_gather(xs: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
     return [[exact(out)] for _ in xs]
 
 
+def reduce_scatter(kind: str, xs: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
+    """Rank r's part (rows [r·n/P, (r+1)·n/P) of `axis`) of every
+    alternative the native all-reduce of `xs` may give, by plain indexing."""
+    (total,) = native_all_reduce(kind, xs)[0]
+    world = len(xs)
+    part = xs[0].shape[axis] // world
+    results = []
+    for r in range(world):
+        index = [slice(None)] * xs[0].dim()
+        index[axis] = slice(r * part, (r + 1) * part)
+        results.append([Expected([a[tuple(index)].clone() for a in total.alternatives])])
+    return results
+
+
 def variable_all_to_all(
     xs: Sequence[torch.Tensor], send_counts: Sequence[Sequence[int]], axis: int
 ) -> list[list[Expected]]:

@@ -333,6 +333,27 @@ def all_gather_cases(draw, world: int) -> DrawnCase:
 
 
 @st.composite
+def reduce_scatter_cases(draw, world: int) -> DrawnCase:
+    kind = draw(st.sampled_from(NATIVE_KINDS))
+    candidates = [e for e in ELEMENT_TYPES if kind not in BITWISE_KINDS or e not in FLOAT_TYPES]
+    element = draw(st.sampled_from(candidates))
+    dtype = ELEMENT_TYPES[element]
+    shape = list(draw(shapes(1, 3)))
+    axis = draw(st.integers(0, len(shape) - 1))
+    shape[axis] *= world
+    xs, layouts = draw(per_rank_inputs(world, dtype, tuple(shape)))
+    t = tensor_type(tuple(shape), element)
+    out = list(shape)
+    out[axis] //= world
+    to = tensor_type(tuple(out), element)
+    body = [f"%y = dist.reduce_scatter {kind} %a0 axis {axis} : {t} -> {to}",
+            f"func.return %y : {to}"]  # fmt: skip
+    return DrawnCase(f"reduce_scatter {kind} axis {axis} {t}", _func([t], [to], body),
+                     [[x] for x in xs], oracle.reduce_scatter(kind, xs, axis),
+                     [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
 def all_to_all_cases(draw, world: int) -> DrawnCase:
     element = draw(st.sampled_from(list(ELEMENT_TYPES)))
     dtype = ELEMENT_TYPES[element]
@@ -440,6 +461,7 @@ FAMILIES = {
     "generic": generic_all_reduce_cases,
     "ciphertext": ciphertext_cases,
     "all_gather": all_gather_cases,
+    "reduce_scatter": reduce_scatter_cases,
     "all_to_all": all_to_all_cases,
     "p2p": p2p_cases,
     "wave": wave_cases,

@@ -370,6 +370,15 @@ def _places_naming(op_name: str) -> set[str]:
             },
         ),
         (
+            "ReduceScatterOp",
+            {
+                "ir.reduce_scatter",
+                "interpreters.semantics.reduce_scatter",
+                "backends.reduce_scatter",
+                "ir.builder",
+            },
+        ),
+        (
             "TransferOp",
             {"ir.mesh", "interpreters.semantics.mesh", "backends.mesh", "ir.builder"},
         ),
@@ -411,6 +420,7 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.assert_uniform",
         "dist.broadcast",
         "dist.recv",
+        "dist.reduce_scatter",
         "dist.send",
         "dist.sendrecv",
         "dist.transfer",

@@ -214,6 +214,7 @@ def distributed_operation_contributions(
     """
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
+    from distir.backends.reduce_scatter import NativeReduceScatterImplementation
 
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
@@ -223,6 +224,7 @@ def distributed_operation_contributions(
         ExactCiphertextAddImplementation(),
         AssertUniformImplementation(),
         AllGatherImplementation(),
+        NativeReduceScatterImplementation(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

@@ -306,6 +306,15 @@ class ProcessGroupResource:
         out, tensor = as_bytes(out, written=True), as_bytes(tensor)
         return self._run(self.pg.all_gather_single, (out, tensor), opts, invocation, wait)
 
+    def reduce_scatter(
+        self, out: torch.Tensor, tensor: torch.Tensor, op: Any, invocation: Any,
+        wait: bool = False,
+    ) -> Any:
+        """`out` = this rank's part (rows `rank·n/P` on) of the reduction of
+        every rank's contiguous `tensor`: the backend's own reduce-scatter."""
+        opts = self._options(dist.ReduceScatterOptions, invocation, wait, ("reduceOp", op))
+        return self._run(self.pg._reduce_scatter_base, (out, tensor), opts, invocation, wait)
+
     def all_to_all(
         self, out: torch.Tensor, tensor: torch.Tensor, out_splits: Sequence[int],
         in_splits: Sequence[int], invocation: Any, wait: bool = False,

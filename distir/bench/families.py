@@ -50,6 +50,7 @@ COMBINE_MASK = (1 << 32) - 1
 BUS_FACTORS: Mapping[str, Callable[[int], float]] = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
     "all_gather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
     "all_to_all": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
 }
@@ -348,6 +349,44 @@ def all_gather_setup(case: Case) -> Setup:
 register(Family(
     "all_gather", "`dist.all_gather` vs all_gather_into_tensor", all_gather_setup,
     variants=(DISTIR, DONATED), bus="all_gather", dtypes=NATIVE_DTYPES,
+))  # fmt: skip
+
+
+###############################################################################
+# reduce_scatter: `dist.reduce_scatter sum` vs reduce_scatter_tensor (S = the input)
+###############################################################################
+
+
+def reduce_scatter_setup(case: Case) -> Setup:
+    import torch
+    import torch.distributed as dist
+
+    p = case.world_size
+    m = case.elements(p)
+    x = case.data(m * p)
+    out = torch.empty(m, dtype=x.dtype, device=x.device)
+    # torch 2.13 renamed reduce_scatter_tensor (and deprecated the old name).
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def raw():
+        scatter(out, x)
+        return (out,)
+
+    def clone_op():  # the collective is out of place: the "clone" is a fresh output
+        fresh = torch.empty_like(out)
+        scatter(fresh, x)
+        return (fresh,)
+
+    tx, ty = case.tensor_type(m * p), case.tensor_type(m)
+    text = program(
+        [("x", tx)], f"%y = dist.reduce_scatter sum %x axis 0 : {tx} -> {ty}", [("y", ty)]
+    )
+    return Setup(text, (x,), raw, x.nbytes, None, clone_op)
+
+
+register(Family(
+    "reduce_scatter", "`dist.reduce_scatter sum` vs reduce_scatter_tensor", reduce_scatter_setup,
+    variants=(DISTIR,), bus="reduce_scatter", dtypes=NATIVE_DTYPES,
 ))  # fmt: skip
 
 

@@ -83,6 +83,7 @@ from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
+from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -555,6 +556,22 @@ def all_gather(
 
 
 @_located
+def reduce_scatter(
+    x: Value,
+    kind: ReductionKind | str = "sum",
+    *,
+    axis: int = 0,
+    result_type: TensorType | None = None,
+    group: GroupRef = None,
+) -> SSAValue:
+    """Native reduce-scatter: rank r gets part r of the reduction of every
+    rank's `x`, split evenly along `axis`; that axis is dynamic unless
+    `result_type` says otherwise."""
+    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
+    return ReduceScatterOp(x, t, kind=ReductionKind(kind), axis=axis, group=group).result
+
+
+@_located
 def variable_all_to_all(
     x: Value,
     send_counts: Value,
@@ -709,6 +726,7 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {
     AssertReducedOp: assert_reduced,
     AssertUniformOp: assert_uniform,
     AllGatherOp: all_gather,
+    ReduceScatterOp: reduce_scatter,
     VariableAllToAllOp: variable_all_to_all,
     WaveOp: wave,
     SendOp: send,

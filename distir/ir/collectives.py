@@ -324,7 +324,7 @@ class AssertUniformOp(CollectiveOp, Transposable):
 ###############################################################################
 
 
-def _verify_axis(op: IRDLOperation, axis: int, t: TensorType) -> None:
+def verify_axis(op: IRDLOperation, axis: int, t: TensorType) -> None:
     rank = t.get_num_dims()
     if not 0 <= axis < rank:
         raise VerifyException(f"'{op.name}' axis {axis} is out of range for {t} (rank {rank})")
@@ -338,7 +338,7 @@ def _verify_counts_type(op: IRDLOperation, what: str, t: Attribute) -> None:
         raise VerifyException(f"'{op.name}' {what} must have rank 1, got {t}")
 
 
-def _verify_same_except_axis(op: IRDLOperation, axis: int, a: TensorType, b: TensorType) -> None:
+def verify_same_except_axis(op: IRDLOperation, axis: int, a: TensorType, b: TensorType) -> None:
     if a.element_type != b.element_type:
         raise VerifyException(
             f"'{op.name}' result element type {b.element_type} must equal the "
@@ -404,8 +404,8 @@ class AllGatherOp(CollectiveOp, Transposable):
         t_in, t_out = self.input.type, self.result.type
         assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
         axis = self.axis.value.data
-        _verify_axis(self, axis, t_in)
-        _verify_same_except_axis(self, axis, t_in, t_out)
+        verify_axis(self, axis, t_in)
+        verify_same_except_axis(self, axis, t_in, t_out)
         size = self.static_group_size()
         if self.counts is not None:
             _verify_counts_type(self, "counts", self.counts.type)
@@ -431,21 +431,19 @@ class AllGatherOp(CollectiveOp, Transposable):
             )
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
-        """The summed cotangent, then this rank's slice of it (at rank x rows,
-        or after the counts of the lower ranks)."""
+        """Even: the sum reduce-scatter of the cotangent (this rank's part of
+        the sum, N·(P-1)/P bytes per rank). Uneven: the summed cotangent,
+        then this rank's slice of it (after the counts of the lower ranks)."""
         (ct,) = cotangents
         assert ct is not None
         x = self.input
         axis = self.axis.value.data
+        if self.counts is None:
+            return [t.reduce_scatter_sum(ct, x.type, axis, self.group), None]
         total = t.all_reduce_sum(ct, self.group)
         me = t.emit(RankOp(self.group)).results[0]
         sizes = t.shape_of(x, primal=True)
-        if self.counts is None:
-            rows = sizes[axis]
-            rows_value = t.index(rows) if isinstance(rows, int) else rows
-            offset = t.binary(arith.MuliOp, me, rows_value)
-        else:
-            offset = self._rows_before(t, me)
+        offset = self._rows_before(t, me)
         offsets: list[SSAValue | int] = [0] * len(sizes)
         offsets[axis] = offset
         sliced = tensor.ExtractSliceOp(total, offsets, sizes, [1] * len(sizes), x.type)
@@ -527,8 +525,8 @@ class VariableAllToAllOp(CollectiveOp, Transposable):
         t_in, t_out = self.input.type, self.result.type
         assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
         axis = self.axis.value.data
-        _verify_axis(self, axis, t_in)
-        _verify_same_except_axis(self, axis, t_in, t_out)
+        verify_axis(self, axis, t_in)
+        verify_same_except_axis(self, axis, t_in, t_out)
         _verify_counts_type(self, "send counts", self.send_counts.type)
         if self.recv_counts.type != self.send_counts.type:
             raise VerifyException(

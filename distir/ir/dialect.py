@@ -53,6 +53,7 @@ from distir.ir.groups import (
 )
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.syntax import REPLICATED
 
 COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
@@ -60,6 +61,7 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     AllReduceOp,
     AllReduceAddCiphertextOp,
     AllGatherOp,
+    ReduceScatterOp,
     VariableAllToAllOp,
 )
 
@@ -108,6 +110,7 @@ __all__ = [
     "MeshOp",
     "PeerOp",
     "RaisesEffect",
+    "ReduceScatterOp",
     "RankOp",
     "RecvOp",
     "ReductionKind",

@@ -61,6 +61,13 @@ class Transposer(Protocol):
         """The sum of `value` over the ranks of `group` (a native sum all-reduce)."""
         ...
 
+    def reduce_scatter_sum(
+        self, value: SSAValue, result_type: Attribute, axis: int, group: Attribute | None
+    ) -> SSAValue:
+        """This rank's even part along `axis` of the sum of `value` over the
+        ranks of `group` (a native sum reduce-scatter)."""
+        ...
+
 
 class Transposable(ABC):
     """A dist op with a derivative: a linear map of its float operands (or

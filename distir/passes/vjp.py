@@ -95,6 +95,7 @@ from distir.ir.all_reduce import sum_all_reduce
 from distir.ir.analysis import is_sum_reduction
 from distir.ir.dialect import CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
 from distir.ir.parsing import describe_op, function_named
+from distir.ir.reduce_scatter import sum_reduce_scatter
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable
 from distir.passes._rewrite_utils import with_location
 
@@ -513,6 +514,9 @@ class _Transposer:
 
     def all_reduce_sum(self, value: SSAValue, group) -> SSAValue:
         return self.emit(sum_all_reduce(value, group)).results[0]
+
+    def reduce_scatter_sum(self, value: SSAValue, result_type, axis: int, group) -> SSAValue:
+        return self.emit(sum_reduce_scatter(value, result_type, axis, group)).results[0]
 
 
 # -- local ops ----------------------------------------------------------------

@@ -90,6 +90,20 @@ func.func @main(%x: {_t(shape)}) -> {_t(out)} {{
     return text, [[_floats(shape, seed + r)] for r in range(P)]
 
 
+def reduce_scatter(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
+    axis = draw(st.integers(0, len(shape) - 1))
+    shape[axis] *= P
+    out = list(shape)
+    out[axis] //= P
+    text = f"""
+func.func @main(%x: {_t(shape)}) -> {_t(out)} {{
+  %y = dist.reduce_scatter sum %x axis {axis} : {_t(shape)} -> {_t(out)}
+  func.return %y : {_t(out)}
+}}"""
+    return text, [[_floats(shape, seed + r)] for r in range(P)]
+
+
 def gather_uneven(draw, P: int, seed: int) -> tuple[str, Inputs]:
     counts = draw(st.lists(st.integers(0, 3), min_size=P, max_size=P))
     cols = draw(st.integers(1, 3))
@@ -385,7 +399,7 @@ func.func @main(%x: {t}, %w: {t}) -> {t} {{
 FAMILIES = {
     f.__name__: f
     for f in (
-        sum_and_local_ops, broadcast, gather_even, gather_uneven, all_to_all, ring_shift,
+        sum_and_local_ops, broadcast, gather_even, reduce_scatter, gather_uneven, all_to_all, ring_shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
         slices, extremum, elementwise_select, broadcast_and_reduce, static_loop,
     )

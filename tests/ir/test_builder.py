@@ -382,6 +382,23 @@ builtin.module {
     )
 
 
+def test_reduce_scatter_helper() -> None:
+    def body(x):
+        sized = b.reduce_scatter(x, result_type=b.tensor_type("f32", [2, 4]), group="pairs")
+        return sized, b.reduce_scatter(x, "max", axis=1)
+
+    module = b.build_program(
+        body, [b.tensor_type("f32", [4, 4])], groups={"pairs": [[0, 1], [2, 3]]}
+    )
+    module.verify()
+    text = str(module)
+    assert (
+        "dist.reduce_scatter sum %arg0 axis 0 group @pairs : tensor<4x4xf32> -> tensor<2x4xf32>"
+        in text
+    )
+    assert "dist.reduce_scatter max %arg0 axis 1 : tensor<4x4xf32> -> tensor<4x?xf32>" in text
+
+
 def test_an_unknown_arith_op_is_named() -> None:
     with pytest.raises(ValueError, match="no arith op 'frobnicate'; known: .*addi"):
         b.build_program(lambda x: b.arith("frobnicate", x, x), [b.tensor_type("i64", [4])])
@@ -401,6 +418,7 @@ def every_op_program():
         b.assert_reduced(summed, q)
         b.assert_uniform(q)
         gathered = b.all_gather(x, counts=counts)
+        scattered = b.reduce_scatter(x, "sum", group="pairs")
         rows, recv_counts = b.variable_all_to_all(x, counts)
         (waved,) = b.wave(lambda: b.broadcast(x, 1))
         b.send(x, b.constant_index(1))
@@ -419,6 +437,7 @@ def every_op_program():
             largest,
             root,
             gathered,
+            scattered,
             rows,
             recv_counts,
             waved,

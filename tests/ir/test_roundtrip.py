@@ -140,6 +140,16 @@ builtin.module {
     func.return %y : tensor<?x4xf32>
   }
 }""",
+    "reduce_scatter": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4x6xf32>, %i: tensor<?x2xi64>) -> (tensor<?x6xf32>, tensor<4x3xf32>, tensor<?x2xi64>) {
+    %y = dist.reduce_scatter sum %x axis 0 : tensor<4x6xf32> -> tensor<?x6xf32>
+    %z = dist.reduce_scatter max %x axis 1 group @pairs : tensor<4x6xf32> -> tensor<4x3xf32>
+    %w = dist.reduce_scatter bxor %i axis 0 {tag = 3 : i64} : tensor<?x2xi64> -> tensor<?x2xi64>
+    func.return %y, %z, %w : tensor<?x6xf32>, tensor<4x3xf32>, tensor<?x2xi64>
+  }
+}""",
     "variable_all_to_all": """\
 builtin.module {
   dist.group @ep [[0, 1, 2, 3]]

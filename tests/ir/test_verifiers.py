@@ -331,6 +331,49 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.all_gather' result rows (3) on axis 0 must be a multiple of the input rows (0)",
     ),
+    # dist.reduce_scatter
+    "reduce_scatter_axis_out_of_range": (
+        _func(X4, "%y = dist.reduce_scatter sum %x axis 1 : tensor<4xf32> -> tensor<2xf32>\nfunc.return"),
+        "'dist.reduce_scatter' axis 1 is out of range for tensor<4xf32> (rank 1)",
+    ),
+    "reduce_scatter_element_type": (
+        _func(X4, "%y = dist.reduce_scatter sum %x axis 0 : tensor<4xf32> -> tensor<2xf64>\nfunc.return"),
+        "'dist.reduce_scatter' result element type f64 must equal the input element type f32",
+    ),
+    "reduce_scatter_integer_kind": (
+        _func(X4, "%y = dist.reduce_scatter band %x axis 0 : tensor<4xf32> -> tensor<2xf32>\nfunc.return"),
+        "'dist.reduce_scatter' kind band needs an integer element type, got tensor<4xf32>",
+    ),
+    "reduce_scatter_rows_not_a_divisor": (
+        _func(X4, "%y = dist.reduce_scatter sum %x axis 0 : tensor<4xf32> -> tensor<3xf32>\nfunc.return"),
+        "'dist.reduce_scatter' result rows (3) on axis 0 must be the input rows (4) divided by "
+        "the group size",
+    ),
+    "reduce_scatter_rows_from_empty_input": (
+        _func(
+            "%x: tensor<0xf32>",
+            "%y = dist.reduce_scatter sum %x axis 0 : tensor<0xf32> -> tensor<3xf32>\nfunc.return",
+        ),
+        "'dist.reduce_scatter' result rows (3) on axis 0 must be the input rows (0) divided by "
+        "the group size",
+    ),
+    "reduce_scatter_uneven_split": (
+        _func(
+            "%x: tensor<3xf32>",
+            "%y = dist.reduce_scatter sum %x axis 0 group @pairs : tensor<3xf32> -> tensor<?xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.reduce_scatter' input has 3 rows on axis 0, which do not split evenly over a "
+        "group of size 2",
+    ),
+    "reduce_scatter_rows_for_group_size": (
+        _func(
+            "%x: tensor<8xf32>",
+            "%y = dist.reduce_scatter sum %x axis 0 group @pairs : tensor<8xf32> -> tensor<2xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.reduce_scatter' result has 2 rows on axis 0, expected 8 / 2 = 4",
+    ),
     # dist.variable_all_to_all
     "all_to_all_axis_out_of_range": (
         _func(

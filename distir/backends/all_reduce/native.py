@@ -31,7 +31,7 @@ def c10d_reduction(kind: str, dtype: torch.dtype) -> dist.ReduceOp:
 
 
 #: how IR spells each dtype gloo reduces, for messages
-_ELEMENT_TYPE_NAMES = {
+ELEMENT_TYPE_NAMES = {
     torch.bool: "i1", torch.int8: "i8", torch.uint8: "ui8", torch.int32: "i32",
     torch.int64: "i64", torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
     torch.float64: "f64",
@@ -39,7 +39,7 @@ _ELEMENT_TYPE_NAMES = {
 
 
 #: float dtype -> (its bits as a signed integer, the integer type reduced)
-_ORDER_KEYS = {
+ORDER_KEYS = {
     torch.float16: (torch.int16, torch.int32),  # gloo reduces no int16
     torch.bfloat16: (torch.int16, torch.int32),
     torch.float32: (torch.int32, torch.int32),
@@ -57,7 +57,7 @@ def to_order_keys(y: torch.Tensor, kind: str) -> torch.Tensor:
     """Integers whose max (min) is the IEEE maximum (minimum) of the floats
     `y`: -0.0 orders below +0.0, and every NaN becomes the largest (smallest)
     key, so it wins. Overwrites `y` when the keys have its width."""
-    bits_dtype, wire_dtype = _ORDER_KEYS[y.dtype]
+    bits_dtype, wire_dtype = ORDER_KEYS[y.dtype]
     width = torch.iinfo(bits_dtype).bits
     nan = torch.isnan(y)
     keys = _flip_magnitude_(y.view(bits_dtype), width).to(wire_dtype)
@@ -68,7 +68,7 @@ def to_order_keys(y: torch.Tensor, kind: str) -> torch.Tensor:
 def from_order_keys(keys: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Writes the floats that `keys` encode into `y` (a NaN key decodes to a
     NaN) and returns `y`."""
-    bits_dtype, _ = _ORDER_KEYS[y.dtype]
+    bits_dtype, _ = ORDER_KEYS[y.dtype]
     bits = keys.to(bits_dtype)
     _flip_magnitude_(bits, torch.iinfo(bits_dtype).bits)
     if bits.data_ptr() != y.data_ptr():
@@ -94,7 +94,7 @@ class NativeAllReduceImplementation(Implementation):
         if dtype in self.element_dtypes:
             return None
         element = op.input.type.element_type
-        runnable = ", ".join(n for d, n in _ELEMENT_TYPE_NAMES.items() if d in self.element_dtypes)
+        runnable = ", ".join(n for d, n in ELEMENT_TYPE_NAMES.items() if d in self.element_dtypes)
         return (
             f"native {op.kind.data} on {element} cannot run: the gloo backend reduces "
             f"{runnable} (write a generic all-reduce, or widen the type)"
@@ -102,7 +102,7 @@ class NativeAllReduceImplementation(Implementation):
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         kind = invocation.properties["kind"]
-        if kind in ("max", "min") and inputs[0].dtype in _ORDER_KEYS:
+        if kind in ("max", "min") and inputs[0].dtype in ORDER_KEYS:
             return self.start(invocation, inputs, resources, writable)()
         # Submitted and completed in one call, without a waiter: this is
         # the hot path of the most common program.
@@ -114,7 +114,7 @@ class NativeAllReduceImplementation(Implementation):
     def bind(self, invocation, resources):
         kind = invocation.properties["kind"]
         dtype = element_dtype(invocation.op.operands[0].type)
-        if invocation.options.get("agree") or (kind in ("max", "min") and dtype in _ORDER_KEYS):
+        if invocation.options.get("agree") or (kind in ("max", "min") and dtype in ORDER_KEYS):
             return super().bind(invocation, resources)
         # Nothing to check before the payload, one reduction: `execute`'s
         # hot path with what it looks up on every run resolved now.
@@ -138,7 +138,7 @@ class NativeAllReduceImplementation(Implementation):
         resources.precondition(invocation, inputs)
         kind = invocation.properties["kind"]
         y = writable_result(inputs[0], 0, writable)
-        if kind in ("max", "min") and y.dtype in _ORDER_KEYS:
+        if kind in ("max", "min") and y.dtype in ORDER_KEYS:
             keys = to_order_keys(y, kind)
             work = resources.all_reduce(keys, C10D_REDUCTIONS[kind], invocation)
 

@@ -35,6 +35,7 @@ from distir.interpreters.semantics.collectives import (
 )
 from distir.interpreters.semantics.mesh import TransferSemantics
 from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
+from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
 
@@ -49,6 +50,7 @@ SEMANTICS: tuple[OpSemantics, ...] = (
     AllReduceAddCiphertextSemantics(),
     AssertUniformSemantics(),
     AllGatherSemantics(),
+    ReduceScatterSemantics(),
     VariableAllToAllSemantics(),
     SendSemantics(),
     RecvSemantics(),

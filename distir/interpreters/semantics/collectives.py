@@ -40,7 +40,7 @@ from distir.ir.collectives import (
 from distir.ir.groups import GroupSizeOp, RankOp
 
 
-def _same_layout(call: ReferenceCall, values: Sequence[torch.Tensor], what: str) -> None:
+def same_layout(call: ReferenceCall, values: Sequence[torch.Tensor], what: str) -> None:
     first = values[0]
     for r, v in enumerate(values):
         if v.shape != first.shape or v.dtype != first.dtype:
@@ -81,7 +81,7 @@ class BroadcastSemantics(OpSemantics):
 
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
         mine, everyone = call.agree(inputs)
-        _same_layout(call, [ops[0] for ops in everyone], "the message")
+        same_layout(call, [ops[0] for ops in everyone], "the message")
         return (everyone[mine.decoded["root"]][0].clone(),)
 
 
@@ -109,7 +109,7 @@ class AllReduceSemantics(OpSemantics):
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
         _, everyone = call.agree(inputs)
         values = [ops[0] for ops in everyone]
-        _same_layout(call, values, "the input")
+        same_layout(call, values, "the input")
         values[0] = values[0].clone()  # never the caller's tensor, even for one rank
         kind = call.invocation.properties["kind"]
         if kind is not None:
@@ -132,7 +132,7 @@ class AllReduceAddCiphertextSemantics(OpSemantics):
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
         _, everyone = call.agree(inputs)
         values = [ops[0] for ops in everyone]
-        _same_layout(call, values, "the ciphertext")
+        same_layout(call, values, "the ciphertext")
         values[0] = values[0].clone()
         q = inputs[1].view(-1, 1)
         # exact: both addends are below q < 2^62
@@ -176,7 +176,7 @@ class AllGatherSemantics(_AlongAxis):
         _, everyone = call.agree(inputs)
         parts = [ops[0] for ops in everyone]
         if len(inputs) == 1:
-            _same_layout(call, parts, "the input")
+            same_layout(call, parts, "the input")
         return (torch.cat(parts, dim=call.invocation.properties["axis"]),)
 
 

@@ -134,3 +134,53 @@ func.func @main(%x: tensor<2x8xf32>) {
 // CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.transfer' source partial axis 0 must be a mesh axis of @train that shards no dim (it shards tensor dim 0)
   func.return
 }
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.reduce_scatter sum %x axis 1 : tensor<4xf32> -> tensor<2xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' axis 1 is out of range for tensor<4xf32> (rank 1)
+  func.return
+}
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.reduce_scatter sum %x axis 0 : tensor<4xf32> -> tensor<3xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' result rows (3) on axis 0 must be the input rows (4) divided by the group size
+  func.return
+}
+
+// -----
+
+dist.group @world4 [[0, 1, 2, 3]]
+func.func @main(%x: tensor<6xf32>) {
+  %y = dist.reduce_scatter sum %x axis 0 group @world4 : tensor<6xf32> -> tensor<2xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' input has 6 rows on axis 0, which do not split evenly over a group of size 4
+  func.return
+}
+
+// -----
+
+dist.group @world4 [[0, 1, 2, 3]]
+func.func @main(%x: tensor<8xf32>) {
+  %y = dist.reduce_scatter sum %x axis 0 group @world4 : tensor<8xf32> -> tensor<4xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' result has 4 rows on axis 0, expected 8 / 4 = 2
+  func.return
+}
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.reduce_scatter bxor %x axis 0 : tensor<4xf32> -> tensor<2xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' kind bxor needs an integer element type, got tensor<4xf32>
+  func.return
+}
+
+// -----
+
+func.func @main(%x: tensor<4x2xf32>) {
+  %y = dist.reduce_scatter sum %x axis 0 : tensor<4x2xf32> -> tensor<2x3xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' result tensor<2x3xf32> differs from input tensor<4x2xf32> in dimension 1, which is not the axis 0
+  func.return
+}

@@ -17,18 +17,14 @@ func.func @main(%x: tensor<4xf32>, %w: tensor<4xf32>, %c: tensor<2xi64>) -> (ten
 // CHECK:         func.return %g, %s, %w, %x : tensor<?xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
 
 // CHECK-LABEL: func.func @main_bwd(%dg: tensor<?xf32>, %ds: tensor<4xf32>, %w: tensor<4xf32>, %x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
-// CHECK-NEXT:    %0 = dist.all_reduce sum %dg group @tp : tensor<?xf32>
-// CHECK-NEXT:    %1 = dist.rank group @tp : index
-// CHECK-NEXT:    %2 = arith.constant 4 : index
-// CHECK-NEXT:    %3 = arith.muli %1, %2 : index
-// CHECK-NEXT:    %4 = tensor.extract_slice %0[%3] [4] [1] : tensor<?xf32> to tensor<4xf32>
-// CHECK-NEXT:    %5 = dist.all_reduce sum %4 : tensor<4xf32>
-// CHECK-NEXT:    %6 = arith.constant 1 : index
-// CHECK-NEXT:    %7 = dist.rank : index
-// CHECK-NEXT:    %8 = arith.cmpi eq, %7, %6 : index
-// CHECK:         %11 = arith.select %8, %5, %10 : tensor<4xf32>
-// CHECK-NEXT:    %12 = arith.addf %ds, %11 : tensor<4xf32>
-// CHECK-NEXT:    %13 = dist.all_reduce sum %12 group @tp : tensor<4xf32>
-// CHECK-NEXT:    %14 = arith.mulf %13, %w : tensor<4xf32>
-// CHECK-NEXT:    %15 = arith.mulf %13, %x : tensor<4xf32>
-// CHECK-NEXT:    func.return %14, %15 : tensor<4xf32>, tensor<4xf32>
+// CHECK-NEXT:    %0 = dist.reduce_scatter sum %dg axis 0 group @tp : tensor<?xf32> -> tensor<4xf32>
+// CHECK-NEXT:    %1 = dist.all_reduce sum %0 : tensor<4xf32>
+// CHECK-NEXT:    %2 = arith.constant 1 : index
+// CHECK-NEXT:    %3 = dist.rank : index
+// CHECK-NEXT:    %4 = arith.cmpi eq, %3, %2 : index
+// CHECK:         %7 = arith.select %4, %1, %6 : tensor<4xf32>
+// CHECK-NEXT:    %8 = arith.addf %ds, %7 : tensor<4xf32>
+// CHECK-NEXT:    %9 = dist.all_reduce sum %8 group @tp : tensor<4xf32>
+// CHECK-NEXT:    %10 = arith.mulf %9, %w : tensor<4xf32>
+// CHECK-NEXT:    %11 = arith.mulf %9, %x : tensor<4xf32>
+// CHECK-NEXT:    func.return %10, %11 : tensor<4xf32>, tensor<4xf32>
