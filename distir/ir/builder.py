@@ -17,7 +17,7 @@ receives the block arguments `(lhs, rhs, extra...)` (a wave's body: none) and
 returns the value(s) to yield; the helper appends the `dist.yield`.
 
 The local ops of a combine are built by `arith`, `cmpf` / `cmpi`, `select`,
-`cast` and `math`:
+`cast`, `math`, and `concat` / `extract_slice` (packed multi-part values):
 
     def abs_max(a, b):  # a tie (x and -x, NaN) takes maximumf: commutative
         bigger = cmpf("ogt", math("absf", a), math("absf", b))
@@ -44,7 +44,7 @@ from pathlib import Path
 from xdsl import builder as _xdsl_builder
 from xdsl.builder import ImplicitBuilder
 from xdsl.dialects import arith as _arith
-from xdsl.dialects import func
+from xdsl.dialects import func, tensor
 from xdsl.dialects import math as _math
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
@@ -420,6 +420,61 @@ def math(name: str, *operands: Value) -> SSAValue:
     if op is None:
         raise BuilderError(f"no math op {name!r}; known: {', '.join(sorted(_MATH_OPS))}")
     return _verified(op(*(SSAValue.get(v) for v in operands))).results[0]  # type: ignore[call-arg]
+
+
+@_located
+def concat(values: Sequence[Value], axis: int = 0) -> SSAValue:
+    """`tensor.concat` of `values` along `axis` (the packing of a multi-part
+    reduction: `concat([maxes, sums])`); the result's size on `axis` is the
+    sum of theirs (dynamic if any is), its other dimensions theirs."""
+    parts = [SSAValue.get(v) for v in values]
+    if not parts:
+        raise BuilderError("concat needs at least one value")
+    types = [p.type for p in parts]
+    if not all(isinstance(t, TensorType) for t in types):
+        raise BuilderError(f"concat takes tensors, got {', '.join(map(str, types))}")
+    shapes = [list(t.get_shape()) for t in types]  # type: ignore[union-attr]
+    rank = len(shapes[0])
+    if not -rank <= axis < rank:
+        raise BuilderError(f"axis {axis} is out of range for tensors of rank {rank}")
+    axis %= rank
+    if any(len(s) != rank for s in shapes) or any(
+        s[:axis] + s[axis + 1 :] != shapes[0][:axis] + shapes[0][axis + 1 :] for s in shapes
+    ):
+        raise BuilderError(
+            f"concat along axis {axis} needs the other dimensions equal, got "
+            f"{', '.join(map(str, types))}"
+        )
+    sizes = [s[axis] for s in shapes]
+    shape = list(shapes[0])
+    shape[axis] = DYNAMIC_INDEX if DYNAMIC_INDEX in sizes else sum(sizes)
+    result = TensorType(types[0].element_type, shape)  # type: ignore[union-attr]
+    return _verified(tensor.ConcatOp(parts, axis, result)).results[0]
+
+
+@_located
+def extract_slice(x: Value, offsets: Sequence[int], sizes: Sequence[int]) -> SSAValue:
+    """`tensor.extract_slice` of `x` with static `offsets` and `sizes` and
+    unit strides (taking a multi-part reduction apart: `extract_slice(v,
+    [n], [n])` is its second part of n)."""
+    value = SSAValue.get(x)
+    t = value.type
+    if not isinstance(t, TensorType):
+        raise BuilderError(f"extract_slice takes a tensor, got {t}")
+    shape = list(t.get_shape())
+    if len(offsets) != len(shape) or len(sizes) != len(shape):
+        raise BuilderError(
+            f"extract_slice of a rank-{len(shape)} tensor needs {len(shape)} offsets and "
+            f"sizes, got {len(offsets)} and {len(sizes)}"
+        )
+    for d, (o, n, extent) in enumerate(zip(offsets, sizes, shape)):
+        if o < 0 or n < 0 or (extent != DYNAMIC_INDEX and o + n > extent):
+            raise BuilderError(
+                f"extract_slice: dimension {d} takes [{o}, {o + n}) of a size {extent}"
+            )
+    result = TensorType(t.element_type, list(sizes))
+    op = tensor.ExtractSliceOp(value, list(offsets), list(sizes), [1] * len(shape), result)
+    return _verified(op).results[0]
 
 
 ###############################################################################
