@@ -270,6 +270,18 @@ _CMP = {0: lambda a, b: a == b, 1: lambda a, b: a != b, 2: lambda a, b: a < b,
 _CMPF_AS_CMPI = {1: 0, 2: 4, 3: 5, 4: 2, 5: 3, 6: 1, 8: 0, 9: 4, 10: 5, 11: 2, 12: 3, 13: 1}
 
 
+def _splat_constant(op: arith.ConstantOp) -> int | float:
+    """The one value of a scalar or splat constant (every element the same
+    bits: -0.0 is not 0.0, and a NaN splat is one), or _Unknown."""
+    attr = op.value
+    if isinstance(attr, IntegerAttr | FloatAttr):
+        return attr.value.data
+    values = attr.get_values() if isinstance(attr, DenseIntOrFPElementsAttr) else ()
+    if values and len({repr(v) for v in values}) == 1:
+        return values[0]
+    raise _Unknown
+
+
 def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
     """The region's yielded element on witnesses (lhs, rhs), exactly."""
     env: dict[SSAValue, Fraction] = {
@@ -280,15 +292,7 @@ def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
         if op.name == "dist.yield":
             return env[op.operands[0]]
         if isinstance(op, arith.ConstantOp):
-            attr = op.value
-            values = attr.get_values() if isinstance(attr, DenseIntOrFPElementsAttr) else ()
-            if values and values.count(values[0]) == len(values):  # a splat (not empty)
-                value = values[0]
-            elif isinstance(attr, IntegerAttr | FloatAttr):
-                value = attr.value.data
-            else:
-                raise _Unknown
-            env[op.result] = Fraction(value)
+            env[op.result] = Fraction(_splat_constant(op))
             continue
         if any(v not in env for v in op.operands) or len(op.results) != 1:
             raise _Unknown  # an extra, a size, an op the evaluator does not know
@@ -463,15 +467,7 @@ def _evaluate_floats(block: Block, lhs: float, rhs: float) -> object:
         if op.name == "dist.yield":
             return env[op.operands[0]]
         if isinstance(op, arith.ConstantOp):
-            attr = op.value
-            values = attr.get_values() if isinstance(attr, DenseIntOrFPElementsAttr) else ()
-            if values and len({repr(v) for v in values}) == 1:  # a splat (not empty)
-                value = values[0]
-            elif isinstance(attr, IntegerAttr | FloatAttr):
-                value = attr.value.data
-            else:
-                raise _Unknown
-            env[op.result] = float(value) if isinstance(value, float) else value
+            env[op.result] = _splat_constant(op)
             continue
         if any(v not in env for v in op.operands) or len(op.results) != 1:
             raise _Unknown
