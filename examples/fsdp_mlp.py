@@ -126,9 +126,13 @@ def main() -> None:
         for k in range(len(SHAPES))
     )
     numels = " and ".join(str(w.numel() // P) for w in ref_weights)
-    print(f"FSDP MLP on {P} ranks: each rank holds {numels} of the {HIDDEN * (D_IN + D_OUT)} weights")
+    print(
+        f"FSDP MLP on {P} ranks: each rank holds {numels} of the {HIDDEN * (D_IN + D_OUT)} weights"
+    )
     print(f"global loss per step: {' '.join(f'{loss:.6f}' for loss in losses)}")
-    print(f"shard gradients (the all-gathers' reduce-scatters): single process within {TOLERANCE:.0e}")
+    print(
+        f"shard gradients (the all-gathers' reduce-scatters): single process within {TOLERANCE:.0e}"
+    )
     print(f"losses and final parameters: single process within {TOLERANCE:.0e}")
     assert grad_gap <= TOLERANCE, grad_gap
     assert loss_gap <= TOLERANCE, (losses, ref_losses)
