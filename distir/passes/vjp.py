@@ -23,9 +23,10 @@ Collective rules (JAX's transposes, written with distir's own ops):
                               holder is this rank (ties: the lowest rank
                               gets it all)
     broadcast x root k    ->  all_reduce sum dy, kept on rank k (others get 0)
-    all_gather x [counts] ->  all_reduce sum dy, then this rank's slice
-                              (offset rank*rows, or the sum of the counts
-                              of lower ranks)
+    all_gather x          ->  reduce_scatter sum dy (this rank's part)
+    all_gather x counts   ->  all_reduce sum dy, then this rank's slice
+                              (offset the sum of the counts of lower ranks)
+    reduce_scatter sum x  ->  all_gather dy
     variable_all_to_all x, send -> (y, recv)
                           ->  variable_all_to_all dy, recv (the reverse
                               exchange: swapped counts)
@@ -42,15 +43,16 @@ Each dist op declares its rule with its definition, in `ir/`
 literal table.
 
 Local rules: arith (addf, subf, mulf, divf, negf, select with a scalar or
-elementwise condition, extf, truncf), tensor (extract, insert, splat,
-extract_slice of unit strides, concat, cast), `linalg.broadcast` (a sum
+elementwise condition, extf, truncf, maximumf/minimumf/maxnumf/minnumf),
+math (see `_MATH_DERIVATIVES`), tensor (extract, insert, splat,
+extract_slice of unit strides, concat, cast, from_elements), `linalg.broadcast` (a sum
 `linalg.reduce` over the added dimensions), a sum `linalg.reduce` (a
 broadcast back), `scf.if` (branch by branch) and `scf.for` of a static trip
 count (unrolled in `@main_fwd`, see `_loops_unrolled`).
 
-The reduce-scatter of an all-gather's cotangent and the reduce-to-root of a
-broadcast are an all-reduce then a local selection: distir has no
-reduce-scatter or reduce op, and an all-reduce of the cotangent keeps the
+The reduce-to-root of a broadcast and the backward of an uneven all-gather
+are an all-reduce then a local selection: distir has no reduce op and no
+uneven reduce-scatter yet, and an all-reduce of the cotangent keeps the
 backward one collective per forward collective (the same count and order on
 every rank, which is what the agreement checks). It moves P times the bytes
 of a reduce-scatter; correctness first.
