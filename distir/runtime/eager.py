@@ -53,20 +53,23 @@ def cached_programs() -> int:
 
 
 def _program(
-    kind: str | None,
-    combine: Callable[..., Any] | None,
-    commutative: bool,
+    op: str,
+    params: tuple,
+    build: Callable[[Any], Any],
     dtype: torch.dtype,
     shape: tuple[int, ...],
     deadline: float,
 ) -> Program:
+    """The one-op program `build(x)` of `distir.<op>` for a tensor of `dtype`
+    and `shape`, compiled on first use and cached under `(op, params, ...)`:
+    `params` must name everything `build` depends on."""
     from distir.ir import builder
 
     # The op is located at the caller's line (errors found later point
     # there), so the call site is part of what a cached program is.
     builder.located_at_callers_of(__file__)
     site = builder.call_site()
-    key = (kind, combine, commutative, dtype, shape, deadline, str(site))
+    key = (op, params, dtype, shape, deadline, str(site))
     with _lock:
         program = _cache.get(key)
         if program is not None:
@@ -75,21 +78,37 @@ def _program(
     element = _ELEMENTS.get(dtype)
     if element is None:
         raise DistirError(
-            f"distir.all_reduce takes tensors of {', '.join(map(str, _ELEMENTS))}, got {dtype}"
+            f"distir.{op} takes tensors of {', '.join(map(str, _ELEMENTS))}, got {dtype}"
         )
-
-    def body(x):
-        if combine is None:
-            return builder.all_reduce(x, kind)
-        return builder.all_reduce(x, combine=combine, commutative=commutative)
-
-    module = builder.build_program(body, [builder.tensor_type(element, list(shape))])
+    module = builder.build_program(build, [builder.tensor_type(element, list(shape))])
     program = compile(module, deadline=deadline)
     with _lock:
         _cache[key] = program
         while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return program
+
+
+def _run(
+    op: str,
+    x: torch.Tensor,
+    params: tuple,
+    build: Callable[[Any], Any],
+    group: Any,
+    deadline: float,
+) -> torch.Tensor:
+    """Check what every eager collective needs, then run `build`'s program."""
+    if not isinstance(x, torch.Tensor):
+        raise DistirError(f"distir.{op} takes a torch.Tensor, got {type(x).__name__}")
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise DistirError(
+            f"distir.{op} needs an initialised process group: inside distir.launch "
+            "it is; under torchrun call torch.distributed.init_process_group('gloo') first"
+        )
+    program = _program(op, params, build, x.dtype, tuple(x.shape), deadline)
+    return program.run(x, group=group)
 
 
 def all_reduce(
@@ -131,14 +150,11 @@ def all_reduce(
     """
     if (kind is None) == (combine is None):
         raise DistirError("distir.all_reduce needs exactly one of `kind` and `combine`")
-    if not isinstance(x, torch.Tensor):
-        raise DistirError(f"distir.all_reduce takes a torch.Tensor, got {type(x).__name__}")
-    import torch.distributed as dist
+    from distir.ir import builder
 
-    if not dist.is_initialized():
-        raise DistirError(
-            "distir.all_reduce needs an initialised process group: inside distir.launch "
-            "it is; under torchrun call torch.distributed.init_process_group('gloo') first"
-        )
-    program = _program(kind, combine, commutative, x.dtype, tuple(x.shape), deadline)
-    return program.run(x, group=group)
+    def build(v: Any) -> Any:
+        if combine is None:
+            return builder.all_reduce(v, kind)
+        return builder.all_reduce(v, combine=combine, commutative=commutative)
+
+    return _run("all_reduce", x, (kind, combine, commutative), build, group, deadline)
