@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from distir.errors import DistirError
+from distir.errors import DistirError, OpError
+from distir.ir.attributes import ReductionKind
 from distir.runtime.program import Program, compile
 
 #: torch dtype -> IR element type of what `all_reduce` accepts
@@ -158,3 +159,129 @@ def all_reduce(
         return builder.all_reduce(v, combine=combine, commutative=commutative)
 
     return _run("all_reduce", x, (kind, combine, commutative), build, group, deadline)
+
+
+def _refuse(op: str, message: str) -> OpError:
+    """The error for a bad eager call, located at the caller's line (as an
+    error the compiled op raises would be)."""
+    from distir.ir import builder
+
+    builder.located_at_callers_of(__file__)
+    site = builder.call_site()
+    where = (
+        "<unknown location>"
+        if site is None
+        else (f"{site.filename.data}:{site.line.data}:{site.column.data}")
+    )
+    return OpError(f"'dist.{op}' at {where}", message)
+
+
+def _group_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def _checked_axis(op: str, x: Any, axis: int) -> int:
+    """`axis` of `x` (negative counts from the end), or a located error."""
+    if isinstance(x, torch.Tensor) and not -x.dim() <= axis < x.dim():
+        raise _refuse(op, f"axis {axis} is out of range for a tensor of {x.dim()} dims")
+    return axis % x.dim() if isinstance(x, torch.Tensor) and x.dim() else axis
+
+
+def broadcast(
+    x: torch.Tensor, root: int = 0, *, group: Any = None, deadline: float = 60.0
+) -> torch.Tensor:
+    """Return `x` of group rank `root` on every rank of `group` (default: the
+    world), as a new tensor (`x` is not modified). Differentiable: the
+    gradient of `x` is the sum of every rank's cotangent on the root, zeros
+    elsewhere.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank; only the root's values are used.
+        root: the group rank whose `x` every rank gets.
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank)::
+
+        weights = distir.broadcast(weights, root=0)   # every rank: rank 0's
+    """
+    if not 0 <= root < _group_size(group):
+        raise _refuse("broadcast", f"root {root} is outside the group (size {_group_size(group)})")
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.broadcast(v, root)
+
+    return _run("broadcast", x, (root,), build, group, deadline)
+
+
+def all_gather(
+    x: torch.Tensor, axis: int = 0, *, group: Any = None, deadline: float = 60.0
+) -> torch.Tensor:
+    """Concatenate every rank's `x` along `axis`, in group rank order, and
+    return it on every rank of `group` (default: the world). Differentiable:
+    the gradient of `x` is the sum over ranks of their cotangent's part r.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank.
+        axis: the axis to concatenate along (negative counts from the end).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        rows = distir.all_gather(torch.full((2, 4), rank))   # shape [6, 4]
+    """
+    axis = _checked_axis("all_gather", x, axis)
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.all_gather(v, axis=axis)
+
+    return _run("all_gather", x, (axis,), build, group, deadline)
+
+
+def reduce_scatter(
+    x: torch.Tensor,
+    kind: str = "sum",
+    axis: int = 0,
+    *,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Reduce every rank's `x` with `kind` and return part r of the result,
+    split evenly along `axis`, on group rank r. Differentiable for "sum":
+    the gradient of `x` is every rank's cotangent, concatenated along `axis`.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank; `x.shape[axis]` a multiple of the group size.
+        kind: a native reduction: "sum", "prod", "min", "max", ...
+        axis: the axis to split (negative counts from the end).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        part = distir.reduce_scatter(torch.ones(6, 4))   # shape [2, 4], all 3.0
+    """
+    kinds = [k.value for k in ReductionKind]
+    if kind not in kinds:
+        raise _refuse("reduce_scatter", f"no native reduction {kind!r}; they are {', '.join(kinds)}")
+    axis = _checked_axis("reduce_scatter", x, axis)
+    size = _group_size(group)
+    if isinstance(x, torch.Tensor) and x.dim() and x.shape[axis] % size:
+        raise _refuse(
+            "reduce_scatter",
+            f"axis {axis} has {x.shape[axis]} elements, not a multiple of the group size {size}",
+        )
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.reduce_scatter(v, kind, axis=axis)
+
+    return _run("reduce_scatter", x, (kind, axis), build, group, deadline)

@@ -79,3 +79,91 @@ def test_an_eager_programs_error_names_the_callers_line(one_rank_world) -> None:
     assert "runtime/eager.py" not in str(e.value)
     with pytest.raises(DistirError, match=rf"test_eager\.py:{line + 3}:"):
         distir.all_reduce(torch.ones(2), combine=_not_commutative, commutative=True)
+
+
+def _input(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Rank `rank`'s input: every rank can make every rank's, for the oracle."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def _grad(op, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """d(sum(op(x) * weight))/dx."""
+    x = x.clone().requires_grad_(True)
+    (op(x) * weight).sum().backward()
+    return x.grad
+
+
+def _cat(parts, axis: int) -> torch.Tensor:
+    return torch.cat(list(parts), dim=axis)
+
+
+def other_collectives_worker(ctx) -> dict:
+    import warnings
+
+    import torch.distributed.nn.functional as tnn
+
+    # torch.distributed.nn.functional is deprecated, still the autograd oracle
+    warnings.simplefilter("ignore", FutureWarning)
+
+    n, r = ctx.world_size, ctx.rank
+    shape = (6, 3)
+    xs = [_input(k, shape) for k in range(n)]
+    x = xs[r]
+    checks = {}
+    # values, against plain torch on every rank's input
+    checks["broadcast"] = torch.equal(distir.broadcast(x, root=1), xs[1])
+    for axis in (0, 1, -1):
+        checks[f"all_gather {axis}"] = torch.equal(distir.all_gather(x, axis=axis), _cat(xs, axis))
+    for axis in (0, -2):
+        part = shape[axis] // n
+        total = torch.stack(xs).sum(0).narrow(axis, r * part, part)
+        checks[f"reduce_scatter sum {axis}"] = torch.allclose(
+            distir.reduce_scatter(x, "sum", axis=axis), total, rtol=0, atol=1e-12
+        )
+    biggest = torch.stack(xs).amax(0).narrow(0, r * 2, 2)
+    checks["reduce_scatter max"] = torch.equal(distir.reduce_scatter(x, "max"), biggest)
+    checks["x untouched"] = torch.equal(x, _input(r, shape))
+    # gradients, against torch.distributed.nn.functional
+    w = _input(100 + r, shape)
+    checks["broadcast grad"] = torch.allclose(
+        _grad(lambda v: distir.broadcast(v, root=2), x, w),
+        _grad(lambda v: tnn.broadcast(v, 2), x, w),
+    )
+    wide = _input(200 + r, (6 * n, 3))
+    checks["all_gather grad"] = torch.allclose(
+        _grad(lambda v: distir.all_gather(v), x, wide),
+        _grad(lambda v: _cat(tnn.all_gather(v), 0), x, wide),
+    )
+    narrow = _input(300 + r, (2, 3))
+    checks["reduce_scatter grad"] = torch.allclose(
+        _grad(lambda v: distir.reduce_scatter(v), x, narrow),
+        _grad(
+            lambda v: tnn.reduce_scatter(torch.empty(2, 3, dtype=v.dtype), list(v.chunk(n))),
+            x,
+            narrow,
+        ),
+    )
+    return checks
+
+
+CHECKS = [
+    "broadcast",
+    "all_gather 0",
+    "all_gather 1",
+    "all_gather -1",
+    "reduce_scatter sum 0",
+    "reduce_scatter sum -2",
+    "reduce_scatter max",
+    "x untouched",
+    "broadcast grad",
+    "all_gather grad",
+    "reduce_scatter grad",
+]
+
+
+@pytest.mark.multirank
+def test_eager_broadcast_all_gather_reduce_scatter_values_and_gradients_on_three_ranks() -> None:
+    results = distir.launch(other_collectives_worker, 3, pass_context=True, timeout=150)
+    for checks in results:
+        assert checks == dict.fromkeys(CHECKS, True)
