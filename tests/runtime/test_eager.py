@@ -3,6 +3,8 @@ once per signature and cached, on real gloo ranks."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -167,3 +169,61 @@ def test_eager_broadcast_all_gather_reduce_scatter_values_and_gradients_on_three
     results = distir.launch(other_collectives_worker, 3, pass_context=True, timeout=150)
     for checks in results:
         assert checks == dict.fromkeys(CHECKS, True)
+
+
+def _refusal(call) -> str:
+    try:
+        call()
+    except DistirError as e:
+        return str(e)
+    return "no error"
+
+
+def uneven_reduce_scatter_worker(ctx) -> dict:
+    import inspect
+
+    line = inspect.currentframe().f_lineno + 1
+    refused = _refusal(lambda: distir.reduce_scatter(torch.ones(4, 3)))
+    # refused before any exchange, so the group is not poisoned: the next call runs
+    return {
+        "line": line,
+        "refused": refused,
+        "after": distir.reduce_scatter(torch.ones(6)).tolist(),
+    }
+
+
+@pytest.mark.multirank
+def test_a_reduce_scatter_size_not_divisible_by_the_group_is_named_at_the_callers_line() -> None:
+    results = distir.launch(uneven_reduce_scatter_worker, 3, pass_context=True, timeout=100)
+    for r in results:
+        assert re.fullmatch(
+            rf"'dist.reduce_scatter' at .*test_eager\.py:{r['line']}:\d+: axis 0 has 4 elements, "
+            "not a multiple of the group size 3",
+            r["refused"],
+        )
+        assert r["after"] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("op", "call", "message"),
+    [
+        ("broadcast", lambda: distir.broadcast(torch.ones(2), root=1), "root 1 is outside the group \\(size 1\\)"),
+        ("broadcast", lambda: distir.broadcast(torch.ones(2), root=-1), "root -1 is outside the group"),
+        ("all_gather", lambda: distir.all_gather(torch.ones(2, 3), axis=2), "axis 2 is out of range for a tensor of 2 dims"),
+        ("all_gather", lambda: distir.all_gather(torch.ones(2, 3), axis=-3), "axis -3 is out of range"),
+        ("all_gather", lambda: distir.all_gather(torch.tensor(1.0)), "axis 0 is out of range for a tensor of 0 dims"),
+        ("reduce_scatter", lambda: distir.reduce_scatter(torch.ones(2), axis=1), "axis 1 is out of range for a tensor of 1 dims"),
+        ("reduce_scatter", lambda: distir.reduce_scatter(torch.ones(2), "mean"), "no native reduction 'mean'"),
+    ],
+)  # fmt: skip
+def test_bad_collective_arguments_are_named_at_the_callers_line(
+    one_rank_world, op, call, message
+) -> None:
+    """Refused before anything runs, located at the line of the call (the
+    lambda's), and the world still runs afterwards."""
+    line = call.__code__.co_firstlineno
+    with pytest.raises(
+        DistirError, match=rf"^'dist.{op}' at .*test_eager\.py:{line}:\d+: {message}"
+    ):
+        call()
+    assert distir.all_gather(torch.ones(2)).tolist() == [1.0, 1.0]
