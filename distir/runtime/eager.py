@@ -90,15 +90,9 @@ def _program(
     return program
 
 
-def _run(
-    op: str,
-    x: torch.Tensor,
-    params: tuple,
-    build: Callable[[Any], Any],
-    group: Any,
-    deadline: float,
-) -> torch.Tensor:
-    """Check what every eager collective needs, then run `build`'s program."""
+def _require(op: str, x: Any) -> None:
+    """What every eager collective needs before its own checks: a tensor
+    and an initialised process group."""
     if not isinstance(x, torch.Tensor):
         raise DistirError(f"distir.{op} takes a torch.Tensor, got {type(x).__name__}")
     import torch.distributed as dist
@@ -108,6 +102,17 @@ def _run(
             f"distir.{op} needs an initialised process group: inside distir.launch "
             "it is; under torchrun call torch.distributed.init_process_group('gloo') first"
         )
+
+
+def _run(
+    op: str,
+    x: torch.Tensor,
+    params: tuple,
+    build: Callable[[Any], Any],
+    group: Any,
+    deadline: float,
+) -> torch.Tensor:
+    """Run `build`'s one-op program on `x` (checked by `_require`)."""
     program = _program(op, params, build, x.dtype, tuple(x.shape), deadline)
     return program.run(x, group=group)
 
@@ -151,6 +156,7 @@ def all_reduce(
     """
     if (kind is None) == (combine is None):
         raise DistirError("distir.all_reduce needs exactly one of `kind` and `combine`")
+    _require("all_reduce", x)
     from distir.ir import builder
 
     def build(v: Any) -> Any:
@@ -168,25 +174,23 @@ def _refuse(op: str, message: str) -> OpError:
 
     builder.located_at_callers_of(__file__)
     site = builder.call_site()
-    where = (
-        "<unknown location>"
-        if site is None
-        else (f"{site.filename.data}:{site.line.data}:{site.column.data}")
-    )
+    where = "<unknown location>"
+    if site is not None:
+        where = f"{site.filename.data}:{site.line.data}:{site.column.data}"
     return OpError(f"'dist.{op}' at {where}", message)
 
 
 def _group_size(group: Any) -> int:
     import torch.distributed as dist
 
-    return dist.get_world_size(group) if dist.is_initialized() else 1
+    return dist.get_world_size(group)
 
 
-def _checked_axis(op: str, x: Any, axis: int) -> int:
-    """`axis` of `x` (negative counts from the end), or a located error."""
-    if isinstance(x, torch.Tensor) and not -x.dim() <= axis < x.dim():
+def _checked_axis(op: str, x: torch.Tensor, axis: int) -> int:
+    """`axis` of `x` counted from the front, or a located error."""
+    if not -x.dim() <= axis < x.dim():
         raise _refuse(op, f"axis {axis} is out of range for a tensor of {x.dim()} dims")
-    return axis % x.dim() if isinstance(x, torch.Tensor) and x.dim() else axis
+    return axis % x.dim()
 
 
 def broadcast(
@@ -208,6 +212,7 @@ def broadcast(
 
         weights = distir.broadcast(weights, root=0)   # every rank: rank 0's
     """
+    _require("broadcast", x)
     if not 0 <= root < _group_size(group):
         raise _refuse("broadcast", f"root {root} is outside the group (size {_group_size(group)})")
     from distir.ir import builder
@@ -236,6 +241,7 @@ def all_gather(
 
         rows = distir.all_gather(torch.full((2, 4), rank))   # shape [6, 4]
     """
+    _require("all_gather", x)
     axis = _checked_axis("all_gather", x, axis)
     from distir.ir import builder
 
@@ -269,12 +275,15 @@ def reduce_scatter(
 
         part = distir.reduce_scatter(torch.ones(6, 4))   # shape [2, 4], all 3.0
     """
+    _require("reduce_scatter", x)
     kinds = [k.value for k in ReductionKind]
     if kind not in kinds:
-        raise _refuse("reduce_scatter", f"no native reduction {kind!r}; they are {', '.join(kinds)}")
+        raise _refuse(
+            "reduce_scatter", f"no native reduction {kind!r}; they are {', '.join(kinds)}"
+        )
     axis = _checked_axis("reduce_scatter", x, axis)
     size = _group_size(group)
-    if isinstance(x, torch.Tensor) and x.dim() and x.shape[axis] % size:
+    if x.shape[axis] % size:
         raise _refuse(
             "reduce_scatter",
             f"axis {axis} has {x.shape[axis]} elements, not a multiple of the group size {size}",

@@ -49,9 +49,25 @@ def test_eager_all_reduce_on_three_ranks_compiles_once_per_signature() -> None:
         assert r["x_untouched"]
 
 
-def test_without_a_process_group_it_says_how_to_get_one() -> None:
-    with pytest.raises(DistirError, match="init_process_group"):
-        distir.all_reduce(torch.ones(2), "sum")
+EVERY_OP = [
+    lambda x: distir.all_reduce(x, "sum"),
+    lambda x: distir.broadcast(x, root=1),
+    lambda x: distir.all_gather(x, axis=3),
+    lambda x: distir.reduce_scatter(x, "max"),
+]
+
+
+@pytest.mark.parametrize("call", EVERY_OP)
+def test_without_a_process_group_it_says_how_to_get_one(call) -> None:
+    """Before any check that needs the group (the root or size against it)."""
+    with pytest.raises(DistirError, match="needs an initialised process group.*init_process_group"):
+        call(torch.ones(2))
+
+
+@pytest.mark.parametrize("call", EVERY_OP)
+def test_a_non_tensor_is_refused(call) -> None:
+    with pytest.raises(DistirError, match="takes a torch.Tensor, got list"):
+        call([1.0, 2.0])
 
 
 @pytest.mark.parametrize(
