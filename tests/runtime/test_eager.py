@@ -7,6 +7,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import distir
 from distir.errors import DistirError
@@ -243,3 +245,74 @@ def test_bad_collective_arguments_are_named_at_the_callers_line(
     ):
         call()
     assert distir.all_gather(torch.ones(2)).tolist() == [1.0, 1.0]
+
+
+NRANKS = 3
+DTYPES = [torch.int32, torch.int64, torch.float32, torch.float64]
+
+
+@st.composite
+def eager_cases(draw) -> tuple:
+    """(op, argument, dtype, shape, axis, seed): an eager call on 3 ranks."""
+    op = draw(st.sampled_from(["broadcast", "all_gather", "reduce_scatter"]))
+    shape = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    if op == "reduce_scatter":
+        shape[axis] *= NRANKS * draw(st.integers(1, 2))
+    argument = {
+        "broadcast": st.integers(0, NRANKS - 1),
+        "all_gather": st.none(),
+        "reduce_scatter": st.sampled_from(["sum", "max", "min"]),
+    }[op]
+    return (
+        op,
+        draw(argument),
+        draw(st.sampled_from(DTYPES)),
+        tuple(shape),
+        axis,
+        draw(st.integers(0, 99)),
+    )
+
+
+def _case_input(case: tuple, rank: int) -> torch.Tensor:
+    _, _, dtype, shape, _, seed = case
+    g = torch.Generator().manual_seed(seed * 10 + rank)
+    return torch.randint(-20, 20, shape, generator=g).to(dtype)  # sums exact in every dtype
+
+
+def _eager_call(case: tuple, x: torch.Tensor) -> torch.Tensor:
+    op, argument, _, _, axis, _ = case
+    if op == "broadcast":
+        return distir.broadcast(x, root=argument)
+    if op == "all_gather":
+        return distir.all_gather(x, axis=axis)
+    return distir.reduce_scatter(x, argument, axis=axis)
+
+
+def _oracle(case: tuple, rank: int) -> torch.Tensor:
+    """Plain torch on every rank's input."""
+    op, argument, _, shape, axis, _ = case
+    xs = [_case_input(case, k) for k in range(NRANKS)]
+    if op == "broadcast":
+        return xs[argument]
+    if op == "all_gather":
+        return torch.cat(xs, dim=axis)
+    stacked = torch.stack(xs)
+    total = {"sum": stacked.sum(0), "max": stacked.amax(0), "min": stacked.amin(0)}[argument]
+    part = shape[axis] // NRANKS
+    return total.to(xs[0].dtype).narrow(axis, rank * part, part)
+
+
+def cases_worker(ctx, cases: list) -> list:
+    return [_eager_call(case, _case_input(case, ctx.rank)) for case in cases]
+
+
+@pytest.mark.multirank
+@settings(max_examples=6, deadline=None)
+@given(st.lists(eager_cases(), min_size=1, max_size=6))
+def test_eager_collectives_match_plain_torch_on_three_ranks(cases) -> None:
+    results = distir.launch(cases_worker, NRANKS, cases, pass_context=True, timeout=150)
+    for rank, got in enumerate(results):
+        for case, y in zip(cases, got, strict=True):
+            want = _oracle(case, rank)
+            assert y.dtype == want.dtype and torch.equal(y, want), (rank, case)
