@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ def _program(
     params: tuple,
     build: Callable[[Any], Any],
     dtype: torch.dtype,
-    shape: tuple[int, ...],
+    shape: tuple[int | None, ...],
     deadline: float,
 ) -> Program:
     """The one-op program `build(x)` of `distir.<op>` for a tensor of `dtype`
@@ -111,9 +111,15 @@ def _run(
     build: Callable[[Any], Any],
     group: Any,
     deadline: float,
+    dynamic_axis: int | None = None,
 ) -> torch.Tensor:
-    """Run `build`'s one-op program on `x` (checked by `_require`)."""
-    program = _program(op, params, build, x.dtype, tuple(x.shape), deadline)
+    """Run `build`'s one-op program on `x` (checked by `_require`); the
+    program takes any size along `dynamic_axis` (ranks that differ there
+    still run one program)."""
+    shape: list[int | None] = list(x.shape)
+    if dynamic_axis is not None:
+        shape[dynamic_axis] = None
+    program = _program(op, params, build, x.dtype, tuple(shape), deadline)
     return program.run(x, group=group)
 
 
@@ -224,7 +230,12 @@ def broadcast(
 
 
 def all_gather(
-    x: torch.Tensor, axis: int = 0, *, group: Any = None, deadline: float = 60.0
+    x: torch.Tensor,
+    axis: int = 0,
+    *,
+    counts: Sequence[int] | None = None,
+    group: Any = None,
+    deadline: float = 60.0,
 ) -> torch.Tensor:
     """Concatenate every rank's `x` along `axis`, in group rank order, and
     return it on every rank of `group` (default: the world). Differentiable:
@@ -234,21 +245,51 @@ def all_gather(
         x: this rank's tensor (CPU for gloo), the same dtype and shape on
             every rank.
         axis: the axis to concatenate along (negative counts from the end).
+        counts: for an uneven gather, how many rows along `axis` each group
+            rank contributes (the same list on every rank; rank r's `x` has
+            `counts[r]` there).
         group: a torch.distributed process group (None: the world).
         deadline: seconds every collective of the run may take.
 
     Example (on every rank, 3 ranks)::
 
         rows = distir.all_gather(torch.full((2, 4), rank))   # shape [6, 4]
+        ragged = distir.all_gather(torch.ones(rank + 1), counts=[1, 2, 3])  # [6]
     """
     _require("all_gather", x)
     axis = _checked_axis("all_gather", x, axis)
+    if counts is None:
+        from distir.ir import builder
+
+        def build(v: Any) -> Any:
+            return builder.all_gather(v, axis=axis)
+
+        return _run("all_gather", x, (axis,), build, group, deadline)
+    return _uneven_all_gather(x, axis, tuple(counts), group, deadline)
+
+
+def _uneven_all_gather(
+    x: torch.Tensor, axis: int, counts: tuple[int, ...], group: Any, deadline: float
+) -> torch.Tensor:
+    import torch.distributed as dist
+
+    size = _group_size(group)
+    if len(counts) != size or any(not isinstance(c, int) or c < 0 for c in counts):
+        raise _refuse(
+            "all_gather", f"counts {list(counts)} is not {size} sizes >= 0 (one per group rank)"
+        )
+    mine = counts[dist.get_rank(group)]
+    if x.shape[axis] != mine:
+        raise _refuse(
+            "all_gather",
+            f"this rank's x has {x.shape[axis]} rows along axis {axis}, counts say {mine}",
+        )
     from distir.ir import builder
 
     def build(v: Any) -> Any:
-        return builder.all_gather(v, axis=axis)
+        return builder.all_gather(v, axis=axis, counts=builder.constant_tensor(list(counts)))
 
-    return _run("all_gather", x, (axis,), build, group, deadline)
+    return _run("all_gather", x, (axis, counts), build, group, deadline, dynamic_axis=axis)
 
 
 def reduce_scatter(

@@ -164,6 +164,18 @@ def other_collectives_worker(ctx) -> dict:
             narrow,
         ),
     )
+    # uneven: rank k gives k + 1 columns; the gradient oracle is the
+    # cotangents' sum (every rank's weight is known here), sliced at this rank
+    ragged = [_input(400 + k, (2, k + 1)) for k in range(n)]
+    counts = [k + 1 for k in range(n)]
+    checks["all_gather counts"] = torch.equal(
+        distir.all_gather(ragged[r], axis=1, counts=counts), _cat(ragged, 1)
+    )
+    weights = [_input(500 + k, (2, sum(counts))) for k in range(n)]
+    checks["all_gather counts grad"] = torch.allclose(
+        _grad(lambda v: distir.all_gather(v, axis=-1, counts=counts), ragged[r], weights[r]),
+        torch.stack(weights).sum(0).narrow(1, sum(counts[:r]), counts[r]),
+    )
     return checks
 
 
@@ -179,6 +191,8 @@ CHECKS = [
     "broadcast grad",
     "all_gather grad",
     "reduce_scatter grad",
+    "all_gather counts",
+    "all_gather counts grad",
 ]
 
 
@@ -230,6 +244,9 @@ def test_a_reduce_scatter_size_not_divisible_by_the_group_is_named_at_the_caller
         ("all_gather", lambda: distir.all_gather(torch.ones(2, 3), axis=2), "axis 2 is out of range for a tensor of 2 dims"),
         ("all_gather", lambda: distir.all_gather(torch.ones(2, 3), axis=-3), "axis -3 is out of range"),
         ("all_gather", lambda: distir.all_gather(torch.tensor(1.0)), "axis 0 is out of range for a tensor of 0 dims"),
+        ("all_gather", lambda: distir.all_gather(torch.ones(2), counts=[2, 1]), "counts \\[2, 1\\] is not 1 sizes >= 0 \\(one per group rank\\)"),
+        ("all_gather", lambda: distir.all_gather(torch.ones(2), counts=[-1]), "counts \\[-1\\] is not 1 sizes"),
+        ("all_gather", lambda: distir.all_gather(torch.ones(2, 3), axis=1, counts=[2]), "this rank's x has 3 rows along axis 1, counts say 2"),
         ("reduce_scatter", lambda: distir.reduce_scatter(torch.ones(2), axis=1), "axis 1 is out of range for a tensor of 1 dims"),
         ("reduce_scatter", lambda: distir.reduce_scatter(torch.ones(2), "mean"), "no native reduction 'mean'"),
     ],
