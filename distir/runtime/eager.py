@@ -1,7 +1,14 @@
-"""One collective without writing a program: `distir.all_reduce(x, ...)`.
+"""One collective without writing a program: `distir.all_reduce(x, ...)`,
+`distir.broadcast`, `distir.all_gather` and `distir.reduce_scatter`.
 
     y = distir.all_reduce(x, "sum")                                  # native
     y = distir.all_reduce(x, combine=abs_max, commutative=True)      # custom
+    y = distir.all_gather(x, axis=1)                                 # the others
+
+Each builds its one-op program through `_program` (the cache) and `_run`;
+arguments the group decides (a root, a size to split) are checked before
+anything runs, with the caller's line as location, so a bad call leaves the
+group usable.
 
 `combine(a, b)` builds the combine region with the builder's helpers
 (`distir.ir.builder`: `arith`, `cmpf`, `select`, `math`, ...). The program
@@ -29,7 +36,7 @@ from distir.errors import DistirError, OpError
 from distir.ir.attributes import ReductionKind
 from distir.runtime.program import Program, compile
 
-#: torch dtype -> IR element type of what `all_reduce` accepts
+#: torch dtype -> IR element type of what the eager collectives accept
 _ELEMENTS: dict[torch.dtype, str] = {
     torch.bool: "i1",
     torch.int8: "i8",
