@@ -5,6 +5,7 @@
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
     y = distir.all_reduce(x, "sum")                        # one collective, on a rank
+    y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter
     distir.recover()                 # after a lost rank: agree on who is left, go on
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
@@ -17,18 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distir.backends.membership import Membership, membership, recover
-    from distir.runtime.eager import all_reduce
+    from distir.runtime.eager import all_gather, all_reduce, broadcast, reduce_scatter
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
 __all__ = [
     "Membership",
     "Program",
+    "all_gather",
     "all_reduce",
+    "broadcast",
     "compile",
     "launch",
     "membership",
     "recover",
+    "reduce_scatter",
     "simulate",
 ]
 
@@ -38,10 +42,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import program
 
         return getattr(program, name)
-    if name == "all_reduce":
-        from distir.runtime.eager import all_reduce
+    if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        from distir.runtime import eager
 
-        return all_reduce
+        return getattr(eager, name)
     if name in ("Membership", "membership", "recover"):
         from distir.backends import membership
 

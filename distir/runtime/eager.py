@@ -1,7 +1,14 @@
-"""One collective without writing a program: `distir.all_reduce(x, ...)`.
+"""One collective without writing a program: `distir.all_reduce(x, ...)`,
+`distir.broadcast`, `distir.all_gather` and `distir.reduce_scatter`.
 
     y = distir.all_reduce(x, "sum")                                  # native
     y = distir.all_reduce(x, combine=abs_max, commutative=True)      # custom
+    y = distir.all_gather(x, axis=1)                                 # the others
+
+Each builds its one-op program through `_program` (the cache) and `_run`;
+arguments the group decides (a root, a size to split) are checked before
+anything runs, with the caller's line as location, so a bad call leaves the
+group usable.
 
 `combine(a, b)` builds the combine region with the builder's helpers
 (`distir.ir.builder`: `arith`, `cmpf`, `select`, `math`, ...). The program
@@ -20,15 +27,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from distir.errors import DistirError
+from distir.errors import DistirError, OpError
+from distir.ir.attributes import ReductionKind
 from distir.runtime.program import Program, compile
 
-#: torch dtype -> IR element type of what `all_reduce` accepts
+#: torch dtype -> IR element type of what the eager collectives accept
 _ELEMENTS: dict[torch.dtype, str] = {
     torch.bool: "i1",
     torch.int8: "i8",
@@ -53,20 +61,23 @@ def cached_programs() -> int:
 
 
 def _program(
-    kind: str | None,
-    combine: Callable[..., Any] | None,
-    commutative: bool,
+    op: str,
+    params: tuple,
+    build: Callable[[Any], Any],
     dtype: torch.dtype,
-    shape: tuple[int, ...],
+    shape: tuple[int | None, ...],
     deadline: float,
 ) -> Program:
+    """The one-op program `build(x)` of `distir.<op>` for a tensor of `dtype`
+    and `shape`, compiled on first use and cached under `(op, params, ...)`:
+    `params` must name everything `build` depends on."""
     from distir.ir import builder
 
     # The op is located at the caller's line (errors found later point
     # there), so the call site is part of what a cached program is.
     builder.located_at_callers_of(__file__)
     site = builder.call_site()
-    key = (kind, combine, commutative, dtype, shape, deadline, str(site))
+    key = (op, params, dtype, shape, deadline, str(site))
     with _lock:
         program = _cache.get(key)
         if program is not None:
@@ -75,21 +86,48 @@ def _program(
     element = _ELEMENTS.get(dtype)
     if element is None:
         raise DistirError(
-            f"distir.all_reduce takes tensors of {', '.join(map(str, _ELEMENTS))}, got {dtype}"
+            f"distir.{op} takes tensors of {', '.join(map(str, _ELEMENTS))}, got {dtype}"
         )
-
-    def body(x):
-        if combine is None:
-            return builder.all_reduce(x, kind)
-        return builder.all_reduce(x, combine=combine, commutative=commutative)
-
-    module = builder.build_program(body, [builder.tensor_type(element, list(shape))])
+    module = builder.build_program(build, [builder.tensor_type(element, list(shape))])
     program = compile(module, deadline=deadline)
     with _lock:
         _cache[key] = program
         while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return program
+
+
+def _require(op: str, x: Any) -> None:
+    """What every eager collective needs before its own checks: a tensor
+    and an initialised process group."""
+    if not isinstance(x, torch.Tensor):
+        raise DistirError(f"distir.{op} takes a torch.Tensor, got {type(x).__name__}")
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise DistirError(
+            f"distir.{op} needs an initialised process group: inside distir.launch "
+            "it is; under torchrun call torch.distributed.init_process_group('gloo') first"
+        )
+
+
+def _run(
+    op: str,
+    x: torch.Tensor,
+    params: tuple,
+    build: Callable[[Any], Any],
+    group: Any,
+    deadline: float,
+    dynamic_axis: int | None = None,
+) -> torch.Tensor:
+    """Run `build`'s one-op program on `x` (checked by `_require`); the
+    program takes any size along `dynamic_axis` (ranks that differ there
+    still run one program)."""
+    shape: list[int | None] = list(x.shape)
+    if dynamic_axis is not None:
+        shape[dynamic_axis] = None
+    program = _program(op, params, build, x.dtype, tuple(shape), deadline)
+    return program.run(x, group=group)
 
 
 def all_reduce(
@@ -131,14 +169,176 @@ def all_reduce(
     """
     if (kind is None) == (combine is None):
         raise DistirError("distir.all_reduce needs exactly one of `kind` and `combine`")
-    if not isinstance(x, torch.Tensor):
-        raise DistirError(f"distir.all_reduce takes a torch.Tensor, got {type(x).__name__}")
+    _require("all_reduce", x)
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        if combine is None:
+            return builder.all_reduce(v, kind)
+        return builder.all_reduce(v, combine=combine, commutative=commutative)
+
+    return _run("all_reduce", x, (kind, combine, commutative), build, group, deadline)
+
+
+def _refuse(op: str, message: str) -> OpError:
+    """The error for a bad eager call, located at the caller's line (as an
+    error the compiled op raises would be)."""
+    from distir.ir import builder
+
+    builder.located_at_callers_of(__file__)
+    site = builder.call_site()
+    where = "<unknown location>"
+    if site is not None:
+        where = f"{site.filename.data}:{site.line.data}:{site.column.data}"
+    return OpError(f"'dist.{op}' at {where}", message)
+
+
+def _group_size(group: Any) -> int:
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        raise DistirError(
-            "distir.all_reduce needs an initialised process group: inside distir.launch "
-            "it is; under torchrun call torch.distributed.init_process_group('gloo') first"
+    return dist.get_world_size(group)
+
+
+def _checked_axis(op: str, x: torch.Tensor, axis: int) -> int:
+    """`axis` of `x` counted from the front, or a located error."""
+    if not -x.dim() <= axis < x.dim():
+        raise _refuse(op, f"axis {axis} is out of range for a tensor of {x.dim()} dims")
+    return axis % x.dim()
+
+
+def broadcast(
+    x: torch.Tensor, root: int = 0, *, group: Any = None, deadline: float = 60.0
+) -> torch.Tensor:
+    """Return `x` of group rank `root` on every rank of `group` (default: the
+    world), as a new tensor (`x` is not modified). Differentiable: the
+    gradient of `x` is the sum of every rank's cotangent on the root, zeros
+    elsewhere.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank; only the root's values are used.
+        root: the group rank whose `x` every rank gets.
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank)::
+
+        weights = distir.broadcast(weights, root=0)   # every rank: rank 0's
+    """
+    _require("broadcast", x)
+    if not 0 <= root < _group_size(group):
+        raise _refuse("broadcast", f"root {root} is outside the group (size {_group_size(group)})")
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.broadcast(v, root)
+
+    return _run("broadcast", x, (root,), build, group, deadline)
+
+
+def all_gather(
+    x: torch.Tensor,
+    axis: int = 0,
+    *,
+    counts: Sequence[int] | None = None,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Concatenate every rank's `x` along `axis`, in group rank order, and
+    return it on every rank of `group` (default: the world). Differentiable:
+    the gradient of `x` is the sum over ranks of their cotangent's part r.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank.
+        axis: the axis to concatenate along (negative counts from the end).
+        counts: for an uneven gather, how many rows along `axis` each group
+            rank contributes (the same list on every rank; rank r's `x` has
+            `counts[r]` there).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        rows = distir.all_gather(torch.full((2, 4), rank))   # shape [6, 4]
+        ragged = distir.all_gather(torch.ones(rank + 1), counts=[1, 2, 3])  # [6]
+    """
+    _require("all_gather", x)
+    axis = _checked_axis("all_gather", x, axis)
+    if counts is None:
+        from distir.ir import builder
+
+        def build(v: Any) -> Any:
+            return builder.all_gather(v, axis=axis)
+
+        return _run("all_gather", x, (axis,), build, group, deadline)
+    return _uneven_all_gather(x, axis, tuple(counts), group, deadline)
+
+
+def _uneven_all_gather(
+    x: torch.Tensor, axis: int, counts: tuple[int, ...], group: Any, deadline: float
+) -> torch.Tensor:
+    import torch.distributed as dist
+
+    size = _group_size(group)
+    if len(counts) != size or any(not isinstance(c, int) or c < 0 for c in counts):
+        raise _refuse(
+            "all_gather", f"counts {list(counts)} is not {size} sizes >= 0 (one per group rank)"
         )
-    program = _program(kind, combine, commutative, x.dtype, tuple(x.shape), deadline)
-    return program.run(x, group=group)
+    mine = counts[dist.get_rank(group)]
+    if x.shape[axis] != mine:
+        raise _refuse(
+            "all_gather",
+            f"this rank's x has {x.shape[axis]} rows along axis {axis}, counts say {mine}",
+        )
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.all_gather(v, axis=axis, counts=builder.constant_tensor(list(counts)))
+
+    return _run("all_gather", x, (axis, counts), build, group, deadline, dynamic_axis=axis)
+
+
+def reduce_scatter(
+    x: torch.Tensor,
+    kind: str = "sum",
+    axis: int = 0,
+    *,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Reduce every rank's `x` with `kind` and return part r of the result,
+    split evenly along `axis`, on group rank r. Differentiable for "sum":
+    the gradient of `x` is every rank's cotangent, concatenated along `axis`.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank; `x.shape[axis]` a multiple of the group size.
+        kind: a native reduction: "sum", "prod", "min", "max", ...
+        axis: the axis to split (negative counts from the end).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        part = distir.reduce_scatter(torch.ones(6, 4))   # shape [2, 4], all 3.0
+    """
+    _require("reduce_scatter", x)
+    kinds = [k.value for k in ReductionKind]
+    if kind not in kinds:
+        raise _refuse(
+            "reduce_scatter", f"no native reduction {kind!r}; they are {', '.join(kinds)}"
+        )
+    axis = _checked_axis("reduce_scatter", x, axis)
+    size = _group_size(group)
+    if x.shape[axis] % size:
+        raise _refuse(
+            "reduce_scatter",
+            f"axis {axis} has {x.shape[axis]} elements, not a multiple of the group size {size}",
+        )
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.reduce_scatter(v, kind, axis=axis)
+
+    return _run("reduce_scatter", x, (kind, axis), build, group, deadline)
