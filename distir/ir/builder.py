@@ -549,13 +549,7 @@ def all_reduce(
     if (kind is None) == (combine is None):
         raise ValueError("all_reduce needs exactly one of `kind` and `combine`")
     if kind is not None:
-        kinds = [k.value for k in ReductionKind]
-        if str(kind) not in kinds:
-            raise BuilderError(
-                f"no native reduction {kind!r}{_did_you_mean(str(kind), kinds)}; the native "
-                f"reductions are {', '.join(kinds)} (or pass combine= for your own)"
-            )
-        return AllReduceOp(x, kind=ReductionKind(kind), group=group).result
+        return AllReduceOp(x, kind=_native_kind(kind, "or pass combine= for your own"), group=group).result
     assert combine is not None
     x_type = SSAValue.get(x).type
     region = make_combine_region([x_type, x_type, *(SSAValue.get(e).type for e in extras)], combine)
@@ -623,7 +617,19 @@ def reduce_scatter(
     rank's `x`, split evenly along `axis`; that axis is dynamic unless
     `result_type` says otherwise."""
     t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    return ReduceScatterOp(x, t, kind=ReductionKind(kind), axis=axis, group=group).result
+    return ReduceScatterOp(x, t, kind=_native_kind(kind), axis=axis, group=group).result
+
+
+def _native_kind(kind: ReductionKind | str, hint: str = "") -> ReductionKind:
+    """`kind` as a native reduction kind, or a `BuilderError` naming the kinds
+    (and the nearest, for a typo)."""
+    kinds = [k.value for k in ReductionKind]
+    if str(kind) not in kinds:
+        raise BuilderError(
+            f"no native reduction {kind!r}{_did_you_mean(str(kind), kinds)}; the native "
+            f"reductions are {', '.join(kinds)}" + (f" ({hint})" if hint else "")
+        )
+    return ReductionKind(kind)
 
 
 @_located

@@ -501,5 +501,8 @@ def test_a_misspelt_name_gets_a_suggestion() -> None:
         b.build_program(lambda x: b.all_reduce(x, "summ"), [b.tensor_type("f32", [4])])
     with pytest.raises(b.BuilderError, match=r"no arith op 'adf' \(did you mean 'addf'\?\)"):
         b.build_program(lambda x: b.arith("adf", x, x), [b.tensor_type("f32", [4])])
+    # the reduce-scatter's kind the same way (was a bare ValueError)
+    with pytest.raises(b.BuilderError, match=r"no native reduction 'mean'; the native reductions"):
+        b.build_program(lambda x: b.reduce_scatter(x, "mean"), [b.tensor_type("f32", [4])])
     # a native kind still builds
     b.build_program(lambda x: b.all_reduce(x, "sum"), [b.tensor_type("f32", [4])])
