@@ -419,6 +419,8 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.all_reduce",
         "dist.assert_uniform",
         "dist.broadcast",
+        "dist.psum",
+        "dist.pvary",
         "dist.recv",
         "dist.reduce_scatter",
         "dist.send",

@@ -215,6 +215,7 @@ def distributed_operation_contributions(
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
     from distir.backends.reduce_scatter import NativeReduceScatterImplementation
+    from distir.backends.replication import PsumImplementation, PvaryImplementation
 
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
@@ -225,6 +226,8 @@ def distributed_operation_contributions(
         AssertUniformImplementation(),
         AllGatherImplementation(),
         NativeReduceScatterImplementation(),
+        PvaryImplementation(),
+        PsumImplementation(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

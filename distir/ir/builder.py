@@ -84,6 +84,7 @@ from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
 from distir.ir.reduce_scatter import ReduceScatterOp
+from distir.ir.replication import PsumOp, PvaryOp
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -618,6 +619,21 @@ def reduce_scatter(
     `result_type` says otherwise."""
     t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
     return ReduceScatterOp(x, t, kind=_native_kind(kind), axis=axis, group=group).result
+
+
+@_located
+def pvary(x: Value, *, group: GroupRef = None) -> SSAValue:
+    """Megatron's `f`: `x` (replicated over the group) unchanged, as a
+    varying value; the gradient of `x` is the sum over ranks of the
+    result's cotangent."""
+    return PvaryOp(x, group).result
+
+
+@_located
+def psum(x: Value, *, group: GroupRef = None) -> SSAValue:
+    """Megatron's `g`: the sum of every rank's `x`, replicated over the
+    group; the gradient of `x` is the result's cotangent, unchanged."""
+    return PsumOp(x, group).result
 
 
 def _native_kind(kind: ReductionKind | str, hint: str = "") -> ReductionKind:

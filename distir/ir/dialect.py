@@ -54,6 +54,7 @@ from distir.ir.groups import (
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
 from distir.ir.reduce_scatter import ReduceScatterOp
+from distir.ir.replication import PsumOp, PvaryOp
 from distir.ir.syntax import REPLICATED
 
 COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
@@ -63,6 +64,8 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     AllGatherOp,
     ReduceScatterOp,
     VariableAllToAllOp,
+    PsumOp,
+    PvaryOp,
 )
 
 _OPS: tuple[type[IRDLOperation], ...] = (
@@ -109,6 +112,8 @@ __all__ = [
     "GroupSizeOp",
     "MeshOp",
     "PeerOp",
+    "PsumOp",
+    "PvaryOp",
     "RaisesEffect",
     "ReduceScatterOp",
     "RankOp",

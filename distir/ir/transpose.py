@@ -78,6 +78,14 @@ class Transposable(ABC):
     #: whose peer's transposed op (always emitted) must find its partner
     TRANSPOSED_WITHOUT_COTANGENT: ClassVar[bool] = False
 
+    #: its result is replicated over its group: one value, counted once in
+    #: the objective (`dist.psum`; see `passes/vjp.py`)
+    REPLICATED_RESULT: ClassVar[bool] = False
+
+    #: the cotangent its rule returns for its operand is already summed over
+    #: the group (`dist.pvary`): a replicated operand takes it as it is
+    SUMS_COTANGENT: ClassVar[bool] = False
+
     @abstractmethod
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
         """One cotangent per operand (None: none), from one per result."""

@@ -82,6 +82,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     ModuleOp,
     StringAttr,
+    SymbolRefAttr,
     TensorType,
     i64,
 )
@@ -95,7 +96,8 @@ from distir.errors import NotDifferentiable
 from distir.ir import tensor_arith
 from distir.ir.all_reduce import sum_all_reduce
 from distir.ir.analysis import is_sum_reduction
-from distir.ir.dialect import CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
+from distir.ir.dialect import AssertUniformOp, CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
+from distir.ir.facts import UniformResults
 from distir.ir.parsing import describe_op, function_named
 from distir.ir.reduce_scatter import sum_reduce_scatter
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable
@@ -245,6 +247,71 @@ def _forward(function: func.FuncOp, name: str, residuals: Sequence[SSAValue]) ->
     return forward
 
 
+#: the kind of a value that is the same on every rank whatever the inputs
+#: (a constant, the group size): it neither makes a value varying nor
+#: replicates it over a group
+_CONSTANT = object()
+
+
+#: the argument attribute that declares an entry argument replicated over
+#: the world (`{dist.replicated}`) or a group (`{dist.replicated = @tp}`)
+REPLICATED_ARGUMENT = "dist.replicated"
+
+
+def _replication(
+    function: func.FuncOp,
+) -> tuple[dict[SSAValue, Attribute | None], set[Operation]]:
+    """The float values of `function`'s body replicated over a group, and
+    the ops that read their operands as one replicated value.
+
+    An argument is replicated when it says so (`REPLICATED_ARGUMENT`). As JAX types values invariant or varying in `shard_map`: a result of an
+    op that declares `REPLICATED_RESULT` (`dist.psum`) is replicated over
+    its group, and so is a local op's result when its operands are all
+    replicated over that one group or constants; everything else varies
+    (arguments, other collectives' results, region ops', what `dist.rank`
+    decides). Values inside regions count as varying (their ops are
+    transposed apart from the replicated ones). A local op that reads a
+    replicated value together with a varying one reads it through an
+    implicit pvary: the cotangent it sends back is summed over ranks."""
+    kinds: dict[SSAValue, object] = {}
+    as_one: set[Operation] = set()
+    block = function.body.block
+    for i, arg in enumerate(block.args):
+        attrs = function.arg_attrs.data[i].data if function.arg_attrs else {}
+        if REPLICATED_ARGUMENT in attrs:
+            group = attrs[REPLICATED_ARGUMENT]
+            kinds[arg] = ("replicated", group if isinstance(group, SymbolRefAttr) else None)
+    for op in block.ops:
+        if isinstance(op, Transposable) and op.REPLICATED_RESULT:
+            for r in op.results:
+                kinds[r] = ("replicated", getattr(op, "group", None))
+            continue
+        if isinstance(op, Transposable) and op.SUMS_COTANGENT:
+            kind = kinds.get(op.operands[0])
+            if kind is None or kind is _CONSTANT or kind == ("replicated", op.group):  # type: ignore[attr-defined]
+                as_one.add(op)
+            continue
+        if op.name.startswith("dist.") or op.regions:
+            if op.has_trait(UniformResults) and not any(is_float(r.type) for r in op.results):
+                for r in op.results:
+                    kinds[r] = _CONSTANT
+            continue
+        found = {kinds.get(v) for v in op.operands} - {_CONSTANT}
+        if None in found or len(found) > 1:
+            continue  # varying
+        kind = found.pop() if found else _CONSTANT
+        for r in op.results:
+            kinds[r] = kind
+        if kind is not _CONSTANT:
+            as_one.add(op)
+    replicated = {
+        v: kind[1]  # type: ignore[index]
+        for v, kind in kinds.items()
+        if kind is not _CONSTANT and is_float(v.type)
+    }
+    return replicated, as_one
+
+
 #: (transposer, op, result cotangents) -> operand cotangents (None: none)
 TransposeRule = Callable[["_Transposer", Operation, list[SSAValue | None]], Cotangents]
 
@@ -274,6 +341,13 @@ class _Transposer:
     """Scratch blocks, kept alive so that their ids (keys of `_constants`) stay unique."""
     _cotangents: dict[SSAValue, SSAValue] = field(default_factory=dict)
     _location: Attribute | None = None
+    _replicated: dict[SSAValue, Attribute | None] = field(default_factory=dict)
+    """Float values replicated over a group (the group: None for the world)."""
+    _as_one: set[Operation] = field(default_factory=set)
+    """Ops whose operand cotangents are already those of one replicated value."""
+    _varying: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    """Per replicated value, the sum of the cotangents its varying uses sent
+    back, summed over ranks once its own op is transposed."""
 
     # -- building the backward function ---------------------------------------
 
@@ -286,16 +360,17 @@ class _Transposer:
         entry = self.function.body.block
         ret = entry.last_op
         assert isinstance(ret, func.ReturnOp)
+        self._replicated, self._as_one = _replication(self.function)
+        self._location = self.function.location
         for arg, i in zip(self.block.args, self.float_results):
             hint = ret.arguments[i].name_hint
             arg.name_hint = f"d{hint}" if hint else None
-            self.accumulate(ret.arguments[i], arg)
-        self._location = self.function.location
+            self._seed(ret.arguments[i], arg)
         self.transpose_block(entry)
         results = []
         for i in self.float_inputs:
             value = entry.args[i]
-            results.append(self._cotangents.get(value) or self.zeros_like(value))
+            results.append(self._final(value) or self.zeros_like(value))
         self.emit(func.ReturnOp(*results))
         inputs = [a.type for a in self.block.args]
         outputs = [ftype.inputs.data[i] for i in self.float_inputs]
@@ -322,7 +397,7 @@ class _Transposer:
                     f"{describe_op(op)}: '{op.name}' has no derivative (no transpose rule); "
                     "run it on values that do not require grad"
                 )
-            cotangents = [self._cotangents.get(r) for r in op.results]
+            cotangents = [self._final(r) for r in op.results]
             always = isinstance(op, Transposable) and op.TRANSPOSED_WITHOUT_COTANGENT
             if not always and all(c is None for c in cotangents):
                 # No result reaches a float output: no gradient flows here (on
@@ -332,9 +407,10 @@ class _Transposer:
                 operand_cotangents = rule(self, op, cotangents)
             except NoDerivative as e:
                 raise NotDifferentiable(f"{describe_op(op)}: {e}") from None
+            varying = op not in self._as_one
             for operand, cotangent in zip(op.operands, operand_cotangents):
                 if cotangent is not None and is_float(operand.type):
-                    self.accumulate(operand, cotangent)
+                    self.accumulate(operand, cotangent, varying)
 
     def transpose_wave(self, wave: WaveOp) -> None:
         """The transposed wave: the local ops that prepare the transposed
@@ -385,6 +461,7 @@ class _Transposer:
                     result, lambda use: not isinstance(use.operation, YieldOp)
                 )
             self._cotangents = {k: outside.get(v, v) for k, v in self._cotangents.items()}
+            self._varying = {k: outside.get(v, v) for k, v in self._varying.items()}
         for op in ops:
             if op not in needed and op not in exchanges:
                 self.block.add_op(op)
@@ -408,10 +485,10 @@ class _Transposer:
                         outer.append(value)
         condition = self.primal(op.cond)
         result_cotangents = [self._cotangents.get(r) for r in op.results]
-        saved = self.block, self._cotangents
+        saved = self.block, self._cotangents, self._varying
         branches = []
         for region in (op.true_region, op.false_region):
-            self.block, self._cotangents = Block(), {}
+            self.block, self._cotangents, self._varying = Block(), {}, {}
             if region.blocks:
                 body = region.block
                 yielded = body.last_op
@@ -420,14 +497,18 @@ class _Transposer:
                     if cotangent is not None and is_float(value.type):
                         self.accumulate(value, cotangent)
                 self.transpose_block(body)
+            # a replicated outer value's uses in a branch are all varying:
+            # the sum over ranks is taken outside, once (by `_final`)
+            for v, part in list(self._varying.items()):
+                self.accumulate(v, part)
             found = [self._cotangents.get(v) for v in outer]
             self.emit(scf.YieldOp(*(c or self.zeros_like(v) for c, v in zip(found, outer))))
             branches.append(Region(self.block))
-        self.block, self._cotangents = saved
+        self.block, self._cotangents, self._varying = saved
         self._location = op.location
         transposed = self.emit(scf.IfOp(condition, [v.type for v in outer], *branches))
         for value, cotangent in zip(outer, transposed.results):
-            self.accumulate(value, cotangent)
+            self.accumulate(value, cotangent, varying=True)
 
     # -- values ---------------------------------------------------------------
 
@@ -437,13 +518,39 @@ class _Transposer:
         self.block.add_op(op)
         return op
 
-    def accumulate(self, value: SSAValue, cotangent: SSAValue) -> None:
+    def accumulate(self, value: SSAValue, cotangent: SSAValue, varying: bool = False) -> None:
+        """Adds `cotangent` to `value`'s; `varying`: it comes from a use of
+        `value` as a varying value (kept apart when `value` is replicated)."""
         if cotangent.type != value.type:
             cotangent = self.emit(tensor.CastOp(cotangent, value.type)).results[0]
-        known = self._cotangents.get(value)
-        self._cotangents[value] = (
+        table = self._varying if varying and value in self._replicated else self._cotangents
+        known = table.get(value)
+        table[value] = (
             cotangent if known is None else self.emit(arith.AddfOp(known, cotangent)).result
         )
+
+    def _final(self, value: SSAValue) -> SSAValue | None:
+        """`value`'s whole cotangent, once every use has sent its part: for a
+        replicated value, the sum over its group of what its varying uses
+        sent (an implicit pvary's transpose), plus what its replicated uses
+        sent (the same on every rank already)."""
+        part = self._varying.pop(value, None)
+        if part is not None:
+            self.accumulate(value, self.all_reduce_sum(part, self._replicated[value]))
+        return self._cotangents.get(value)
+
+    def _seed(self, result: SSAValue, cotangent: SSAValue) -> None:
+        """The cotangent of an entry result. A replicated result is one value
+        and its cotangent one value: every rank must pass the same one (a
+        `dist.assert_uniform`, checked with the run's agreement)."""
+        if result in self._replicated:
+            if not isinstance(cotangent.type, TensorType):
+                raise NotDifferentiable(
+                    f"{describe_op(result.owner)}: a replicated scalar result has no "
+                    "derivative here; return it as a tensor"
+                )
+            self.emit(AssertUniformOp(cotangent, self._replicated[result]))  # type: ignore[arg-type]
+        self.accumulate(result, cotangent)
 
     def primal(self, value: SSAValue) -> SSAValue:
         """`value` of the forward run, in the backward function: a constant is

@@ -140,6 +140,16 @@ builtin.module {
     func.return %y : tensor<?x4xf32>
   }
 }""",
+    "pvary_psum": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4x6xf32> {dist.replicated}, %i: tensor<?xi64>) -> (tensor<4x6xf32>, tensor<?xi64>) {
+    %y = dist.pvary %x : tensor<4x6xf32>
+    %z = dist.psum %y group @pairs : tensor<4x6xf32>
+    %w = dist.psum %i : tensor<?xi64>
+    func.return %z, %w : tensor<4x6xf32>, tensor<?xi64>
+  }
+}""",
     "reduce_scatter": """\
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]

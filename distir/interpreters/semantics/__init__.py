@@ -36,6 +36,7 @@ from distir.interpreters.semantics.collectives import (
 from distir.interpreters.semantics.mesh import TransferSemantics
 from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
 from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
+from distir.interpreters.semantics.replication import PsumSemantics, PvarySemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
 
@@ -51,6 +52,8 @@ SEMANTICS: tuple[OpSemantics, ...] = (
     AssertUniformSemantics(),
     AllGatherSemantics(),
     ReduceScatterSemantics(),
+    PsumSemantics(),
+    PvarySemantics(),
     VariableAllToAllSemantics(),
     SendSemantics(),
     RecvSemantics(),
