@@ -6,6 +6,7 @@
     distir.launch(worker, nproc=4)                         # real gloo ranks
     y = distir.all_reduce(x, "sum")                        # one collective, on a rank
     y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter
+    h = distir.pvary(x); y = distir.psum(h @ w)            # Megatron's f and g
     distir.recover()                 # after a lost rank: agree on who is left, go on
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from distir.backends.membership import Membership, membership, recover
     from distir.runtime.eager import all_gather, all_reduce, broadcast, reduce_scatter
     from distir.runtime.launch import launch
+    from distir.runtime.replication import psum, pvary
     from distir.runtime.program import Program, compile, simulate
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "compile",
     "launch",
     "membership",
+    "psum",
+    "pvary",
     "recover",
     "reduce_scatter",
     "simulate",
@@ -46,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import eager
 
         return getattr(eager, name)
+    if name in ("pvary", "psum"):
+        from distir.runtime import replication
+
+        return getattr(replication, name)
     if name in ("Membership", "membership", "recover"):
         from distir.backends import membership
 
