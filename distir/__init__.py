@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from distir.backends.membership import Membership, membership, recover
     from distir.runtime.eager import all_gather, all_reduce, broadcast, reduce_scatter
     from distir.runtime.launch import launch
-    from distir.runtime.replication import psum, pvary
     from distir.runtime.program import Program, compile, simulate
+    from distir.runtime.replication import psum, pvary
 
 __all__ = [
     "Membership",

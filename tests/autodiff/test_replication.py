@@ -198,7 +198,9 @@ class Drawn:
         outs = ", ".join(f"%v{i}" for i in self.outputs)
         types = ", ".join([t] * len(self.outputs))
         body = "\n".join(lines)
-        return f"func.func @main({args}) -> ({types}) {{\n{body}\n  func.return {outs} : {types}\n}}"
+        return (
+            f"func.func @main({args}) -> ({types}) {{\n{body}\n  func.return {outs} : {types}\n}}"
+        )
 
 
 def draw_program(choose: Callable[[int], int], number: Callable[[], float], P: int) -> Drawn:
@@ -270,9 +272,7 @@ def oracle_gradients(d: Drawn) -> list[list[torch.Tensor]]:
             values.append([total * 1 for _ in range(d.P)])  # P values
         elif name == "tanh":
             a = args[0]
-            values.append(
-                torch.tanh(a) if not isinstance(a, list) else [torch.tanh(c) for c in a]
-            )
+            values.append(torch.tanh(a) if not isinstance(a, list) else [torch.tanh(c) for c in a])
         else:
             f = LOCAL[name]
             if not any(isinstance(a, list) for a in args):
@@ -304,7 +304,7 @@ def _check(d: Drawn, got: list[list[torch.Tensor | None]]) -> None:
         for i, (g, e) in enumerate(zip(got[r], expected[r])):
             g = torch.zeros(SHAPE, dtype=torch.float64) if g is None else g
             torch.testing.assert_close(
-                g, e, rtol=1e-9, atol=1e-9, msg=lambda m: f"rank {r} arg {i}: {m}\n{d.text()}"
+                g, e, rtol=1e-9, atol=1e-9, msg=f"rank {r} arg {i}\n{d.text()}"
             )
 
 
