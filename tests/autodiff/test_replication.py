@@ -346,3 +346,36 @@ def test_drawn_programs_on_gloo_ranks_match_the_oracle(P):
     per_rank = launch(ranks_worker, P, count, pass_context=True, timeout=200)
     for k, d in enumerate(_seeded(P, count)):
         _check(d, [per_rank[r][k] for r in range(P)])
+
+
+def test_a_replicated_value_read_in_a_branch_and_in_a_wave_gets_the_sum_over_ranks():
+    """Uses inside an scf.if (rank-dependent) and inside a wave are varying:
+    the sum over ranks is taken once, after the region, on every rank."""
+    text = """
+func.func @main(%b: tensor<2xf64> {dist.replicated}, %w: tensor<2xf64>, %c: i1) -> (tensor<2xf64>, tensor<2xf64>) {
+  %y = scf.if %c -> (tensor<2xf64>) {
+    %u = arith.mulf %b, %w : tensor<2xf64>
+    scf.yield %u : tensor<2xf64>
+  } else {
+    scf.yield %w : tensor<2xf64>
+  }
+  %s, %t = dist.wave {
+    %s1 = dist.all_reduce sum %b : tensor<2xf64>
+    %t1 = dist.broadcast %w root 0 : tensor<2xf64>
+    dist.yield %s1, %t1 : tensor<2xf64>, tensor<2xf64>
+  } : tensor<2xf64>, tensor<2xf64>
+  %z = arith.addf %s, %t : tensor<2xf64>
+  func.return %y, %z : tensor<2xf64>, tensor<2xf64>
+}"""
+    P = 3
+    b = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    w = [torch.tensor([r + 1.0, 2.0 - r], dtype=torch.float64) for r in range(P)]
+    c = [torch.tensor(r != 1) for r in range(P)]
+    dy = [torch.tensor([0.5, r - 1.0], dtype=torch.float64) for r in range(P)]
+    dz = [torch.tensor([r * 2.0, 1.0], dtype=torch.float64) for r in range(P)]
+    grads = _grads(text, [[b, w[r], c[r]] for r in range(P)], [[dy[r], dz[r]] for r in range(P)])
+    # b's: each rank taking the branch sends dy * w; the all-reduce of the
+    # one b (P b on every rank) sends P times the sum of every dz
+    expected = sum(dy[r] * w[r] for r in range(P) if c[r]) + P * sum(dz)
+    for db, _, _ in grads:
+        torch.testing.assert_close(db, expected)
