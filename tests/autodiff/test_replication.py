@@ -379,3 +379,20 @@ func.func @main(%b: tensor<2xf64> {dist.replicated}, %w: tensor<2xf64>, %c: i1) 
     expected = sum(dy[r] * w[r] for r in range(P) if c[r]) + P * sum(dz)
     for db, _, _ in grads:
         torch.testing.assert_close(db, expected)
+
+
+def test_an_argument_replicated_over_a_group_is_summed_over_that_group():
+    text = """
+dist.group @pairs [[0, 1], [2, 3]]
+func.func @main(%b: tensor<2xf64> {dist.replicated = @pairs}, %w: tensor<2xf64>) -> tensor<2xf64> {
+  %u = arith.mulf %b, %w : tensor<2xf64>
+  func.return %u : tensor<2xf64>
+}"""
+    b = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    w = [torch.tensor([r + 1.0, -r], dtype=torch.float64) for r in range(4)]
+    dy = [torch.tensor([1.0, r + 0.5], dtype=torch.float64) for r in range(4)]
+    grads = _grads(text, [[b, w[r]] for r in range(4)], [[dy[r]] for r in range(4)])
+    for r, (db, dw) in enumerate(grads):
+        pair = (r // 2) * 2
+        torch.testing.assert_close(db, dy[pair] * w[pair] + dy[pair + 1] * w[pair + 1])
+        torch.testing.assert_close(dw, dy[r] * b)
