@@ -84,6 +84,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     SymbolRefAttr,
     TensorType,
+    UnitAttr,
     i64,
 )
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
@@ -98,6 +99,7 @@ from distir.ir.all_reduce import sum_all_reduce
 from distir.ir.analysis import is_sum_reduction
 from distir.ir.dialect import AssertUniformOp, CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
 from distir.ir.facts import UniformResults
+from distir.ir.groups import group_declarations
 from distir.ir.parsing import describe_op, function_named
 from distir.ir.reduce_scatter import sum_reduce_scatter
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable
@@ -142,6 +144,7 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
     names = (f"{entry}_fwd", f"{entry}_bwd")
     if any(isinstance(op, func.FuncOp) and op.sym_name.data in names for op in module.ops):
         raise NotDifferentiable(f"@{entry} already has {names[0]} or {names[1]}")
+    _check_replicated_arguments(module, function)
     working = _loops_unrolled(function)
     transposer = _Transposer(working)
     backward = transposer.backward(names[1])
@@ -256,6 +259,22 @@ _CONSTANT = object()
 #: the argument attribute that declares an entry argument replicated over
 #: the world (`{dist.replicated}`) or a group (`{dist.replicated = @tp}`)
 REPLICATED_ARGUMENT = "dist.replicated"
+
+
+def _check_replicated_arguments(module: ModuleOp, function: func.FuncOp) -> None:
+    """`{dist.replicated}` takes no value or a declared group's name."""
+    declared = {g.sym_name.data for g in group_declarations(module)}
+    for i, attrs in enumerate(function.arg_attrs.data if function.arg_attrs else ()):
+        value = attrs.data.get(REPLICATED_ARGUMENT)
+        if value is None or isinstance(value, UnitAttr):
+            continue
+        if not isinstance(value, SymbolRefAttr) or value.root_reference.data not in declared:
+            raise NotDifferentiable(
+                f"{describe_op(function)}: argument #{i} is marked "
+                f"{REPLICATED_ARGUMENT} = {value}, which is not a declared group "
+                f"(write {{{REPLICATED_ARGUMENT}}} for the world, or "
+                f"{{{REPLICATED_ARGUMENT} = @g}} with `dist.group @g` declared)"
+            )
 
 
 def _replication(

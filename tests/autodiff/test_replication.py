@@ -238,9 +238,9 @@ def draw_program(choose: Callable[[int], int], number: Callable[[], float], P: i
     return Drawn(ops, replicated, outputs, P, inputs, cotangents)
 
 
-def oracle_gradients(d: Drawn) -> list[list[torch.Tensor]]:
-    """Every rank's gradient of every argument, from P copies in plain torch
-    (a replicated value is one tensor, a varying value a list of P)."""
+def oracle(d: Drawn) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """Every rank's results and gradient of every argument, from P copies in
+    plain torch (a replicated value is one tensor, a varying value a list of P)."""
     leaves: list = []
     values: list = []
     for i, rep in enumerate(d.replicated_args):
@@ -289,17 +289,27 @@ def oracle_gradients(d: Drawn) -> list[list[torch.Tensor]]:
         else:
             objective = objective + (d.cotangents[0][k] * v).sum()
     objective.backward()
+    results = [
+        [(values[o][r] if isinstance(values[o], list) else values[o]).detach() for o in d.outputs]
+        for r in range(d.P)
+    ]
 
     def grad(t: torch.Tensor) -> torch.Tensor:
         return t.grad if t.grad is not None else torch.zeros(SHAPE, dtype=torch.float64)
 
-    return [
+    grads = [
         [grad(leaf[r] if isinstance(leaf, list) else leaf) for leaf in leaves] for r in range(d.P)
     ]
+    return results, grads
 
 
-def _check(d: Drawn, got: list[list[torch.Tensor | None]]) -> None:
-    expected = oracle_gradients(d)
+def _check(d: Drawn, results, got: list[list[torch.Tensor | None]]) -> None:
+    expected_results, expected = oracle(d)
+    for r in range(d.P):
+        for k, (y, e) in enumerate(zip(results[r], expected_results[r])):
+            torch.testing.assert_close(
+                y, e, rtol=1e-12, atol=1e-12, msg=f"rank {r} result {k}\n{d.text()}"
+            )
     for r in range(d.P):
         for i, (g, e) in enumerate(zip(got[r], expected[r])):
             g = torch.zeros(SHAPE, dtype=torch.float64) if g is None else g
@@ -316,7 +326,8 @@ def test_drawn_programs_on_the_simulator_match_the_oracle(data, P):
         lambda: data.draw(st.floats(-2, 2, allow_nan=False, width=64)),
         P,
     )
-    _check(d, simulate_vjp(distir.compile(d.text()), d.inputs, d.cotangents)[1])
+    results, grads = simulate_vjp(distir.compile(d.text()), d.inputs, d.cotangents)
+    _check(d, results, grads)
 
 
 def _seeded(P: int, count: int) -> list[Drawn]:
@@ -327,7 +338,7 @@ def _seeded(P: int, count: int) -> list[Drawn]:
     ]
 
 
-def ranks_worker(ctx, count: int) -> list[list[torch.Tensor | None]]:
+def ranks_worker(ctx, count: int) -> list[tuple]:
     out = []
     for d in _seeded(ctx.world_size, count):
         program = distir.compile(d.text(), deadline=30.0)
@@ -335,7 +346,7 @@ def ranks_worker(ctx, count: int) -> list[list[torch.Tensor | None]]:
         results = program.run(*inputs)
         results = results if isinstance(results, tuple) else (results,)
         torch.autograd.backward(results, d.cotangents[ctx.rank])
-        out.append([x.grad for x in inputs])
+        out.append(([y.detach() for y in results], [x.grad for x in inputs]))
     return out
 
 
@@ -345,7 +356,7 @@ def test_drawn_programs_on_gloo_ranks_match_the_oracle(P):
     count = 25
     per_rank = launch(ranks_worker, P, count, pass_context=True, timeout=200)
     for k, d in enumerate(_seeded(P, count)):
-        _check(d, [per_rank[r][k] for r in range(P)])
+        _check(d, [per_rank[r][k][0] for r in range(P)], [per_rank[r][k][1] for r in range(P)])
 
 
 def test_a_replicated_value_read_in_a_branch_and_in_a_wave_gets_the_sum_over_ranks():
@@ -396,3 +407,14 @@ func.func @main(%b: tensor<2xf64> {dist.replicated = @pairs}, %w: tensor<2xf64>)
         pair = (r // 2) * 2
         torch.testing.assert_close(db, dy[pair] * w[pair] + dy[pair + 1] * w[pair + 1])
         torch.testing.assert_close(dw, dy[r] * b)
+
+
+@pytest.mark.parametrize("value", ["3 : i64", "@nowhere", '"pairs"'])
+def test_a_replicated_argument_names_a_declared_group_or_nothing(value):
+    text = f"""
+dist.group @pairs [[0, 1], [2, 3]]
+func.func @main(%b: tensor<2xf64> {{dist.replicated = {value}}}) -> tensor<2xf64> {{
+  func.return %b : tensor<2xf64>
+}}"""
+    with pytest.raises(NotDifferentiable, match="argument #0 is marked dist.replicated"):
+        add_vjp(parse_module(text))
