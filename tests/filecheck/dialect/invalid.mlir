@@ -184,3 +184,20 @@ func.func @main(%x: tensor<4x2xf32>) {
 // CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce_scatter' result tensor<2x3xf32> differs from input tensor<4x2xf32> in dimension 1, which is not the axis 0
   func.return
 }
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.psum %x group @nowhere : tensor<4xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.psum' names group @nowhere but no `dist.group` of that name is declared at module level
+  func.return
+}
+
+// -----
+
+func.func @main(%x: tensor<4xf32>) {
+  %y = "dist.pvary"(%x) : (tensor<4xf32>) -> tensor<3xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: result 'result' at position 0 does not verify:
+// CHECK-NEXT: attribute tensor<4xf32> expected from variable 'T', but got tensor<3xf32>
+  func.return
+}
