@@ -418,3 +418,36 @@ func.func @main(%b: tensor<2xf64> {{dist.replicated = {value}}}) -> tensor<2xf64
 }}"""
     with pytest.raises(NotDifferentiable, match="argument #0 is marked dist.replicated"):
         add_vjp(parse_module(text))
+
+
+def test_psum_under_rank_dependent_control_flow_is_refused_at_compile_time():
+    text = """
+func.func @main(%x: tensor<2xf64>) -> tensor<2xf64> {
+  %r = dist.rank : index
+  %zero = arith.constant 0 : index
+  %first = arith.cmpi eq, %r, %zero : index
+  %y = scf.if %first -> (tensor<2xf64>) {
+    %s = dist.psum %x : tensor<2xf64>
+    scf.yield %s : tensor<2xf64>
+  } else {
+    scf.yield %x : tensor<2xf64>
+  }
+  func.return %y : tensor<2xf64>
+}"""
+    with pytest.raises(DistirError, match="dist.psum"):
+        distir.compile(text)
+
+
+def _uneven_seed_worker(ctx) -> str:
+    y = distir.psum(torch.ones(3, requires_grad=True), deadline=20.0)
+    try:
+        (y * (ctx.rank + 1)).sum().backward()  # a different cotangent per rank
+    except DistirError as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_passing_different_cotangents_for_a_psum_all_get_a_named_error():
+    for rank, message in enumerate(launch(_uneven_seed_worker, 2, pass_context=True, timeout=100)):
+        assert "dist.assert_uniform" in message, f"rank {rank}: {message}"
