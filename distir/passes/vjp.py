@@ -283,12 +283,13 @@ def _replication(
     """The float values of `function`'s body replicated over a group, and
     the ops that read their operands as one replicated value.
 
-    An argument is replicated when it says so (`REPLICATED_ARGUMENT`). As JAX types values invariant or varying in `shard_map`: a result of an
-    op that declares `REPLICATED_RESULT` (`dist.psum`) is replicated over
-    its group, and so is a local op's result when its operands are all
-    replicated over that one group or constants; everything else varies
-    (arguments, other collectives' results, region ops', what `dist.rank`
-    decides). Values inside regions count as varying (their ops are
+    As JAX types values invariant or varying in `shard_map`: an argument
+    that says so (`REPLICATED_ARGUMENT`) and a result of an op that declares
+    `REPLICATED_RESULT` (`dist.psum`) are replicated over their group, and
+    so is a local op's result when its operands are all replicated over
+    that one group or constants; everything else varies (other arguments,
+    other collectives' results, region ops' and calls' results, what
+    `dist.rank` decides). Values inside regions count as varying (their ops are
     transposed apart from the replicated ones). A local op that reads a
     replicated value together with a varying one reads it through an
     implicit pvary: the cotangent it sends back is summed over ranks."""
@@ -310,7 +311,7 @@ def _replication(
             if kind is None or kind is _CONSTANT or kind == ("replicated", op.group):  # type: ignore[attr-defined]
                 as_one.add(op)
             continue
-        if op.name.startswith("dist.") or op.regions:
+        if op.name.startswith("dist.") or op.regions or isinstance(op, func.CallOp):
             if op.has_trait(UniformResults) and not any(is_float(r.type) for r in op.results):
                 for r in op.results:
                     kinds[r] = _CONSTANT
