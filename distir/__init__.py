@@ -19,10 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distir.backends.membership import Membership, membership, recover
-    from distir.runtime.eager import all_gather, all_reduce, broadcast, reduce_scatter
+    from distir.runtime.eager import (
+        all_gather,
+        all_reduce,
+        broadcast,
+        psum,
+        pvary,
+        reduce_scatter,
+    )
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
-    from distir.runtime.replication import psum, pvary
 
 __all__ = [
     "Membership",
@@ -46,14 +52,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import program
 
         return getattr(program, name)
-    if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+    if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "pvary", "psum"):
         from distir.runtime import eager
 
         return getattr(eager, name)
-    if name in ("pvary", "psum"):
-        from distir.runtime import replication
-
-        return getattr(replication, name)
     if name in ("Membership", "membership", "recover"):
         from distir.backends import membership
 
