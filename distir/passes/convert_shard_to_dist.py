@@ -9,33 +9,15 @@ linearised row-major in the order the axes are listed; a process's rank in
 the world is its row-major linear index in the grid.
 
 Every group a program uses becomes one module-level `dist.group` that
-partitions the grid's ranks (`@grid0_axes_1_0`), so group membership is
-data fixed at compile time, and the world size must equal the grid's size
-(distir-run checks it before any rank starts). Each communication op becomes
-the dist op with the same meaning:
-
-| shard op         | dist                                                       |
-|------------------|------------------------------------------------------------|
-| all_reduce       | all_reduce (average: sum, then a division by the group size) |
-| all_gather       | all_gather                                                 |
-| all_slice        | rank in group, then tensor.extract_slice (no communication) |
-| all_to_all       | pieces stacked, variable_all_to_all of one piece per rank, concat |
-| broadcast        | broadcast from the root's in-group rank                    |
-| gather           | all_gather (the result off the root is undefined upstream) |
-| scatter          | broadcast from the root, then the all_slice of it          |
-| reduce           | all_reduce (the result off the root is undefined upstream) |
-| reduce_scatter   | reduce_scatter                                             |
-| send / recv      | send / recv to and from in-group ranks                     |
-| shift            | sendrecv around the ring; without `rotate`, ranks with no source keep their input |
-| update_halo      | per split dimension, two sendrecv of the edge rows; ranks at the grid's edge keep their halo |
-
-A result element type wider than the input's (upstream's accumulation type)
-is a cast before the collective. The index ops become arithmetic on the
-process's rank. What cannot run is refused, naming the op and its location:
-a dynamic grid, an axis the grid lacks, a dimension the group does not
-divide, a `generic` reduction (upstream gives it no combine; write
-`dist.all_reduce` with a combine region instead), a `recv` with no source,
-sharding annotations (`shard.shard`: partition the program upstream first).
+partitions the grid's ranks (`@grid0_axes_1`), so group membership is data
+fixed at compile time, and the world size must equal the grid's size
+(distir-run checks it before any rank starts). dist numbers a group's ranks
+in ascending order; where `grid_axes` lists axes in another order, the
+conversion reorders the pieces an order-sensitive op moves. Each
+communication op becomes the dist ops with the same meaning, and each index
+op arithmetic on the process's rank; docs/shard.md lists them op by op, with
+what is refused and why (each refusal an error naming the op and its
+location).
 """
 
 from __future__ import annotations
@@ -590,7 +572,8 @@ def _recv(c: _Converter, op: shard.RecvOp, b: _Builder) -> list[SSAValue]:
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    if op.source is None:
+    # xDSL reads an absent `source` as an empty one
+    if op.source is None or (axes and not op.source.get_values() and not op.source_dynamic):
         raise _fail(op, "has no source: distir receives from a named process only")
     if not axes:
         raise _fail(op, "receives within a group of one process (no grid_axes)")

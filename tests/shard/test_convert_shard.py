@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from functools import cache
 from math import prod
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import distir
+from distir.errors import CompileError
 
 PIPELINE = "convert-shard-to-dist"
 
@@ -489,3 +494,57 @@ func.func @main() -> (index, index, index, index) {
 def test_shard_shape_even_and_uneven() -> None:
     results = distir.simulate(SHARD_SHAPE, [[] for _ in range(6)], pipeline=PIPELINE)
     assert [int(v) for v in results[0]] == [4, 2, 5, 3]
+
+
+# -- bad input: an error naming the shard op and its location ----------------------
+
+REFUSED = {
+    "dynamic grid": ("shard.grid @g(shape = 2x?)", "%y = shard.all_reduce %x on @g grid_axes = [0] : tensor<4xf32> -> tensor<4xf32>",
+                     "'shard.grid' at {f}:1:1: grid @g has a dynamic shape"),
+    "axis the grid lacks": ("shard.grid @g(shape = 2x2)", "%y = shard.all_reduce %x on @g grid_axes = [2] : tensor<4xf32> -> tensor<4xf32>",
+                            "'shard.all_reduce' at {f}:3:3: names grid axis 2, but grid @g has 2 axes"),
+    "axis listed twice": ("shard.grid @g(shape = 2x2)", "%y = shard.all_reduce %x on @g grid_axes = [1, 1] : tensor<4xf32> -> tensor<4xf32>",
+                          "'shard.all_reduce' at {f}:3:3: lists a grid axis twice"),
+    "no such grid": ("shard.grid @g(shape = 2)", "%y = shard.all_reduce %x on @h grid_axes = [0] : tensor<4xf32> -> tensor<4xf32>",
+                     "'shard.all_reduce' at {f}:3:3: refers to @h, which is no shard.grid"),
+    "does not divide": ("shard.grid @g(shape = 3)", "%y = shard.all_to_all %x on @g grid_axes = [0] split_axis = 0 concat_axis = 0 : tensor<4xf32> -> tensor<4xf32>",
+                        "'shard.all_to_all' at {f}:3:3: split_axis 0 of tensor<4xf32> does not divide among the 3 processes"),
+    "wrong result type": ("shard.grid @g(shape = 2)", "%y = shard.all_gather %x on @g grid_axes = [0] gather_axis = 0 : tensor<4xf32> -> tensor<4xf32>",
+                          "'shard.all_gather' at {f}:3:3: result type tensor<4xf32> disagrees with the group: expected shape 8"),
+    "generic": ("shard.grid @g(shape = 2)", "%y = shard.all_reduce %x on @g grid_axes = [0] reduction = generic : tensor<4xf32> -> tensor<4xf32>",
+                "'shard.all_reduce' at {f}:3:3: has reduction 'generic'"),
+    "recv without source": ("shard.grid @g(shape = 2)", "%y = shard.recv %x on @g grid_axes = [0] : (tensor<4xf32>) -> tensor<4xf32>",
+                            "'shard.recv' at {f}:3:3: has no source"),
+    "root outside the grid": ("shard.grid @g(shape = 2)", "%y = shard.broadcast %x on @g grid_axes = [0] root = [2] : (tensor<4xf32>) -> tensor<4xf32>",
+                              "'shard.broadcast' at {f}:3:3: root coordinate 2 is outside the grid axis of size 2"),
+    "shift axis not grouped": ("shard.grid @g(shape = 2x2)", "%y = shard.shift %x on @g grid_axes = [0] shift_axis = 1 offset = 1 : tensor<4xf32> -> tensor<4xf32>",
+                               "'shard.shift' at {f}:3:3: shift_axis 1 must be one of grid_axes [0]"),
+    "halo over two axes": ("shard.grid @g(shape = 2x2)", "%y = shard.update_halo %x on @g split_axes = [[0, 1]] halo_sizes = [1, 1] : tensor<4xf32>",
+                           "'shard.update_halo' at {f}:3:3: splits dimension 0 over grid axes [0, 1]"),
+    "annotation": ("shard.grid @g(shape = 2)", "%s = shard.sharding @g split_axes = [[0]] : !shard.sharding\n  %y = shard.shard %x to %s : tensor<4xf32>",
+                   "'shard.shard' at {f}:4:3: is a sharding annotation"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_with_the_op_and_its_location(name: str, tmp_path) -> None:
+    grid, body, message = REFUSED[name]
+    path = tmp_path / "prog.mlir"
+    path.write_text(f"{grid}\nfunc.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {{\n"
+                    f"  {body}\n  func.return %y : tensor<4xf32>\n}}\n")
+    run = subprocess.run([sys.executable, "-m", "distir.cli.opt", "-p", PIPELINE, str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert message.format(f=path) in run.stderr
+    assert "Traceback" not in run.stderr
+    with pytest.raises(CompileError, match=re.escape(message.format(f=path).split(": ", 1)[1][:40])):
+        distir.compile(path.read_text(), PIPELINE)
+
+
+@pytest.mark.multirank
+def test_the_mlp_example_matches_numpy() -> None:
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "examples" / "shard_mlp.py")],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert run.returncode == 0, run.stderr
+    assert "the 2x2 grid matches numpy within 1e-5" in run.stdout
