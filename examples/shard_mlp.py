@@ -112,7 +112,7 @@ def main() -> None:
     results = distir.launch(worker, 4, pass_context=True)
     losses, w1, w2 = reference()
     worst = 0.0
-    for rank, r in enumerate(results):
+    for r in results:
         cols = slice(r["tp"] * HIDDEN // GRID[1], (r["tp"] + 1) * HIDDEN // GRID[1])
         worst = max(worst, float(np.abs(np.array(r["losses"]) - losses).max()),
                     float(np.abs(r["w1"] - w1[:, cols]).max()),
