@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from math import prod
 
 from xdsl.context import Context
-from xdsl.dialects import arith, tensor
+from xdsl.dialects import arith, func, tensor
 from xdsl.dialects.builtin import (
     AnyFloat,
     DenseIntOrFPElementsAttr,
@@ -35,10 +35,11 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     ModuleOp,
+    SymbolRefAttr,
     TensorType,
     i64,
 )
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import DiagnosticException
@@ -56,6 +57,7 @@ from distir.ir.dialect import (
     SendOp,
     SendRecvOp,
     VariableAllToAllOp,
+    YieldOp,
 )
 from distir.ir.parsing import describe_op
 from distir.passes._rewrite_utils import with_location
@@ -301,14 +303,53 @@ def _divide_by(b: _Builder, value: SSAValue, n: int) -> SSAValue:
     return b.value(arith.DivSIOp(value, divisor))
 
 
-def _kind(op: Operation) -> tuple[ReductionKind, bool]:
-    """The dist kind of an op's reduction, and whether it is the average."""
+@dataclass(frozen=True)
+class _Reduction:
+    """How an op reduces: a native kind (and whether it is the average), or
+    the combine region of a `generic` reduction."""
+
+    kind: ReductionKind | None
+    average: bool = False
+    combine: Region | None = None
+
+    def all_reduce(self, value: SSAValue, group: str) -> AllReduceOp:
+        if self.combine is not None:
+            return AllReduceOp(value, combine=self.combine, group=group)
+        return AllReduceOp(value, kind=self.kind, group=group)
+
+
+def _reduction(c: _Converter, op: Operation, accumulate: TensorType) -> _Reduction:
+    """The op's reduction. `generic` is a bare enum upstream: distir takes its
+    combine from a function the op names, `{combine = @f}`, with `f` taking
+    two `accumulate` tensors and returning their combination (folded in the
+    group's ascending rank order, so it need not commute)."""
     reduction = op.properties.get("reduction")
     kind = reduction.data if reduction is not None else shard.ReductionKind.SUM  # type: ignore[attr-defined]
-    if kind is shard.ReductionKind.GENERIC:
-        raise _fail(op, "has reduction 'generic', which upstream gives no combine; "
-                    "write dist.all_reduce with a combine region instead")
-    return _KINDS[kind], kind is shard.ReductionKind.AVERAGE
+    if kind is not shard.ReductionKind.GENERIC:
+        return _Reduction(_KINDS[kind], kind is shard.ReductionKind.AVERAGE)
+    ref = op.attributes.get("combine")
+    if not isinstance(ref, SymbolRefAttr):
+        raise _fail(op, "has reduction 'generic' and names no combine: give one as "
+                    "{combine = @f}, a function of two tensors that returns their combination")
+    name = ref.root_reference.data
+    function = next((f for f in c.module.ops
+                     if isinstance(f, func.FuncOp) and f.sym_name.data == name), None)
+    if function is None or not function.body.blocks:
+        raise _fail(op, f"names combine @{name}, which is no function of this module")
+    inputs, outputs = function.function_type.inputs.data, function.function_type.outputs.data
+    if list(inputs) != [accumulate, accumulate] or list(outputs) != [accumulate]:
+        raise _fail(op, f"names combine @{name} of type {function.function_type}; a "
+                    f"'generic' reduction here needs ({accumulate}, {accumulate}) -> {accumulate}")
+    block = Block(arg_types=[accumulate, accumulate])
+    mapping: dict[SSAValue, SSAValue] = {}
+    for old, new in zip(function.body.block.args, block.args):
+        mapping[old] = new
+    for inner in function.body.block.ops:
+        if isinstance(inner, func.ReturnOp):
+            block.add_op(YieldOp(*(mapping[v] for v in inner.arguments)))
+        else:
+            block.add_op(inner.clone(value_mapper=mapping))
+    return _Reduction(None, combine=Region(block))
 
 
 def _in_group_rank(b: _Builder, c: _Converter, op: Operation, grid: Grid,
@@ -398,13 +439,12 @@ def _all_reduce(c: _Converter, op: shard.AllReduceOp | shard.ReduceOp, b: _Build
     if isinstance(op, shard.ReduceOp):
         _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     _check_result(op, t.get_shape())
-    kind, average = _kind(op)
+    reduction = _reduction(c, op, result_t)  # type: ignore[arg-type]
     value = _cast(b, op.input, result_t)  # type: ignore[arg-type]
     if not axes:
         return [value]
-    group = c.group(grid, axes)
-    reduced = b.value(AllReduceOp(value, kind=kind, group=group))
-    return [_divide_by(b, reduced, _group_size(grid, axes)) if average else reduced]
+    reduced = b.value(reduction.all_reduce(value, c.group(grid, axes)))
+    return [_divide_by(b, reduced, _group_size(grid, axes)) if reduction.average else reduced]
 
 
 def _all_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Builder) -> list[SSAValue]:
@@ -503,14 +543,19 @@ def _reduce_scatter(c: _Converter, op: shard.ReduceScatterOp, b: _Builder) -> li
                     f"of grid @{grid.name} axes {list(axes)}")
     shape[axis] //= n
     _check_result(op, shape)
-    kind, average = _kind(op)
-    value = _cast(b, op.input, op.result.type)  # type: ignore[arg-type]
+    accumulate = TensorType(op.result.type.element_type, t.get_shape())  # type: ignore[attr-defined]
+    reduction = _reduction(c, op, accumulate)
+    value = _cast(b, op.input, accumulate)
     if not axes:
         return [value]
+    if reduction.combine is not None:
+        # dist.reduce_scatter takes native kinds: reduce everywhere, keep a piece
+        reduced = b.value(reduction.all_reduce(value, c.group(grid, axes)))
+        return [_slice_of_rank(c, op, b, reduced, grid, axes, axis)]
     value = _permute(b, value, axis, grid.listed_order(axes))
-    scattered = b.value(ReduceScatterOp(value, op.result.type, kind=kind, axis=axis,  # type: ignore[arg-type]
+    scattered = b.value(ReduceScatterOp(value, op.result.type, kind=reduction.kind, axis=axis,  # type: ignore[arg-type]
                                         group=c.group(grid, axes)))
-    return [_divide_by(b, scattered, n) if average else scattered]
+    return [_divide_by(b, scattered, n) if reduction.average else scattered]
 
 
 def _all_to_all(c: _Converter, op: shard.AllToAllOp, b: _Builder) -> list[SSAValue]:

@@ -511,8 +511,12 @@ REFUSED = {
                         "'shard.all_to_all' at {f}:3:3: split_axis 0 of tensor<4xf32> does not divide among the 3 processes"),
     "wrong result type": ("shard.grid @g(shape = 2)", "%y = shard.all_gather %x on @g grid_axes = [0] gather_axis = 0 : tensor<4xf32> -> tensor<4xf32>",
                           "'shard.all_gather' at {f}:3:3: result type tensor<4xf32> disagrees with the group: expected shape 8"),
-    "generic": ("shard.grid @g(shape = 2)", "%y = shard.all_reduce %x on @g grid_axes = [0] reduction = generic : tensor<4xf32> -> tensor<4xf32>",
-                "'shard.all_reduce' at {f}:3:3: has reduction 'generic'"),
+    "generic without a combine": ("shard.grid @g(shape = 2)", "%y = shard.all_reduce %x on @g grid_axes = [0] reduction = generic : tensor<4xf32> -> tensor<4xf32>",
+                                  "'shard.all_reduce' at {f}:3:3: has reduction 'generic' and names no combine"),
+    "generic naming no function": ("shard.grid @g(shape = 2)", "%y = shard.all_reduce %x on @g grid_axes = [0] reduction = generic {combine = @nope} : tensor<4xf32> -> tensor<4xf32>",
+                                   "'shard.all_reduce' at {f}:3:3: names combine @nope, which is no function"),
+    "generic of the wrong type": ("shard.grid @g(shape = 2)", "%y = shard.all_reduce %x on @g grid_axes = [0] reduction = generic {combine = @main} : tensor<4xf32> -> tensor<4xf32>",
+                                  "'shard.all_reduce' at {f}:3:3: names combine @main of type"),
     "recv without source": ("shard.grid @g(shape = 2)", "%y = shard.recv %x on @g grid_axes = [0] : (tensor<4xf32>) -> tensor<4xf32>",
                             "'shard.recv' at {f}:3:3: has no source"),
     "root outside the grid": ("shard.grid @g(shape = 2)", "%y = shard.broadcast %x on @g grid_axes = [0] root = [2] : (tensor<4xf32>) -> tensor<4xf32>",
@@ -524,6 +528,44 @@ REFUSED = {
     "annotation": ("shard.grid @g(shape = 2)", "%s = shard.sharding @g split_axes = [[0]] : !shard.sharding\n  %y = shard.shard %x to %s : tensor<4xf32>",
                    "'shard.shard' at {f}:4:3: is a sharding annotation"),
 }  # fmt: skip
+
+
+GENERIC = """
+shard.grid @g(shape = {grid})
+func.func @absmax(%a: {acc}, %b: {acc}) -> {acc} {{
+  %x = math.absf %a : {acc}
+  %y = math.absf %b : {acc}
+  %m = arith.maximumf %x, %y : {acc}
+  func.return %m : {acc}
+}}
+func.func @main(%x: {t}) -> {out} {{
+  %y = {op} %x on @g grid_axes = {axes} reduction = generic {extra}{{combine = @absmax}} : {sig}
+  func.return %y : {out}
+}}
+"""
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce", "reduce_scatter"])
+@pytest.mark.parametrize(("grid", "axes"), [((4,), (0,)), ((2, 2), (1, 0)), ((2, 2), (1,)), ((2, 3), (0, 1))])
+def test_generic_reduction_with_a_combine_function(op: str, grid, axes) -> None:
+    P, n = prod(grid), prod(grid[a] for a in axes)
+    t, acc = ttype((2 * n,), "f32"), ttype((2 * n,), "f64")
+    out = ttype((2,), "f64") if op == "reduce_scatter" else acc
+    root = [grid[a] - 1 for a in axes]
+    extra = {"reduce": f"root = {root} ", "reduce_scatter": "scatter_axis = 0 "}.get(op, "")
+    sig = f"({t}) -> {out}" if op == "reduce" else f"{t} -> {out}"
+    text = GENERIC.format(grid="x".join(map(str, grid)), acc=acc, t=t, out=out, op=f"shard.{op}",
+                          axes=list(axes), extra=extra, sig=sig)
+    rng = np.random.default_rng(P)
+    inputs = [rng.standard_normal(2 * n).astype(np.float32) for _ in range(P)]
+    results = distir.simulate(text, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE)
+    for r in range(P):
+        total = np.max(np.abs(np.stack([inputs[m].astype(np.float64) for m in group_of(grid, axes, r)])), axis=0)
+        if op == "reduce_scatter":
+            total = np.split(total, n)[in_group_index(grid, axes, r)]
+        elif op == "reduce" and member_at(grid, axes, r, root) != r:
+            continue
+        np.testing.assert_array_equal(results[r].numpy(), total, err_msg=f"process {r}")
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
