@@ -28,6 +28,7 @@ from xdsl.dialects.builtin import (
     IndexType,
     IndexTypeConstr,
     IntegerAttr,
+    MemRefType,
     TensorType,
     UnitAttr,
     i64,
@@ -156,7 +157,7 @@ class UpdateHaloOp(IRDLOperation):
 
     name = "shard.update_halo"
 
-    T: ClassVar = VarConstraint("T", base(TensorType))
+    T: ClassVar = VarConstraint("T", base(TensorType) | base(MemRefType))
     destination = operand_def(T)
     grid = prop_def(FlatSymbolRefAttr)
     split_axes = prop_def(ShardAxesArrayAttr)

@@ -283,7 +283,7 @@ def check(case: Case, results: list) -> None:
         np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{case.name}, process {rank}")
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_converted_ops_match_the_grid_semantics(case: Case) -> None:
     results = distir.simulate(case.text, [[torch.from_numpy(x)] for x in case.inputs],
@@ -590,3 +590,15 @@ def test_the_mlp_example_matches_numpy() -> None:
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert run.returncode == 0, run.stderr
     assert "the 2x2 grid matches numpy within 1e-5" in run.stdout
+
+
+def test_memrefs_are_refused_by_name(tmp_path) -> None:
+    path = tmp_path / "prog.mlir"
+    path.write_text("shard.grid @g(shape = 2)\n"
+                    "func.func @main(%m: memref<4xf32>) -> memref<4xf32> {\n"
+                    "  %h = shard.update_halo %m on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
+                    "  func.return %h : memref<4xf32>\n}\n")
+    with pytest.raises(CompileError, match=re.escape(
+            "'shard.update_halo' at " + str(path) + ":3:3: takes memref<4xf32>; distir converts "
+            "statically shaped tensors only")):
+        distir.compile(path, PIPELINE)
