@@ -602,3 +602,36 @@ def test_memrefs_are_refused_by_name(tmp_path) -> None:
             "'shard.update_halo' at " + str(path) + ":3:3: takes memref<4xf32>; distir converts "
             "statically shaped tensors only")):
         distir.compile(path, PIPELINE)
+
+
+DYNAMIC_ROOTS = """
+shard.grid @g(shape = 2x3)
+func.func @main(%x: tensor<6xf32>, %r: index) -> (tensor<6xf32>, tensor<6xf64>, tensor<12xf32>, tensor<3xf32>) {
+  %b = shard.broadcast %x on @g grid_axes = [1, 0] root = [%r, 1] : (tensor<6xf32>, index) -> tensor<6xf32>
+  %m = shard.reduce %x on @g grid_axes = [1] reduction = max root = [%r] : (tensor<6xf32>, index) -> tensor<6xf64>
+  %g = shard.gather %x on @g grid_axes = [0] gather_axis = 0 root = [%r] : (tensor<6xf32>, index) -> tensor<12xf32>
+  %s = shard.scatter %x on @g grid_axes = [0] scatter_axis = 0 root = [%r] : (tensor<6xf32>, index) -> tensor<3xf32>
+  func.return %b, %m, %g, %s : tensor<6xf32>, tensor<6xf64>, tensor<12xf32>, tensor<3xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("root", [0, 1])
+def test_dynamic_roots(root: int) -> None:
+    """Roots given as index operands (upstream's `root = [1, %arg1]` form),
+    and a reduction accumulated in a wider type (f32 in, f64 out)."""
+    grid = (2, 3)
+    rng = np.random.default_rng(root)
+    inputs = [rng.standard_normal(6).astype(np.float32) for _ in range(6)]
+    results = distir.simulate(DYNAMIC_ROOTS, [[torch.from_numpy(x), torch.tensor(root)] for x in inputs],
+                              pipeline=PIPELINE)
+    for r in range(6):
+        b, m, g, s = (t.numpy() for t in results[r])
+        np.testing.assert_array_equal(b, inputs[member_at(grid, (1, 0), r, (root, 1))])
+        if member_at(grid, (1,), r, (root,)) == r:
+            want = np.max(np.stack([inputs[k] for k in group_of(grid, (1,), r)]).astype(np.float64), axis=0)
+            np.testing.assert_array_equal(m, want)
+        if member_at(grid, (0,), r, (root,)) == r:
+            np.testing.assert_array_equal(g, np.concatenate([inputs[k] for k in group_of(grid, (0,), r)]))
+        source = inputs[member_at(grid, (0,), r, (root,))]
+        np.testing.assert_array_equal(s, np.split(source, 2)[in_group_index(grid, (0,), r)])
