@@ -315,6 +315,8 @@ OPTIMISATION_PASSES = {
 NOT_THE_OP = OPTIMISATION_PASSES | {
     "ir.dialect",  # the dialect's op list
     "bench.dispatch",  # a stand-in implementation that measures the runtime's dispatch
+    "ir.shard",  # MLIR's shard dialect: op classes of its own that share dist's names
+    "passes.convert_shard_to_dist",  # a conversion a user selects: builds dist ops
 }
 
 

@@ -357,6 +357,8 @@ class BlockCompiler:
         if type(op) in NO_KERNEL_OPS:
             raise UnsupportedOpError(op, NO_KERNEL)
         hint = _SHAPE_HINTS.get(op.name, "")
+        if op.dialect_name() == "shard":
+            hint = "; convert shard programs to dist first: the pass convert-shard-to-dist"
         raise UnsupportedOpError(op, f"no kernel for this op{hint} (supported: {_SUPPORTED})")
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
