@@ -450,6 +450,10 @@ def _all_reduce(c: _Converter, op: shard.AllReduceOp | shard.ReduceOp, b: _Build
 def _all_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Builder) -> list[SSAValue]:
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
+    t = op.input.type
+    axis = op.gather_axis.value.data
+    if isinstance(t, TensorType) and 0 <= axis < t.get_num_dims() and t.get_shape()[axis] < 0:
+        return [_uneven_gather(c, op, b, grid, axes, t, axis)]
     t = _tensor(op, op.input)
     axis = _axis(op, "gather_axis", t)
     if isinstance(op, shard.GatherOp):
@@ -462,6 +466,53 @@ def _all_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Build
         return [op.input]
     gathered = b.value(AllGatherOp(op.input, op.result.type, axis=axis, group=c.group(grid, axes)))  # type: ignore[arg-type]
     return [_permute(b, gathered, axis, _inverse(grid.listed_order(axes)))]
+
+
+def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Builder,
+                   grid: Grid, axes: tuple[int, ...], t: TensorType, axis: int) -> SSAValue:
+    """A gather whose pieces differ in length along `axis` (a dynamic
+    dimension: uneven shards). The members first gather their lengths, then
+    the pieces with those counts; where `grid_axes` are not listed in
+    ascending order, the pieces are put back in the listed order by offsets
+    computed from the counts."""
+    shape = t.get_shape()
+    if any(d < 0 for i, d in enumerate(shape) if i != axis):
+        raise _fail(op, f"takes {t}; distir gathers tensors dynamic along the gather axis only")
+    if isinstance(op, shard.GatherOp):
+        _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
+    result = op.result.type
+    if not isinstance(result, TensorType) or result.element_type != t.element_type or [
+        d for i, d in enumerate(result.get_shape()) if i != axis
+    ] != [d for i, d in enumerate(shape) if i != axis] or result.get_shape()[axis] >= 0:
+        raise _fail(op, f"result type {result} disagrees with the group: expected {t.element_type} "
+                    f"elements, dynamic along gather_axis {axis}, the input's other dimensions")
+    if not axes:
+        return b.value(tensor.CastOp(op.input, result)) if result != t else op.input
+    n = _group_size(grid, axes)
+    group = c.group(grid, axes)
+    length = b.value(tensor.DimOp(op.input, b.index(axis)))
+    mine = b.value(tensor.FromElementsOp(b.value(arith.IndexCastOp(length, i64)),
+                                         result_type=TensorType(i64, [1])))
+    counts = b.value(AllGatherOp(mine, TensorType(i64, [n]), axis=0, group=group))
+    gathered = b.value(AllGatherOp(op.input, result, axis=axis, counts=counts, group=group))
+    order = grid.listed_order(axes)
+    if list(order) == list(range(n)):
+        return gathered
+    # offsets[r]: where dist rank r's piece starts (prefix sums of the counts)
+    sizes = [
+        b.value(arith.IndexCastOp(b.value(tensor.ExtractOp(counts, [b.index(r)], i64)), IndexType()))
+        for r in range(n)
+    ]
+    offsets: list[SSAValue] = [b.index(0)]
+    for size in sizes[:-1]:
+        offsets.append(b.value(arith.AddiOp(offsets[-1], size)))
+    pieces = []
+    for r in _inverse(order):  # shard index j is dist rank inverse[j]'s piece
+        starts: list[int | SSAValue] = [0] * len(shape)
+        lengths: list[int | SSAValue] = list(shape)
+        starts[axis], lengths[axis] = offsets[r], sizes[r]
+        pieces.append(b.value(tensor.ExtractSliceOp(gathered, starts, lengths, [1] * len(shape), result)))
+    return b.value(tensor.ConcatOp(pieces, axis, result))
 
 
 def _coordinate(b: _Builder, grid: Grid, rank: SSAValue, axis: int) -> SSAValue:

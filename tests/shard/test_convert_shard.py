@@ -635,3 +635,27 @@ def test_dynamic_roots(root: int) -> None:
             np.testing.assert_array_equal(g, np.concatenate([inputs[k] for k in group_of(grid, (0,), r)]))
         source = inputs[member_at(grid, (0,), r, (root,))]
         np.testing.assert_array_equal(s, np.split(source, 2)[in_group_index(grid, (0,), r)])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grids_and_axes(), st.data())
+def test_uneven_gathers(grid_axes, data) -> None:
+    """Shards of different lengths along the gather axis (a dynamic
+    dimension): each process's piece in in-group order, whatever the lengths."""
+    grid, axes = grid_axes
+    P = prod(grid)
+    lengths = data.draw(st.lists(st.integers(0, 3), min_size=P, max_size=P))
+    gather = data.draw(st.booleans())
+    root = [grid[a] - 1 for a in axes]
+    inputs = [np.full((n, 2), float(r), np.float32) + np.arange(n, dtype=np.float32)[:, None] / 8
+              for r, n in enumerate(lengths)]
+    t = "tensor<?x2xf32>"
+    op = (f"shard.gather %x on @g {axes_text(axes)} gather_axis = 0 root = {root} : ({t}) -> {t}"
+          if gather else f"shard.all_gather %x on @g {axes_text(axes)} gather_axis = 0 : {t} -> {t}")
+    text = program(grid, t, t, op)
+    results = distir.simulate(text, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE)
+    for r in range(P):
+        if gather and member_at(grid, axes, r, root) != r:
+            continue
+        want = np.concatenate([inputs[m] for m in group_of(grid, axes, r)], axis=0)
+        np.testing.assert_array_equal(results[r].numpy(), want, err_msg=f"process {r}")
