@@ -659,3 +659,53 @@ def test_uneven_gathers(grid_axes, data) -> None:
             continue
         want = np.concatenate([inputs[m] for m in group_of(grid, axes, r)], axis=0)
         np.testing.assert_array_equal(results[r].numpy(), want, err_msg=f"process {r}")
+
+
+# -- the listed programs on real gloo ranks: equal to the simulator, which the
+#    tests above hold to the oracle ---------------------------------------------
+
+
+def special_programs() -> list[tuple[str, str, list[list[torch.Tensor]]]]:
+    """(name, program, inputs per rank) for 4 ranks."""
+    rng = np.random.default_rng(4)
+    halo_t = "tensor<5x3xi32>"
+    halo = (f"shard.grid @g(shape = 2x2)\nfunc.func @main(%x: {halo_t}) -> {halo_t} {{\n"
+            f"  %y = shard.update_halo %x on @g split_axes = [[0], [1]] halo_sizes = [1, 2, 1, 0] : {halo_t}\n"
+            f"  func.return %y : {halo_t}\n}}\n")
+    ints = [[torch.from_numpy(rng.integers(-99, 100, (5, 3)).astype(np.int32))] for _ in range(4)]
+    floats = [[torch.from_numpy(rng.standard_normal(4).astype(np.float32))] for _ in range(4)]
+    t, acc = "tensor<4xf32>", "tensor<4xf64>"
+    generic = GENERIC.format(grid="2x2", acc=acc, t=t, out=acc, op="shard.all_reduce",
+                             axes=[1, 0], extra="", sig=f"{t} -> {acc}")
+    index = INDEX_PROGRAM.format(shape="2x2x1", eight=", ".join(["index"] * 9))
+    devices = [[torch.tensor(c) for c in coordinates((2, 2, 1), (r * 5 + 1) % 4)] for r in range(4)]
+    uneven = program((2, 2), "tensor<?x2xf32>", "tensor<?x2xf32>",
+                     "shard.all_gather %x on @g grid_axes = [1, 0] gather_axis = 0 "
+                     ": tensor<?x2xf32> -> tensor<?x2xf32>")
+    rows = [[torch.full((n, 2), float(r))] for r, n in enumerate([1, 0, 3, 2])]
+    return [
+        ("update_halo", halo, ints),
+        ("send_recv", SEND_RECV, [[torch.full((3,), float(r))] for r in range(4)]),
+        ("index ops", index, devices),
+        ("generic", generic, floats),
+        ("uneven all_gather", uneven, rows),
+    ]
+
+
+def run_programs(context, programs) -> list:
+    return [distir.compile(text, PIPELINE).run(*inputs[context.rank])
+            for _, text, inputs in programs]
+
+
+@pytest.mark.multirank
+def test_listed_programs_on_gloo_ranks_equal_the_simulator() -> None:
+    programs = special_programs()
+    per_rank = distir.launch(run_programs, 4, programs, pass_context=True, timeout=110)
+    for index, (name, text, inputs) in enumerate(programs):
+        simulated = distir.simulate(text, inputs, pipeline=PIPELINE)
+        for rank in range(4):
+            got, want = per_rank[rank][index], simulated[rank]
+            got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+            assert len(got) == len(want), name
+            for g, w in zip(got, want):
+                assert torch.equal(torch.as_tensor(g), torch.as_tensor(w)), f"{name}, rank {rank}"
