@@ -277,7 +277,12 @@ class _ThresholdKey:
         self.group = group
         self.deadline_s = deadline_s
         size = dist.get_world_size(group)
-        self.parameters = ta.ThresholdParameters(parties=size, threshold=threshold)
+        # The ranks are the receivers of their gradients' sum: decryption to
+        # the ranks, whose risk (a rank's crafted gradient reveals the key)
+        # the README's threat model states, is the point of this hook.
+        self.parameters = ta.ThresholdParameters(
+            parties=size, threshold=threshold, decrypt_to_ranks=True
+        )
         self.share = ta.generate_keys(self.parameters, group=group, deadline=deadline_s)
         self.context = self.share.public_key.context()
         self.slots = self.parameters.poly_modulus_degree // 2

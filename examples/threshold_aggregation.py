@@ -55,7 +55,12 @@ def rank_main(ctx, threshold: int, size: int, receiver_key: torch.Tensor) -> dic
     import distir
     from distir.aggregation import threshold as ta
 
-    params = ta.ThresholdParameters(parties=ctx.world_size, threshold=threshold)
+    # decrypt_to_ranks: the survivors decrypt below, which trusts every
+    # rank's input (a crafted one would reveal the key to them); without it
+    # only switch_key, to the outside receiver, lets the aggregate out.
+    params = ta.ThresholdParameters(
+        parties=ctx.world_size, threshold=threshold, decrypt_to_ranks=True
+    )
     # 1. Collective key generation and thresholdization (3 rounds).
     share = ta.generate_keys(params, deadline=DEADLINE_S)
     context = share.public_key.context()  # public: encrypts, cannot decrypt

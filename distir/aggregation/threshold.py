@@ -8,13 +8,38 @@ outside receiver's key, and fewer learn nothing (see
     keys = generate_keys(ThresholdParameters(parties=5, threshold=3))  # every rank
     context = keys.public_key.context()        # public: encrypts, cannot decrypt
     total = aggregate([ts.ckks_vector(context, update)], keys)
+    blobs = switch_key(total, keys, receiver_key)    # any >= 3 ranks, for a receiver
+    # only with ThresholdParameters(..., decrypt_to_ranks=True):
     values = decrypt(total, keys, group=survivors)   # any >= 3 ranks
-    blobs = switch_key(total, keys, receiver_key)    # for an outside receiver
+
+Inputs are not verified, so by default no rank sees a decryption
+---------------------------------------------------------------
+A rank controls its input, and nothing here proves that an input is a
+well-formed fresh encryption with bounded noise.  A crafted one breaks any
+party that sees its decryption: from the public collective key ``(b, a)``
+(``b = e - a*s``) a rank submits ``2^k * (b, a)``, which decrypts to
+``2^k * e`` (the key's noise) for ``2^k`` above the other inputs, so
+whoever reads that plaintext computes ``s = (e - b) / a`` and decrypts every
+rank's individual ciphertext (a rank receives them in the sum).  The
+default protocol therefore never hands the ranks a decryption: the
+aggregate leaves only through :func:`switch_key`, re-encrypted under an
+outside receiver's key; the ranks see a ciphertext under a key they do not
+hold (plus shares smudged for that receiver), so a crafted input gains a
+rank nothing.  :func:`decrypt` is refused
+(:class:`RankDecryptionRefused`, on every rank) unless the keys were
+generated with ``decrypt_to_ranks=True``, an explicit opt-in that trusts
+every rank's input.  What stays: the receiver sees the decryption, so a
+receiver colluding with a lying rank recovers ``s`` the same way; the
+receiver must not be a rank nor collude with one.  (Closing that needs
+proofs that each input is well formed, e.g. lattice proofs of plaintext
+knowledge amortised as in TopGear/Overdrive, which this package does not
+have.)
 
 Every step is collective over its ``group`` (default: the world), checks
 first that the ranks agree (parameters, group size, the aggregate, the
 budget) and raises the same named error on every rank when they do not:
-:class:`ThresholdMismatch`, :class:`DecryptionBudgetExhausted`, or distir's
+:class:`ThresholdMismatch`, :class:`DecryptionBudgetExhausted`,
+:class:`RankDecryptionRefused`, or distir's
 ``DeadlineExceeded``/``CollectiveFailed``/``Poisoned`` for a rank that
 fails or is late; nothing partial is returned.
 
@@ -47,6 +72,7 @@ from distir.he import threshold as th
 from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
     DecryptionBudgetExhausted,
+    RankDecryptionRefused,
     ThresholdMismatch,
     ThresholdParameters,
     ThresholdShare,
@@ -56,6 +82,7 @@ from distir.runtime.ownership import plain_inputs
 __all__ = [
     "Aggregate",
     "DecryptionBudgetExhausted",
+    "RankDecryptionRefused",
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
@@ -65,7 +92,7 @@ __all__ = [
     "switch_key",
 ]
 
-_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL = 0, 1, 2, 4, 8
+_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED = 0, 1, 2, 4, 8, 16
 _SHAMIR = b"shamir-share"
 
 
@@ -101,6 +128,8 @@ def _check_agreed(
     k = len(values)
     same = agreed[1 : 1 + k] == list(values) and agreed[1 + k : 1 + 2 * k] == [-v for v in values]
     # every rank computes the same verdict from the same agreed row
+    if codes & _REFUSED:
+        raise RankDecryptionRefused(messages[_REFUSED])
     if codes & _BUDGET:
         raise DecryptionBudgetExhausted(messages[_BUDGET])
     for bit in (_BAD_GROUP, _BAD_AGGREGATE, _BAD_LEVEL):
@@ -297,9 +326,12 @@ def aggregate(
 
 
 # -------------------------------------------------------- decryption and key switch
-def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: float) -> list[int]:
+def _prepare(
+    total: Aggregate, share: ThresholdShare, group: Any, deadline_s: float, *, to_ranks: bool
+) -> list[int]:
     """Round 1: ``total`` valid on every rank and the same, the group's size
-    against the threshold, and the set of active parties."""
+    against the threshold, decryption to the ranks allowed (``to_ranks``),
+    and the set of active parties."""
     if not isinstance(total, Aggregate):
         raise TypeError(f"only an Aggregate from aggregate() decrypts, got {type(total).__name__}")
     parameters = share.parameters
@@ -313,6 +345,8 @@ def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: fl
     code = (_OK if valid else _BAD_AGGREGATE) | (
         _OK if parameters.threshold <= size <= parameters.parties else _BAD_GROUP
     )
+    if to_ranks and not parameters.decrypt_to_ranks:
+        code |= _REFUSED
     # The active parties ride in the same all-reduce, as a one-hot row.
     present = [1 if p == share.party else 0 for p in range(parameters.parties)]
     present = _check_agreed(
@@ -326,6 +360,11 @@ def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: fl
             "(altered, or a sum of more fresh encryptions than parties)",
             _BAD_GROUP: f"a group of {size} ranks cannot decrypt: it needs between "
             f"{parameters.threshold} and {parameters.parties} parties",
+            _REFUSED: "decrypt: these keys do not allow decryption to the ranks "
+            "(ThresholdParameters.decrypt_to_ranks is False): an aggregate may hold a crafted "
+            "input whose decryption reveals the collective secret key; use switch_key to an "
+            "outside receiver, or generate keys with decrypt_to_ranks=True, which trusts every "
+            "rank's input; nothing was published",
         },
         extra=present,
     )
@@ -363,11 +402,13 @@ def decrypt(
 ) -> list[list[float]]:
     """The values of every ciphertext of ``total`` (collective over
     ``group``: any ``threshold`` to ``parties`` ranks holding distinct
-    shares, e.g. the survivors of a failure).  Every rank of the group gets
+    shares, e.g. the survivors of a failure), only under keys generated
+    with ``decrypt_to_ranks=True`` (else :class:`RankDecryptionRefused` on
+    every rank: see the module docstring for why).  Every rank of the group gets
     them; each publishes smudged decryption shares, summed by one distir
     program after a ``dist.assert_uniform`` of the aggregate's digest."""
     deadline_s = seconds(deadline, "deadline")
-    active = _prepare(total, share, group, deadline_s)
+    active = _prepare(total, share, group, deadline_s, to_ranks=True)
     shares, tags = th.decryption_shares(share, total.limbs, total.moduli, active)
     _spend_agreed(share, tags, group, deadline_s)
     q = torch.tensor(total.moduli, dtype=torch.int64)
@@ -406,7 +447,7 @@ def switch_key(
     # The key's value, in memory of its own: its bytes are digested and
     # agreed on (a negation view's memory holds -key).
     (receiver_key,) = plain_inputs([receiver_key], "switch_key: receiver key")
-    active = _prepare(total, share, group, deadline_s)
+    active = _prepare(total, share, group, deadline_s, to_ranks=False)
     shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
     _spend_agreed(share, tags, group, deadline_s)
     key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()

@@ -86,6 +86,7 @@ from distir.he.seal import context_from_key_limbs, import_tenseal, limbs_to_ckks
 __all__ = [
     "CollectivePublicKey",
     "DecryptionBudgetExhausted",
+    "RankDecryptionRefused",
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
@@ -120,6 +121,13 @@ class ThresholdMismatch(DistirError):
     serve; raised on every rank, and nothing is returned."""
 
 
+class RankDecryptionRefused(DistirError):
+    """``decrypt`` under a key whose parameters do not allow decryption to
+    the ranks (``decrypt_to_ranks=False``, the default): a rank's crafted
+    input would make that decryption reveal the collective secret key.
+    Raised on every rank, before anything secret-dependent is published."""
+
+
 class DecryptionBudgetExhausted(DistirError):
     """A share has published ``max_decryptions`` decryption (or key-switch)
     shares: one more would exceed the smudging bound's budget."""
@@ -135,7 +143,17 @@ class ThresholdParameters:
     ``statistical_security`` is the ``lambda`` and ``max_decryptions`` the
     ``D`` of the smudging bound (see the module docstring).  Raises
     ``ValueError`` when the smudging noise would drown the message at this
-    scale."""
+    scale.
+
+    ``decrypt_to_ranks`` (default False) allows the ranks themselves to
+    decrypt an aggregate.  Nothing checks that a rank's input is a
+    well-formed fresh encryption, and a crafted one (``2^k * (b, a)`` from
+    the public key ``(b, a)``) decrypts to ``2^k * e``, the key's noise,
+    from which ``s = (e - b) / a``: whoever sees that decryption holds the
+    collective key and decrypts every rank's individual ciphertext.  By
+    default an aggregate therefore leaves only through ``switch_key`` to an
+    outside receiver; set it True only where every rank is trusted with
+    its input (or the receiver of the decryption is)."""
 
     parties: int
     threshold: int | None = None
@@ -144,6 +162,7 @@ class ThresholdParameters:
     scale: float = 2.0**120
     statistical_security: int = 40
     max_decryptions: int = 2**16
+    decrypt_to_ranks: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "coeff_mod_bit_sizes", tuple(self.coeff_mod_bit_sizes))
