@@ -76,6 +76,7 @@ from distir.he.threshold import (
     ThresholdMismatch,
     ThresholdParameters,
     ThresholdShare,
+    UnsafeReceiverKey,
 )
 from distir.runtime.ownership import plain_inputs
 
@@ -86,13 +87,22 @@ __all__ = [
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
+    "UnsafeReceiverKey",
     "aggregate",
     "decrypt",
     "generate_keys",
     "switch_key",
 ]
 
-_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED = 0, 1, 2, 4, 8, 16
+_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED, _BAD_RECEIVER = (
+    0,
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+)
 _SHAMIR = b"shamir-share"
 
 
@@ -130,6 +140,8 @@ def _check_agreed(
     # every rank computes the same verdict from the same agreed row
     if codes & _REFUSED:
         raise RankDecryptionRefused(messages[_REFUSED])
+    if codes & _BAD_RECEIVER:
+        raise UnsafeReceiverKey(messages[_BAD_RECEIVER])
     if codes & _BUDGET:
         raise DecryptionBudgetExhausted(messages[_BUDGET])
     for bit in (_BAD_GROUP, _BAD_AGGREGATE, _BAD_LEVEL):
@@ -327,10 +339,17 @@ def aggregate(
 
 # -------------------------------------------------------- decryption and key switch
 def _prepare(
-    total: Aggregate, share: ThresholdShare, group: Any, deadline_s: float, *, to_ranks: bool
+    total: Aggregate,
+    share: ThresholdShare,
+    group: Any,
+    deadline_s: float,
+    *,
+    to_ranks: bool,
+    receiver_problem: str | None = None,
 ) -> list[int]:
     """Round 1: ``total`` valid on every rank and the same, the group's size
     against the threshold, decryption to the ranks allowed (``to_ranks``),
+    the receiver key safe (``receiver_problem``: this rank's objection),
     and the set of active parties."""
     if not isinstance(total, Aggregate):
         raise TypeError(f"only an Aggregate from aggregate() decrypts, got {type(total).__name__}")
@@ -347,6 +366,8 @@ def _prepare(
     )
     if to_ranks and not parameters.decrypt_to_ranks:
         code |= _REFUSED
+    if receiver_problem is not None:
+        code |= _BAD_RECEIVER
     # The active parties ride in the same all-reduce, as a one-hot row.
     present = [1 if p == share.party else 0 for p in range(parameters.parties)]
     present = _check_agreed(
@@ -365,6 +386,8 @@ def _prepare(
             "input whose decryption reveals the collective secret key; use switch_key to an "
             "outside receiver, or generate keys with decrypt_to_ranks=True, which trusts every "
             "rank's input; nothing was published",
+            _BAD_RECEIVER: "switch_key: a rank's receiver key is one the ranks may decrypt "
+            f"under ({receiver_problem or 'seen on another rank'}); nothing was published",
         },
         extra=present,
     )
@@ -447,7 +470,11 @@ def switch_key(
     # The key's value, in memory of its own: its bytes are digested and
     # agreed on (a negation view's memory holds -key).
     (receiver_key,) = plain_inputs([receiver_key], "switch_key: receiver key")
-    active = _prepare(total, share, group, deadline_s, to_ranks=False)
+    try:
+        problem = th.check_receiver_key(receiver_key, share.public_key)
+    except (TypeError, ValueError) as e:  # malformed: agreed like an unsafe key
+        problem = str(e)
+    active = _prepare(total, share, group, deadline_s, to_ranks=False, receiver_problem=problem)
     shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
     _spend_agreed(share, tags, group, deadline_s)
     key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()

@@ -79,18 +79,21 @@ import torch
 from torch import Tensor
 
 from distir.errors import DistirError
-from distir.he.ntt import mul_mod, sub_mod, to_ntt
+from distir.he.ntt import from_ntt, mul_mod, sub_mod, to_ntt
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import context_from_key_limbs, import_tenseal, limbs_to_ckks
 
 __all__ = [
     "CollectivePublicKey",
     "DecryptionBudgetExhausted",
+    "InsecureParameters",
     "RankDecryptionRefused",
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
+    "UnsafeReceiverKey",
     "add_shares",
+    "check_receiver_key",
     "collective_public_key_from_sum",
     "common_random_polynomial",
     "decode",
@@ -119,6 +122,17 @@ class ThresholdMismatch(DistirError):
     the same everywhere (the parameters, the group size, the public key, the
     aggregate being decrypted) or a step was called with a group it cannot
     serve; raised on every rank, and nothing is returned."""
+
+
+class InsecureParameters(DistirError, ValueError):
+    """Threshold parameters that give no protection: ``threshold=1`` (every
+    rank would hold the whole key, a decryption of anything by itself)."""
+
+
+class UnsafeReceiverKey(DistirError, ValueError):
+    """A receiver public key that the ranks can decrypt under (zero, small
+    or structured polynomials, or the collective key itself): a key switch
+    to it would hand them the aggregate in the clear."""
 
 
 class RankDecryptionRefused(DistirError):
@@ -174,6 +188,12 @@ class ThresholdParameters:
             raise ValueError(
                 f"threshold must be between 1 and parties ({self.parties}), got {self.threshold}"
             )
+        if self.threshold < 2:
+            raise InsecureParameters(
+                f"threshold=1 for {self.parties} parties: every rank would hold the whole "
+                "collective key and decrypt any rank's ciphertext alone; use threshold >= 2 "
+                "(input privacy needs max(2, parties - threshold + 1) honest ranks)"
+            )
         n = self.poly_modulus_degree
         if n < 1024 or n & (n - 1):
             raise ValueError(f"poly_modulus_degree must be a power of two >= 1024, got {n}")
@@ -197,6 +217,15 @@ class ThresholdParameters:
                 f"scale 2^{math.log2(self.scale):.0f} leaves less than 20 bits of the "
                 f"{data_bits}-bit data modulus for the values"
             )
+
+    @property
+    def minimum_honest_ranks(self) -> int:
+        """``max(2, parties - threshold + 1)``: the honest ranks each rank's
+        input privacy needs.  A coalition of ``threshold`` ranks decrypts any
+        individual ciphertext, so fewer than ``threshold`` may collude; and a
+        sum minus the inputs of all ranks but one is that rank's input, so
+        at least two must be honest."""
+        return max(2, self.parties - self.threshold + 1)
 
     @cached_property
     def key_moduli(self) -> tuple[int, ...]:
@@ -765,6 +794,40 @@ def key_switch_share(
     """:func:`key_switch_shares` of one ciphertext ``limbs`` (``[2, L, N]``)."""
     h, tags = key_switch_shares(share, limbs.unsqueeze(0), moduli, active, receiver_key)
     return h[0], tags[0]
+
+
+def check_receiver_key(receiver_key: Tensor, public_key: CollectivePublicKey) -> str | None:
+    """Why ``receiver_key`` (int64 ``[2, K, N]``, NTT form) is not a key to
+    switch to, or None.  A public key ``(p0, p1) = (-p1*s' + e', p1)`` has
+    both halves uniform modulo every prime; one that is zero, small or
+    otherwise far from uniform in coefficient form (more than half of its
+    coefficients within ``q/8`` of 0, where a uniform one has a quarter) is
+    one whose secret the ranks may know, and the collective key (or its
+    ``a``) is one the ranks can decrypt under.  A key that the ranks
+    generated themselves looks like any other: it must reach them
+    authenticated from the receiver."""
+    parameters = public_key.parameters
+    moduli = parameters.key_moduli
+    n = parameters.poly_modulus_degree
+    _check_limbs(receiver_key, (2, len(moduli), n), moduli, "receiver public key")
+    a = public_key.limbs[1]
+    if torch.equal(receiver_key, public_key.limbs):
+        return "it is the collective public key (any threshold of ranks decrypts under it)"
+    negated_a = sub_mod(torch.zeros_like(a), a, moduli)
+    if torch.equal(receiver_key[1], a) or torch.equal(receiver_key[1], negated_a):
+        return "it reuses the collective key's public polynomial a"
+    for half, name in ((0, "p0"), (1, "p1")):
+        coefficients = from_ntt(receiver_key[half], moduli)
+        for limb, q in enumerate(moduli):
+            row = np.asarray(coefficients[limb], dtype=object)
+            far = int(np.count_nonzero(np.minimum(row, q - row) > q // 8))
+            if far < n // 2:
+                return (
+                    f"its {name} is not uniform modulo the prime {q} ({far} of {n} "
+                    "coefficients far from 0): a zero, small or structured key the ranks may "
+                    "decrypt under"
+                )
+    return None
 
 
 def decoder(template: Any) -> Any:

@@ -111,3 +111,84 @@ def test_with_decrypt_to_ranks_the_stated_risk_is_real_a_crafted_input_reveals_t
     stolen = reports[0]["stolen"]
     assert stolen is not None
     assert np.abs(stolen - update(3, 1)).max() < 1e-6
+
+
+# ------------------------------------------------------ degenerate parameters
+def test_threshold_1_is_refused_by_name_and_the_honest_minimum_is_stated():
+    for parties in (1, 2, 5):
+        with pytest.raises(th.InsecureParameters, match="threshold=1"):
+            th.ThresholdParameters(parties=parties, threshold=1)
+    # every (P, t) with 2 <= t <= P <= 8
+    for parties in range(2, 9):
+        for threshold in range(2, parties + 1):
+            params = th.ThresholdParameters(parties=parties, threshold=threshold)
+            assert params.minimum_honest_ranks == max(2, parties - threshold + 1)
+
+
+def _receiver_keys(params, public_key) -> dict:
+    """Receiver keys the ranks can decrypt under, each built independently
+    of distir's check (zero, small, the collective key, its ``a`` reused)."""
+    moduli = params.key_moduli
+    n = params.poly_modulus_degree
+    rng = np.random.default_rng(5)
+    small = torch.stack(
+        [to_ntt(rng.integers(-3, 4, size=n).astype(object), moduli) for _ in range(2)]
+    )
+    zero = torch.zeros(2, len(moduli), n, dtype=torch.int64)
+    reused = public_key.limbs.clone()
+    reused[0] = small[0]
+    return {
+        "zero": zero,
+        "small": small,
+        "collective": public_key.limbs.clone(),
+        "collective a": reused,
+        "p1 zero": torch.stack([public_key.limbs[0], zero[1]]),
+    }
+
+
+def test_receiver_keys_the_ranks_could_decrypt_under_are_named_and_real_ones_pass():
+    from distir.he.seal import public_key_limbs
+
+    params = th.ThresholdParameters(parties=2)
+    crp = th.common_random_polynomial(params, b"seed")
+    secrets_ = [th.generate_secret_share(params) for _ in range(2)]
+    b = th.add_shares(
+        torch.zeros_like(crp), [th.public_key_share(s, crp) for s in secrets_], params.key_moduli
+    )
+    key = th.collective_public_key_from_sum(params, b, crp)
+    for name, bad in _receiver_keys(params, key).items():
+        assert th.check_receiver_key(bad, key) is not None, name
+    for _ in range(3):
+        assert th.check_receiver_key(public_key_limbs(th.receiver_context(params)), key) is None
+
+
+def zero_receiver_worker(ctx) -> dict:
+    params = ta.ThresholdParameters(parties=2)
+    share = ta.generate_keys(params)
+    total = ta.aggregate(
+        [ts.ckks_vector(share.public_key.context(), update(2, ctx.rank).tolist())], share
+    )
+    out = {}
+    for name, key in _receiver_keys(params, share.public_key).items():
+        try:
+            ta.switch_key(total, share, key)
+            out[name] = None
+        except Exception as e:  # recorded for the parent
+            out[name] = (type(e).__name__, str(e))
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_a_switch_to_a_zero_small_or_collective_receiver_key_is_refused_on_every_rank():
+    # (0, 0): the switched ciphertext would be c0 + sum of the decryption
+    # shares, the aggregate in the clear for every rank and the wire.
+    from distir.runtime.launch import launch
+
+    reports = launch(zero_receiver_worker, 2, pass_context=True, timeout=140)
+    for report in reports:
+        assert sorted(report) == ["collective", "collective a", "p1 zero", "small", "zero"]
+        for name, error in report.items():
+            assert error is not None, name
+            assert error[0] == "UnsafeReceiverKey", (name, error)
+            assert error[1].startswith("switch_key: a rank's receiver key is one the ranks may")
