@@ -556,7 +556,19 @@ class ThresholdShare:
 
     It never leaves its rank: its repr shows neither, :meth:`save` writes a
     file only its owner can read (mode 0600), :meth:`load` refuses a file
-    others can read."""
+    others can read.
+
+    The budget sticks to the file: once saved or loaded, the share is bound
+    to its path, and every spending rewrites that file (a new file, synced,
+    renamed over the old one, the folder synced) *before* the share's
+    decryption shares are published, so a crash at any point leaves a file
+    whose count covers everything published, and loading the file again
+    keeps the count.  What software cannot stop: a holder who copies the
+    file and later restores the copy gets the copy's count back.  That
+    rank alone gains nothing -- every decryption first agrees on every
+    active rank's budget, so the others still refuse -- but if every rank
+    of a decrypting group restores old copies, their shares exceed the
+    budget the smudging bound assumes."""
 
     def __init__(
         self,
@@ -573,6 +585,7 @@ class ThresholdShare:
         self._limbs = limbs
         self._noise_key = bytes(noise_key)
         self._spent = set(spent)
+        self._path: Path | None = None  # where spending is persisted, once saved or loaded
 
     def __repr__(self) -> str:
         p = self.parameters
@@ -603,10 +616,19 @@ class ThresholdShare:
                 f"share of party {self.party} has {self.decryptions_left} of "
                 f"{self.parameters.max_decryptions} decryptions left, {len(new)} requested"
             )
+        if new and self._path is not None:
+            # persisted first: a failed write raises with nothing spent or published
+            self._write(self._path, self._spent | new)
         self._spent |= new
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the share to ``path`` (created or truncated, mode 0600)."""
+        """Write the share to ``path`` (mode 0600, atomically: a new file
+        renamed over the old one) and bind the share to it: every later
+        spending is written there before it is published."""
+        self._write(Path(path), self._spent)
+        self._path = Path(path)
+
+    def _write(self, path: Path, spent: set[bytes]) -> None:
         record = {
             "format": _SHARE_FORMAT,
             "parameters": {k: v for k, v in asdict(self.parameters).items()},
@@ -614,18 +636,33 @@ class ThresholdShare:
             "public_key": self.public_key.limbs,
             "share": self._limbs,
             "noise_key": torch.frombuffer(bytearray(self._noise_key), dtype=torch.uint8),
-            "spent": sorted(t.hex() for t in self._spent),
+            "spent": sorted(t.hex() for t in spent),
         }
         record["parameters"]["coeff_mod_bit_sizes"] = list(self.parameters.coeff_mod_bit_sizes)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            torch.save(record, f)
+        folder = path.parent
+        temporary = folder / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                torch.save(record, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        folder_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(folder_fd)
+        finally:
+            os.close(folder_fd)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ThresholdShare:
-        """Read a share :meth:`save` wrote; the file must not be readable by
-        group or others."""
+        """Read a share :meth:`save` wrote, bound to ``path`` as :meth:`save`
+        binds it (its spending goes on being written there); the file must
+        not be readable by group or others."""
         mode = Path(path).stat().st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise PermissionError(
@@ -642,7 +679,7 @@ class ThresholdShare:
         _check_limbs(record["share"], shape, moduli, f"{path}: share")
         _check_limbs(record["public_key"][0], shape, moduli, f"{path}: public key")
         key = CollectivePublicKey(parameters, record["public_key"])
-        return cls(
+        share = cls(
             parameters,
             int(record["party"]),
             key,
@@ -650,6 +687,8 @@ class ThresholdShare:
             bytes(record["noise_key"].tolist()),
             [bytes.fromhex(t) for t in record["spent"]],
         )
+        share._path = Path(path)
+        return share
 
 
 def _new_threshold_share(

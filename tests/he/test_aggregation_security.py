@@ -192,3 +192,83 @@ def test_a_switch_to_a_zero_small_or_collective_receiver_key_is_refused_on_every
             assert error is not None, name
             assert error[0] == "UnsafeReceiverKey", (name, error)
             assert error[1].startswith("switch_key: a rank's receiver key is one the ranks may")
+
+
+# ------------------------------------------------------------------ budget
+def budget_worker(ctx, directory: str) -> dict:
+    """2 ranks, max_decryptions = 2: save the share, decrypt two aggregates
+    (the budget), restore the saved share and try two more."""
+    import os
+
+    params = ta.ThresholdParameters(parties=2, max_decryptions=2, decrypt_to_ranks=True)
+    share = ta.generate_keys(params)
+    path = os.path.join(directory, f"share-{ctx.rank}.pt")
+    share.save(path)
+    context = share.public_key.context()
+    done, refused = 0, []
+    for round_ in range(4):
+        if round_ == 2:
+            share = th.ThresholdShare.load(path)  # the holder restores the saved share
+        values = (update(2, ctx.rank) * (round_ + 1)).tolist()
+        total = ta.aggregate([ts.ckks_vector(context, values)], share)
+        try:
+            ta.decrypt(total, share)
+            done += 1
+        except ta.DecryptionBudgetExhausted as e:
+            refused.append(str(e))
+    return {"done": done, "refused": refused, "left": share.decryptions_left}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_restoring_a_saved_share_keeps_its_spent_budget(tmp_path):
+    from distir.runtime.launch import launch
+
+    reports = launch(budget_worker, 2, str(tmp_path), pass_context=True, timeout=140)
+    for report in reports:
+        assert report["done"] == 2
+        assert report["left"] == 0
+        assert (
+            report["refused"]
+            == [
+                "a rank's share has fewer than 1 decryptions left of 2 (max_decryptions); "
+                "nothing was published"
+            ]
+            * 2
+        )
+
+
+def _local_share(tmp_path, budget: int = 3):
+    params = th.ThresholdParameters(parties=2, max_decryptions=budget)
+    crp = th.common_random_polynomial(params, b"seed")
+    secret = th.generate_secret_share(params)
+    key = th.collective_public_key_from_sum(params, th.public_key_share(secret, crp), crp)
+    received = th.shamir_shares(secret)
+    return th.new_threshold_share(params, 0, key, received)
+
+
+def test_spending_is_written_before_it_counts_and_a_failed_write_spends_nothing(
+    tmp_path, monkeypatch
+):
+    share = _local_share(tmp_path)
+    path = tmp_path / "share.pt"
+    share.save(path)
+    share._spend([b"a" * 32])
+    # the file already holds the spending (before any share is published)
+    assert th.ThresholdShare.load(path).decryptions_left == 2
+    before = path.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(th.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        share._spend([b"b" * 32])
+    assert share.decryptions_left == 2  # nothing spent in memory either
+    assert path.read_bytes() == before  # the old file intact
+    assert [p.name for p in tmp_path.iterdir()] == ["share.pt"]  # no temporary left
+    monkeypatch.undo()
+    loaded = th.ThresholdShare.load(path)
+    loaded._spend([b"c" * 32])  # a loaded share is bound to its file too
+    assert th.ThresholdShare.load(path).decryptions_left == 1
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
