@@ -289,7 +289,7 @@ class _ThresholdKey:
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of `values` (float64, at most `slots`), through
-        one encryption, one committed ciphertext all-reduce and one
+        one encryption, one committed and checked ciphertext sum and one
         collective decryption."""
         import tenseal as ts
 

@@ -5,7 +5,8 @@ Five local ranks each hold a private model update of 4096 floats. They
 generate a collective CKKS key (every rank's secret share stays with it; the
 Shamir shares that make any 3 of 5 enough travel sealed with X25519 and
 ChaCha20-Poly1305), encrypt their updates under it and sum the ciphertexts
-(the ciphertext all-reduce, after every rank committed to its ciphertext).
+(every rank commits to its ciphertext, then every rank checks each
+ciphertext against its commitment and sums them).
 Then:
 
 - the ranks switch the aggregate to the public key of an outside receiver

@@ -17,7 +17,13 @@ from torch import Tensor
 
 import distir
 
-__all__ = ["agree_max", "gather_and_sum", "gather_rows", "sum_agreed"]
+__all__ = [
+    "agree_max",
+    "gather_and_sum",
+    "gather_committed",
+    "gather_rows",
+    "sum_agreed",
+]
 
 
 def _ty(shape: tuple[int, ...]) -> str:
@@ -79,6 +85,23 @@ def gather_and_sum(
 }}
 """
     return _compiled(text, deadline_s).run(rows, limbs, moduli, group=group)
+
+
+def gather_committed(
+    rows: Tensor, limbs: Tensor, *, group: Any, deadline_s: float
+) -> tuple[Tensor, Tensor]:
+    """``(every rank's rows, every rank's limbs)``, each concatenated in rank
+    order along axis 0: the commitments (``rows``) travel first, so a
+    rank's commitment is sent before any rank's ciphertexts."""
+    ty, lty = _ty(tuple(rows.shape)), _ty(tuple(limbs.shape))
+    gty = "tensor<?x" + "x".join(str(d) for d in limbs.shape[1:]) + "xi64>"
+    text = f"""func.func @main(%x: {ty}, %c: {lty}) -> (tensor<?xi64>, {gty}) {{
+  %g = dist.all_gather %x axis 0 : {ty} -> tensor<?xi64>
+  %a = dist.all_gather %c axis 0 : {lty} -> {gty}
+  func.return %g, %a : tensor<?xi64>, {gty}
+}}
+"""
+    return _compiled(text, deadline_s).run(rows, limbs, group=group)
 
 
 def sum_agreed(

@@ -45,8 +45,10 @@ fails or is late; nothing partial is returned.
 
 Rounds: key generation 3 (parameters and the public seed of ``a``; key
 shares summed with the X25519 keys gathered; the key's digest agreed with
-the encrypted Shamir shares gathered), aggregation 2 (parameters and
-ciphertext counts; commitments gathered, then the ciphertexts summed),
+the encrypted Shamir shares gathered), aggregation 3 (parameters and
+ciphertext counts; commitments gathered, then the ciphertexts, each
+checked against its commitment and summed by every rank; the verdict and
+the sum's digest agreed),
 decryption and key switch 3 (the aggregate, parameters and active parties;
 budgets; the agreed aggregate's shares summed).
 """
@@ -69,6 +71,7 @@ from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
+from distir.he.rns import TorchRNSBackend
 from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
     DecryptionBudgetExhausted,
@@ -82,6 +85,7 @@ from distir.runtime.ownership import plain_inputs
 
 __all__ = [
     "Aggregate",
+    "CommitmentMismatch",
     "DecryptionBudgetExhausted",
     "RankDecryptionRefused",
     "ThresholdMismatch",
@@ -227,6 +231,12 @@ def generate_keys(
 
 
 # ---------------------------------------------------------------------- aggregation
+class CommitmentMismatch(ThresholdMismatch):
+    """A rank's ciphertexts differ from the commitment it published before
+    them (or their limbs are not reduced): raised on every rank, naming the
+    rank, and nothing is summed."""
+
+
 @dataclass(frozen=True, eq=False)
 class Aggregate:
     """The agreed sum of every rank's committed ciphertexts: only
@@ -234,10 +244,18 @@ class Aggregate:
 
     ``count`` fresh encryptions per slot were summed (the group's size);
     ``commitments`` are the SHA-256 of every rank's ciphertexts, gathered
-    before the sum; ``digest`` binds them to the sum; ``_tag`` is this
-    rank's MAC over it, checked before any decryption.  ``limbs`` are the
+    before the ciphertexts, each checked by every rank against the
+    ciphertexts that rank received before they entered the sum; ``digest``
+    binds them to the sum and was agreed by every rank.  ``limbs`` are the
     summed ciphertexts (int64 ``[n, 2, L, N]``); ``templates`` this rank's
-    own ciphertexts, whose metadata (level, scale, size) the sums share."""
+    own ciphertexts, whose metadata (level, scale, size) the sums share.
+
+    ``_tag`` is a MAC under this rank's private noise key, checked before
+    any decryption: it guards this rank against its own caller (an
+    ``Aggregate`` built or altered by hand).  Against another rank it is
+    not the tag that binds -- a lying rank forges its own at will -- but
+    the agreement: every honest rank decrypts only the aggregate it summed
+    and checked itself, and every decryption first agrees on the digest."""
 
     def ciphertexts(self) -> list[Any]:
         """The summed ciphertexts as ``CKKSVector``s (public: they encrypt
@@ -266,6 +284,11 @@ def _aggregate_digest(commitments: Sequence[bytes], limbs: Tensor, count: int) -
     return h.digest()
 
 
+def _commitment(limbs: Tensor) -> bytes:
+    """A rank's commitment to its ciphertexts (int64 ``[n, 2, L, N]``)."""
+    return hashlib.sha256(limbs.contiguous().numpy().tobytes()).digest()
+
+
 def aggregate(
     ciphertexts: Sequence[Any],
     share: ThresholdShare,
@@ -276,9 +299,17 @@ def aggregate(
     """The homomorphic sum of every rank's ``CKKSVector``s (collective; every
     rank passes the same number, encrypted under ``share.public_key``).
 
-    One distir program: every rank's SHA-256 commitment to its ciphertexts
-    is gathered, then the ciphertexts are summed
-    (``dist.all_reduce_add_ciphertext``, bit for bit SEAL's addition)."""
+    One distir program gathers every rank's SHA-256 commitment to its
+    ciphertexts, then the ciphertexts themselves; every rank checks each
+    rank's ciphertexts against its commitment (and that their limbs are
+    reduced) and sums them (modular addition per limb, bit for bit SEAL's);
+    one all-reduce agrees on the verdict and the sum's digest.  A rank whose
+    ciphertexts differ from its commitment is :class:`CommitmentMismatch`
+    on every rank, naming it, with nothing summed.  Every rank receives
+    every rank's (encrypted) ciphertexts: that is what checking them takes,
+    and no rank holds the key.  The commitment binds a rank to what it sends
+    before it sees any other rank's ciphertext; it proves nothing about
+    what it committed to (see the module docstring)."""
     deadline_s = seconds(deadline, "deadline")
     _rank, size = _group_shape(group)
     parameters = share.parameters
@@ -315,16 +346,43 @@ def aggregate(
         },
     )
     limbs = torch.stack([p[0] for p in pairs])
-    commitment = hashlib.sha256(limbs.numpy().tobytes()).digest()
+    commitment = _commitment(limbs)
     q = torch.tensor(moduli, dtype=torch.int64)
-    gathered, total = programs.gather_and_sum(
-        programs.words(commitment), limbs, q, group=group, deadline_s=deadline_s
+    gathered, received = programs.gather_committed(
+        programs.words(commitment), limbs, group=group, deadline_s=deadline_s
     )
     raw = gathered.numpy().tobytes()
     commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
-    if commitments[_rank] != commitment:
-        raise ThresholdMismatch(f"rank {_rank}'s commitment came back altered")
+    per_rank = received.view(size, *limbs.shape)
+    backend = TorchRNSBackend()
+    liars = []
+    for i in range(size):
+        honest = hashlib.sha256(per_rank[i].contiguous().numpy().tobytes()).digest()
+        try:
+            backend.check_reduced(per_rank[i], q)
+        except ValueError:
+            honest = b""
+        if honest != commitments[i]:
+            liars.append(i)
+    total = per_rank[0].clone()
+    for i in range(1, size):
+        backend.add_mod_(total, per_rank[i], q)
     digest = _aggregate_digest(commitments, total, size)
+    # One all-reduce agrees on the verdict (the lowest rank found lying, as
+    # size - rank so that the max picks it; whatever the liar itself says)
+    # and on the sum's digest.
+    words = _digest_words(digest)
+    verdict = [size - min(liars) if liars else 0, *words, *(-w for w in words)]
+    agreed = programs.agree_max(
+        torch.tensor(verdict, dtype=torch.int64), group=group, deadline_s=deadline_s
+    ).tolist()
+    if agreed[0]:
+        raise CommitmentMismatch(
+            f"aggregate: the ciphertexts of rank {size - agreed[0]} are not those it committed "
+            "to; nothing was summed"
+        )
+    if agreed[1:] != verdict[1:]:
+        raise ThresholdMismatch("ranks of the group computed different ciphertext sums")
     return Aggregate(
         parameters,
         tuple(ciphertexts),
