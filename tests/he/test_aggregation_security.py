@@ -272,3 +272,43 @@ def test_spending_is_written_before_it_counts_and_a_failed_write_spends_nothing(
     loaded._spend([b"c" * 32])  # a loaded share is bound to its file too
     assert th.ThresholdShare.load(path).decryptions_left == 1
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+# ------------------------------------------------------------- commitments
+def lying_commitment_worker(ctx) -> dict:
+    """3 ranks; rank 1 commits to Enc(0) (SHA-256 of its limbs, as the
+    protocol commits) and puts Enc(100) into the sum."""
+    import hashlib
+
+    params = ta.ThresholdParameters(parties=3, decrypt_to_ranks=True)
+    share = ta.generate_keys(params)
+    context = share.public_key.context()
+    value = 100.0 if ctx.rank == 1 else 1.0
+    encrypted = ts.ckks_vector(context, [value] * SIZE)
+    if ctx.rank == 1:
+        zero = ckks_to_limbs(ts.ckks_vector(context, [0.0] * SIZE))[0].unsqueeze(0)
+        committed = hashlib.sha256(zero.contiguous().numpy().tobytes()).digest()
+        ta._commitment = lambda limbs: committed
+    out: dict = {"error": None, "values": None}
+    try:
+        total = ta.aggregate([encrypted], share)
+        out["values"] = ta.decrypt(total, share)[0][:4]
+    except Exception as e:  # recorded for the parent
+        out["error"] = (type(e).__name__, str(e))
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_a_ciphertext_other_than_the_committed_one_is_a_named_error_on_every_rank():
+    from distir.runtime.launch import launch
+
+    reports = launch(lying_commitment_worker, 3, pass_context=True, timeout=140)
+    for report in reports:
+        assert report["values"] is None, report
+        assert report["error"] is not None
+        assert report["error"][0] == "CommitmentMismatch", report["error"]
+        assert report["error"][1] == (
+            "aggregate: the ciphertexts of rank 1 are not those it committed to; nothing was summed"
+        )
+
