@@ -1,5 +1,6 @@
 """Pairwise authenticated, encrypted channels for the secrets a threshold
-protocol hands from rank to rank (Shamir shares of secret keys).
+protocol hands from rank to rank (Shamir shares of secret keys) and for
+its secret-dependent values (decryption and key-switch shares).
 
 gloo's TCP is clear text, so a secret never travels through a plain
 collective.  Every rank draws a fresh X25519 key pair per session and

@@ -19,6 +19,7 @@ import distir
 
 __all__ = [
     "agree_max",
+    "exchange",
     "gather_and_sum",
     "gather_committed",
     "gather_rows",
@@ -102,6 +103,19 @@ def gather_committed(
 }}
 """
     return _compiled(text, deadline_s).run(rows, limbs, group=group)
+
+
+def exchange(words: Tensor, counts: Tensor, *, group: Any, deadline_s: float) -> Tensor:
+    """Point to point: ``counts[j]`` consecutive words of ``words`` (int64
+    ``[sum(counts)]``) go to rank ``j``; returns what every rank sent this
+    one, in rank order (one ``dist.variable_all_to_all``)."""
+    cty = _ty(tuple(counts.shape))
+    text = f"""func.func @main(%x: tensor<?xi64>, %c: {cty}) -> tensor<?xi64> {{
+  %y, %rc = dist.variable_all_to_all %x, %c axis 0 : tensor<?xi64>, {cty} -> tensor<?xi64>
+  func.return %y : tensor<?xi64>
+}}
+"""
+    return _compiled(text, deadline_s).run(words, counts, group=group)
 
 
 def sum_agreed(

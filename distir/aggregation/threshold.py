@@ -49,8 +49,9 @@ the encrypted Shamir shares gathered), aggregation 3 (parameters and
 ciphertext counts; commitments gathered, then the ciphertexts, each
 checked against its commitment and summed by every rank; the verdict and
 the sum's digest agreed),
-decryption and key switch 3 (the aggregate, parameters and active parties;
-budgets; the agreed aggregate's shares summed).
+decryption and key switch 5 (the aggregate, parameters and active parties;
+budgets; fresh X25519 keys gathered after the aggregate's digest is
+agreed; the shares exchanged sealed, pairwise; their opening agreed).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ import torch.distributed as torch_dist
 from torch import Tensor
 
 from distir.aggregation import programs
-from distir.aggregation.channels import TAG_BYTES, Channels
+from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
 from distir.he.rns import TorchRNSBackend
@@ -98,7 +99,7 @@ __all__ = [
     "switch_key",
 ]
 
-_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED, _BAD_RECEIVER = (
+_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED, _BAD_RECEIVER, _BAD_SEAL = (
     0,
     1,
     2,
@@ -106,6 +107,7 @@ _OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED, _BAD_RECEIVER = 
     8,
     16,
     32,
+    64,
 )
 _SHAMIR = b"shamir-share"
 
@@ -142,6 +144,8 @@ def _check_agreed(
     k = len(values)
     same = agreed[1 : 1 + k] == list(values) and agreed[1 + k : 1 + 2 * k] == [-v for v in values]
     # every rank computes the same verdict from the same agreed row
+    if codes & _BAD_SEAL:
+        raise ChannelError(messages[_BAD_SEAL])
     if codes & _REFUSED:
         raise RankDecryptionRefused(messages[_REFUSED])
     if codes & _BAD_RECEIVER:
@@ -478,6 +482,80 @@ def _spend_agreed(
     share._spend(tags)
 
 
+def _sealed_sum(
+    shares: Tensor,
+    moduli: Sequence[int],
+    agreed: Sequence[int],
+    *,
+    purpose: bytes,
+    group: Any,
+    deadline_s: float,
+) -> Tensor:
+    """``sum_j shares_j mod q`` over the ranks of ``group``, with no share
+    in the clear on the wire: every rank draws a fresh X25519 key pair for
+    this call and the keys are gathered after a ``dist.assert_uniform`` of
+    ``agreed`` (the digests the shares belong to, which also salt the
+    channel keys); each rank seals its share for every other rank
+    (:class:`~distir.aggregation.channels.Channels`: ChaCha20-Poly1305,
+    one key per direction) and one ``dist.variable_all_to_all`` delivers
+    them; every rank opens what it received and adds it.  A blob that fails
+    authentication, or does not hold reduced limbs, is
+    :class:`~distir.aggregation.channels.ChannelError` on every rank (one
+    last all-reduce agrees on it)."""
+    rank, size = _group_shape(group)
+    uniform = torch.tensor(list(agreed), dtype=torch.int64)
+    session = hashlib.sha256(purpose + uniform.numpy().tobytes()).digest()
+    channels = Channels(rank, session)
+    raw = (
+        programs.gather_rows(
+            programs.words(channels.public_key),
+            group=group,
+            deadline_s=deadline_s,
+            uniform=uniform,
+        )
+        .numpy()
+        .tobytes()
+    )
+    channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
+    plain = shares.contiguous().numpy().tobytes()
+    sealed = [channels.seal(j, plain, purpose) for j in range(size) if j != rank]
+    width = (len(plain) + TAG_BYTES) // 8
+    counts = torch.tensor([0 if j == rank else width for j in range(size)], dtype=torch.int64)
+    received = programs.exchange(
+        programs.words(b"".join(sealed)), counts, group=group, deadline_s=deadline_s
+    )
+    data = received.numpy().tobytes()
+    q = torch.tensor(list(moduli), dtype=torch.int64)
+    backend = TorchRNSBackend()
+    total = shares.clone()
+    problem = None
+    senders = [j for j in range(size) if j != rank]
+    if len(data) != 8 * width * len(senders):
+        problem = f"rank {rank} received {len(data)} bytes of sealed shares"
+    else:
+        for k, j in enumerate(senders):
+            try:
+                opened = channels.open(j, data[8 * width * k : 8 * width * (k + 1)], purpose)
+                other = torch.frombuffer(bytearray(opened), dtype=torch.int64).view_as(shares)
+                backend.check_reduced(other, q)
+            except (ChannelError, ValueError) as e:
+                problem = f"rank {rank}: the sealed share of rank {j} is unusable ({e})"
+                break
+            backend.add_mod_(total, other, q)
+    _check_agreed(
+        _OK if problem is None else _BAD_SEAL,
+        [],
+        group=group,
+        deadline_s=deadline_s,
+        what="sealed shares",
+        messages={
+            _BAD_SEAL: f"a sealed {purpose.decode()} failed authentication or held no reduced "
+            f"limbs ({problem or 'seen on another rank'}); nothing was returned"
+        },
+    )
+    return total
+
+
 def decrypt(
     total: Aggregate, share: ThresholdShare, *, group: Any = None, deadline: Duration = 60.0
 ) -> list[list[float]]:
@@ -492,11 +570,11 @@ def decrypt(
     active = _prepare(total, share, group, deadline_s, to_ranks=True)
     shares, tags = th.decryption_shares(share, total.limbs, total.moduli, active)
     _spend_agreed(share, tags, group, deadline_s)
-    q = torch.tensor(total.moduli, dtype=torch.int64)
-    summed = programs.sum_agreed(
+    summed = _sealed_sum(
         shares,
-        q,
-        torch.tensor(_digest_words(total.digest), dtype=torch.int64),
+        total.moduli,
+        _digest_words(total.digest),
+        purpose=b"decryption share",
         group=group,
         deadline_s=deadline_s,
     )
@@ -536,11 +614,11 @@ def switch_key(
     shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
     _spend_agreed(share, tags, group, deadline_s)
     key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
-    q = torch.tensor(total.moduli, dtype=torch.int64)
-    summed = programs.sum_agreed(
+    summed = _sealed_sum(
         shares,
-        q,
-        torch.tensor(_digest_words(total.digest) + _digest_words(key_digest), dtype=torch.int64),
+        total.moduli,
+        _digest_words(total.digest) + _digest_words(key_digest),
+        purpose=b"key-switch share",
         group=group,
         deadline_s=deadline_s,
     )

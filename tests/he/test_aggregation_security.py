@@ -312,3 +312,93 @@ def test_a_ciphertext_other_than_the_committed_one_is_a_named_error_on_every_ran
             "aggregate: the ciphertexts of rank 1 are not those it committed to; nothing was summed"
         )
 
+
+# -------------------------------------------------------- passive observer
+def _record_the_wire(record: list) -> None:
+    """Every distir program the protocol runs on this rank records its
+    inputs (what the rank sends) and results (what it receives), by run."""
+    from distir.aggregation import programs
+
+    compiled = programs._compiled
+
+    class Recorded:
+        def __init__(self, program):
+            self.program = program
+
+        def run(self, *inputs, **kwargs):
+            results = self.program.run(*inputs, **kwargs)
+            outs = results if isinstance(results, tuple) else (results,)
+            record.append(
+                (
+                    [x.contiguous().numpy().tobytes() for x in inputs],
+                    [y.contiguous().numpy().tobytes() for y in outs],
+                )
+            )
+            return results
+
+    programs._compiled = lambda text, deadline_s: Recorded(compiled(text, deadline_s))
+
+
+def observed_worker(ctx, receiver_key: torch.Tensor) -> dict:
+    """3 ranks aggregate, decrypt (opted in) and switch to a receiver while
+    every byte their programs send or receive is recorded. Each rank also
+    recomputes the decryption share it published (its noise is derived:
+    the same call gives the same share) for the parent to look for."""
+    record: list = []
+    _record_the_wire(record)
+    params = ta.ThresholdParameters(parties=3, decrypt_to_ranks=True)
+    share = ta.generate_keys(params)
+    encrypted = ts.ckks_vector(share.public_key.context(), update(3, ctx.rank).tolist())
+    total = ta.aggregate([encrypted], share)
+    start = len(record)
+    values = ta.decrypt(total, share)[0][:SIZE]
+    decryption_round = record[start:]
+    ta.switch_key(total, share, receiver_key)
+    published, _ = th.decryption_shares(share, total.limbs, total.moduli, [0, 1, 2])
+    return {
+        "wire": b"".join(b for sent, got in record for b in sent + got),
+        "sent in decryption": [b"".join(sent) for sent, _ in decryption_round],
+        "share": published[0].contiguous().numpy().tobytes(),
+        "c0": total.limbs[0, 0].clone(),  # public: the sum of the ciphertexts on the wire
+        "values": np.array(values),
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_a_passive_observer_of_the_wire_cannot_add_the_decryption_shares_to_c0():
+    from distir.he.seal import public_key_limbs
+    from distir.runtime.launch import launch
+
+    params = th.ThresholdParameters(parties=3)
+    receiver = th.receiver_context(params)
+    reports = launch(observed_worker, 3, public_key_limbs(receiver), pass_context=True, timeout=140)
+    plain = sum(update(3, r) for r in range(3))
+    template = ts.ckks_vector(receiver, [0.0])
+    moduli = params.data_moduli
+    c0 = reports[0]["c0"]
+    assert np.abs(reports[0]["values"] - plain).max() < 1e-6  # the ranks did decrypt
+    wire = b"".join(r["wire"] for r in reports)
+    for report in reports:
+        # the exact share each rank published appears nowhere on the wire
+        assert report["share"] not in wire
+    # The observer's attack: c0 plus, from each rank, the first L x N words
+    # it sent in each program of the decryption round, reduced.
+    width = len(moduli) * params.poly_modulus_degree
+    q = torch.tensor(moduli, dtype=torch.int64).view(-1, 1)
+    rounds, tried = len(reports[0]["sent in decryption"]), 0
+    for k in range(rounds):
+        guesses = []
+        for report in reports:
+            sent = np.frombuffer(report["sent in decryption"][k], dtype=np.int64)
+            if sent.size < width:
+                break
+            block = torch.from_numpy(sent[:width].copy()).view(len(moduli), -1)
+            guesses.append(torch.remainder(block, q))
+        if len(guesses) < 3:
+            continue
+        opened = np.array(th.decode(th.add_shares(c0, guesses, moduli), template)[:SIZE])
+        assert not np.abs(opened - plain).max() < 1.0, f"round {k} leaked the aggregate"
+        tried += 1
+    assert tried >= 1  # the round that carries the shares was among them
+
