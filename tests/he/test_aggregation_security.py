@@ -402,3 +402,45 @@ def test_a_passive_observer_of_the_wire_cannot_add_the_decryption_shares_to_c0()
         tried += 1
     assert tried >= 1  # the round that carries the shares was among them
 
+
+# ------------------------------------------------------ the threat model table
+def test_every_row_of_the_threat_model_table_names_tests_that_exist():
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "secure-aggregation.md").read_text()
+    modules = {
+        "security": "test_aggregation_security.py",
+        "aggregation": "test_aggregation.py",
+        "threshold": "test_threshold.py",
+    }
+    defined = {}
+    for key, name in modules.items():
+        tree = ast.parse((root / "tests" / "he" / name).read_text())
+        defined[key] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    rows = [line for line in page.splitlines() if line.startswith("| ")]
+    header = rows.index("| party | learns | can change | backed by |")
+    parties = {}
+    for row in rows[header + 1 :]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) != 4:
+            break
+        named = 0
+        for part in cells[3].split(";"):
+            key, _, names = part.strip().partition(":")
+            for test in re.findall(r"`(test_\w+)`", names):
+                assert test in defined[key.strip()], (cells[0], test)
+                named += 1
+        parties[cells[0]] = named
+    assert sorted(parties) == sorted(
+        [
+            "a rank",
+            "a coalition of `k` ranks",
+            "the receiver",
+            "a passive network observer",
+            "a rank that lies about its input",
+        ]
+    )
+    assert all(parties.values()), parties
