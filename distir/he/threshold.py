@@ -64,6 +64,7 @@ aggregation needs no multiplicative depth.
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import secrets
@@ -76,6 +77,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from torch import Tensor
 
 from distir.errors import DistirError
@@ -88,6 +91,7 @@ __all__ = [
     "DecryptionBudgetExhausted",
     "InsecureParameters",
     "RankDecryptionRefused",
+    "ShareFileRefused",
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
@@ -115,6 +119,7 @@ __all__ = [
 _LABEL = b"distir/threshold/v1/"
 SEED_BYTES = 32
 _SHARE_FORMAT = "distir-threshold-share/v1"
+_SEALED = b"distir-threshold-share/v1+chacha20-poly1305\n"  # header of an encrypted file
 
 
 class ThresholdMismatch(DistirError):
@@ -133,6 +138,11 @@ class UnsafeReceiverKey(DistirError, ValueError):
     """A receiver public key that the ranks can decrypt under (zero, small
     or structured polynomials, or the collective key itself): a key switch
     to it would hand them the aggregate in the clear."""
+
+
+class ShareFileRefused(DistirError, PermissionError):
+    """A share file that is a symbolic link, or that does not decrypt under
+    the key given (or was given none and is encrypted, or the reverse)."""
 
 
 class RankDecryptionRefused(DistirError):
@@ -586,6 +596,7 @@ class ThresholdShare:
         self._noise_key = bytes(noise_key)
         self._spent = set(spent)
         self._path: Path | None = None  # where spending is persisted, once saved or loaded
+        self._file_key: bytes | None = None  # the caller's key for that file, if encrypted
 
     def __repr__(self) -> str:
         p = self.parameters
@@ -621,12 +632,24 @@ class ThresholdShare:
             self._write(self._path, self._spent | new)
         self._spent |= new
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike, *, key: bytes | None = None) -> None:
         """Write the share to ``path`` (mode 0600, atomically: a new file
         renamed over the old one) and bind the share to it: every later
-        spending is written there before it is published."""
-        self._write(Path(path), self._spent)
-        self._path = Path(path)
+        spending is written there before it is published.  ``path`` must not
+        be a symbolic link (:class:`ShareFileRefused`).
+
+        With ``key`` (32 bytes of the caller's, e.g. from a key manager) the
+        file is encrypted at rest with ChaCha20-Poly1305 (``cryptography``'s),
+        and :meth:`load` needs the same key; the share keeps the key in
+        memory to rewrite the file as it spends."""
+        if key is not None and (not isinstance(key, bytes) or len(key) != 32):
+            raise TypeError("a share file's key must be 32 bytes")
+        path = Path(path)
+        if path.is_symlink():
+            raise ShareFileRefused(f"{path}: a threshold share is not saved through a symlink")
+        self._file_key = key
+        self._write(path, self._spent)
+        self._path = path
 
     def _write(self, path: Path, spent: set[bytes]) -> None:
         record = {
@@ -639,13 +662,19 @@ class ThresholdShare:
             "spent": sorted(t.hex() for t in spent),
         }
         record["parameters"]["coeff_mod_bit_sizes"] = list(self.parameters.coeff_mod_bit_sizes)
+        buffer = io.BytesIO()
+        torch.save(record, buffer)
+        data = buffer.getvalue()
+        if self._file_key is not None:
+            nonce = secrets.token_bytes(12)
+            data = _SEALED + nonce + ChaCha20Poly1305(self._file_key).encrypt(nonce, data, _SEALED)
         folder = path.parent
         temporary = folder / f".{path.name}.{secrets.token_hex(8)}.tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)
             with os.fdopen(fd, "wb") as f:
-                torch.save(record, f)
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temporary, path)
@@ -659,16 +688,42 @@ class ThresholdShare:
             os.close(folder_fd)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ThresholdShare:
+    def load(cls, path: str | os.PathLike, *, key: bytes | None = None) -> ThresholdShare:
         """Read a share :meth:`save` wrote, bound to ``path`` as :meth:`save`
         binds it (its spending goes on being written there); the file must
-        not be readable by group or others."""
-        mode = Path(path).stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise PermissionError(
-                f"{path}: a threshold share file must be private (mode 0600), got {oct(mode & 0o777)}"
+        not be readable by group or others, nor a symbolic link, and
+        ``key`` is the one it was saved with (None: saved unencrypted)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            if Path(path).is_symlink():
+                raise ShareFileRefused(
+                    f"{path}: a threshold share is not loaded through a symlink"
+                ) from None
+            raise e
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise PermissionError(
+                    f"{path}: a threshold share file must be private (mode 0600), got "
+                    f"{oct(mode & 0o777)}"
+                )
+            data = f.read()
+        if data.startswith(_SEALED) != (key is not None):
+            raise ShareFileRefused(
+                f"{path}: the share file is {'' if data.startswith(_SEALED) else 'not '}"
+                f"encrypted but load was given {'a' if key is not None else 'no'} key"
             )
-        record = torch.load(path, weights_only=True)
+        if key is not None:
+            nonce, sealed = data[len(_SEALED) : len(_SEALED) + 12], data[len(_SEALED) + 12 :]
+            try:
+                data = ChaCha20Poly1305(key).decrypt(nonce, sealed, _SEALED)
+            except InvalidTag:
+                raise ShareFileRefused(
+                    f"{path}: the share file does not decrypt under this key (wrong key, or "
+                    "altered)"
+                ) from None
+        record = torch.load(io.BytesIO(data), weights_only=True)
         if not isinstance(record, dict) or record.get("format") != _SHARE_FORMAT:
             raise ValueError(f"{path} is not a {_SHARE_FORMAT} file")
         fields = dict(record["parameters"])
@@ -678,16 +733,17 @@ class ThresholdShare:
         shape = (len(moduli), parameters.poly_modulus_degree)
         _check_limbs(record["share"], shape, moduli, f"{path}: share")
         _check_limbs(record["public_key"][0], shape, moduli, f"{path}: public key")
-        key = CollectivePublicKey(parameters, record["public_key"])
+        public_key = CollectivePublicKey(parameters, record["public_key"])
         share = cls(
             parameters,
             int(record["party"]),
-            key,
+            public_key,
             record["share"],
             bytes(record["noise_key"].tolist()),
             [bytes.fromhex(t) for t in record["spent"]],
         )
         share._path = Path(path)
+        share._file_key = key
         return share
 
 

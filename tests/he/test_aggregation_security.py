@@ -444,3 +444,43 @@ def test_every_row_of_the_threat_model_table_names_tests_that_exist():
         ]
     )
     assert all(parties.values()), parties
+
+
+# ------------------------------------------------------------ share files
+def test_a_share_is_not_saved_or_loaded_through_a_symlink(tmp_path):
+    share = _local_share(tmp_path)
+    target = tmp_path / "elsewhere.pt"
+    target.write_bytes(b"not yours")
+    link = tmp_path / "share.pt"
+    link.symlink_to(target)
+    with pytest.raises(th.ShareFileRefused, match="symlink"):
+        share.save(link)
+    assert target.read_bytes() == b"not yours"  # nothing written through it
+    real = tmp_path / "real.pt"
+    share.save(real)
+    link.unlink()
+    link.symlink_to(real)
+    with pytest.raises(th.ShareFileRefused, match="symlink"):
+        th.ThresholdShare.load(link)
+
+
+def test_a_share_file_encrypted_under_the_callers_key_needs_it_and_keeps_the_budget(tmp_path):
+    import os
+
+    share = _local_share(tmp_path)
+    key = os.urandom(32)
+    path = tmp_path / "share.pt"
+    share.save(path, key=key)
+    data = path.read_bytes()
+    # neither the share's limbs nor its noise key are in the file
+    assert share._limbs.numpy().tobytes()[:64] not in data
+    assert share._noise_key not in data
+    with pytest.raises(th.ShareFileRefused, match="encrypted but load was given no key"):
+        th.ThresholdShare.load(path)
+    with pytest.raises(th.ShareFileRefused, match="does not decrypt under this key"):
+        th.ThresholdShare.load(path, key=os.urandom(32))
+    loaded = th.ThresholdShare.load(path, key=key)
+    assert torch.equal(loaded._limbs, share._limbs) and loaded._noise_key == share._noise_key
+    loaded._spend([b"x" * 32])  # rewritten encrypted, under the same key
+    assert th.ThresholdShare.load(path, key=key).decryptions_left == 2
+    assert path.read_bytes().startswith(b"distir-threshold-share/v1+chacha20-poly1305")
