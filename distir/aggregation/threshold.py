@@ -208,6 +208,7 @@ def generate_keys(
     raw = gathered.numpy().tobytes()
     channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
     key = th.collective_public_key_from_sum(parameters, b, crp)
+    channels.bind(key.digest())  # the Shamir shares open only under the same key
     shares = th.shamir_shares(secret)
     del secret
     blob = b"".join(

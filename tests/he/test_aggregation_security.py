@@ -484,3 +484,32 @@ def test_a_share_file_encrypted_under_the_callers_key_needs_it_and_keeps_the_bud
     loaded._spend([b"x" * 32])  # rewritten encrypted, under the same key
     assert th.ThresholdShare.load(path, key=key).decryptions_left == 2
     assert path.read_bytes().startswith(b"distir-threshold-share/v1+chacha20-poly1305")
+
+
+# ------------------------------------------------------------- channels
+def test_channel_keys_bind_every_public_key_and_the_bound_transcript():
+    from distir.aggregation import channels as ch
+
+    ranks = [ch.Channels(r, b"session") for r in range(3)]
+    keys = [x.public_key for x in ranks]
+    stranger = ch.Channels(2, b"session").public_key
+    ranks[0].connect(keys)
+    ranks[1].connect([keys[0], keys[1], stranger])  # another view of rank 2's key
+    blob = ranks[0].seal(1, b"secret share", b"shamir")
+    with pytest.raises(ch.ChannelError, match="failed authentication"):
+        ranks[1].open(0, blob, b"shamir")
+    # the same views, another bound transcript (the collective key): refused
+    a, b = ch.Channels(0, b"session"), ch.Channels(1, b"session")
+    for x in (a, b):
+        x.connect([a.public_key, b.public_key])
+    a.bind(b"collective key digest")
+    b.bind(b"another collective key")
+    with pytest.raises(ch.ChannelError, match="failed authentication"):
+        b.open(0, a.seal(1, b"secret share", b"shamir"), b"shamir")
+    c, d = ch.Channels(0, b"session"), ch.Channels(1, b"session")
+    for x in (c, d):
+        x.connect([c.public_key, d.public_key])
+        x.bind(b"collective key digest")
+    assert d.open(0, c.seal(1, b"secret share", b"shamir"), b"shamir") == b"secret share"
+    with pytest.raises(ch.ChannelError, match="before any message"):
+        c.bind(b"late")
