@@ -393,13 +393,26 @@ def _uniform_signed(label: str, seed: bytes, bits: int, count: int) -> np.ndarra
     little-endian chunks of ``ceil((bits + 1) / 8)`` bytes, masked to
     ``bits + 1`` bits, minus ``2^bits`` (object array of Python ints)."""
     width = (bits + 8) // 8
-    raw = _stream(label, seed, width * count)
-    mask = (1 << (bits + 1)) - 1
-    values = [
-        (int.from_bytes(raw[k * width : (k + 1) * width], "little") & mask) - (1 << bits)
-        for k in range(count)
-    ]
-    return np.array(values, dtype=object)
+    if width > 16:  # wider than two words: one Python int per chunk
+        raw = _stream(label, seed, width * count)
+        mask = (1 << (bits + 1)) - 1
+        chunks = [raw[k * width : (k + 1) * width] for k in range(count)]
+        values = [(int.from_bytes(c, "little") & mask) - (1 << bits) for c in chunks]
+        return np.array(values, dtype=object)
+    raw = np.frombuffer(_stream(label, seed, width * count), dtype=np.uint8).reshape(count, width)
+    # Whole chunks as (high, low) 64-bit words, combined once as Python
+    # ints (no per-coefficient Python loop); the mask keeps bits + 1 bits.
+    padded = np.zeros((count, 16), dtype=np.uint8)
+    padded[:, :width] = raw
+    words = padded.view("<u8")
+    low, high = words[:, 0].copy(), words[:, 1].copy()
+    if bits + 1 <= 64:
+        low &= np.uint64((1 << (bits + 1)) - 1)
+        high[:] = 0
+    else:
+        high &= np.uint64((1 << (bits + 1 - 64)) - 1)
+    values = high.astype(object) * (1 << 64) + low.astype(object)
+    return values - (1 << bits)
 
 
 def _moduli_tensor(moduli: Sequence[int]) -> Tensor:
