@@ -23,7 +23,6 @@ __all__ = [
     "gather_and_sum",
     "gather_committed",
     "gather_rows",
-    "sum_agreed",
 ]
 
 
@@ -116,21 +115,6 @@ def exchange(words: Tensor, counts: Tensor, *, group: Any, deadline_s: float) ->
 }}
 """
     return _compiled(text, deadline_s).run(words, counts, group=group)
-
-
-def sum_agreed(
-    limbs: Tensor, moduli: Tensor, uniform: Tensor, *, group: Any, deadline_s: float
-) -> Tensor:
-    """``sum_i limbs_i mod q`` after a ``dist.assert_uniform`` of ``uniform``
-    (the ranks' digest of what the sum belongs to)."""
-    lty, qty, uty = _ty(tuple(limbs.shape)), _ty(tuple(moduli.shape)), _ty(tuple(uniform.shape))
-    text = f"""func.func @main(%c: {lty}, %q: {qty}, %u: {uty}) -> {lty} {{
-  dist.assert_uniform %u : {uty}
-  %s = dist.all_reduce_add_ciphertext %c, %q max_modulus_bits 60 : {lty}, {qty}
-  func.return %s : {lty}
-}}
-"""
-    return _compiled(text, deadline_s).run(limbs, moduli, uniform, group=group)
 
 
 def words(data: bytes) -> Tensor:

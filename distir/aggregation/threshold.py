@@ -565,8 +565,9 @@ def decrypt(
     shares, e.g. the survivors of a failure), only under keys generated
     with ``decrypt_to_ranks=True`` (else :class:`RankDecryptionRefused` on
     every rank: see the module docstring for why).  Every rank of the group gets
-    them; each publishes smudged decryption shares, summed by one distir
-    program after a ``dist.assert_uniform`` of the aggregate's digest."""
+    them; each computes smudged decryption shares, summed sealed
+    (:func:`_sealed_sum`: no share travels in the clear) after a
+    ``dist.assert_uniform`` of the aggregate's digest."""
     deadline_s = seconds(deadline, "deadline")
     active = _prepare(total, share, group, deadline_s, to_ranks=True)
     shares, tags = th.decryption_shares(share, total.limbs, total.moduli, active)
@@ -599,10 +600,11 @@ def switch_key(
     of the receiver's context), as serialized ``CKKSVector``s the receiver
     loads with ``ts.ckks_vector_from(its_context, blob)``.
 
-    Collective over any ``threshold`` to ``parties`` ranks; one distir sum
+    Collective over any ``threshold`` to ``parties`` ranks; one sealed sum
     of smudged key-switch shares (after agreeing on the aggregate and the
-    receiver key).  The ranks get only the switched ciphertexts, which they
-    cannot decrypt."""
+    receiver key, which must not be one the ranks can decrypt under:
+    :class:`UnsafeReceiverKey` on every rank otherwise).  The ranks get
+    only the switched ciphertexts, which they cannot decrypt."""
     deadline_s = seconds(deadline, "deadline")
     # The key's value, in memory of its own: its bytes are digested and
     # agreed on (a negation view's memory holds -key).
