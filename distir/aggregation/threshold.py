@@ -96,6 +96,7 @@ __all__ = [
     "aggregate",
     "decrypt",
     "generate_keys",
+    "reshare",
     "switch_key",
 ]
 
@@ -630,3 +631,137 @@ def switch_key(
         c0 = th.add_shares(total.limbs[k, 0], [summed[k, 0]], total.moduli)
         out.append(limbs_to_ckks(torch.stack([c0, summed[k, 1]]), c).serialize())
     return out
+
+
+# ------------------------------------------------------------------- re-sharing
+_RESHARE = b"reshare"
+
+
+def reshare(
+    share: ThresholdShare,
+    parameters: ThresholdParameters,
+    *,
+    group: Any = None,
+    deadline: Duration = 60.0,
+) -> ThresholdShare:
+    """Fresh Shamir shares of the same collective key for the ranks of
+    ``group`` (collective; every rank holds a share of the key, e.g. the
+    survivors that ``distir.recover()`` regrouped), under ``parameters``:
+    ``parties`` = the group's size, any new ``threshold``, the same ring.
+
+    The first ``threshold`` (old) parties present each deal, sealed over
+    fresh pairwise channels, Shamir shares of ``lambda_j * sk_j`` under a
+    fresh polynomial; rank ``k`` of ``group`` becomes party ``k`` with the
+    sum of what it received.  The key, and every ciphertext under it, stay
+    the same; the new shares are independent of the old ones beyond the
+    key, so a coalition needs ``threshold`` shares *of one generation*
+    (proactive security holds once every old share, and its files, are
+    erased: that is the caller's part).  Each new share gets a fresh noise
+    key and carries the largest spent count of the old shares present.
+    Aggregates made before do not decrypt under the new shares (their
+    parameters differ): aggregate again."""
+    deadline_s = seconds(deadline, "deadline")
+    rank, size = _group_shape(group)
+    old = share.parameters
+    same_ring = (
+        parameters.poly_modulus_degree == old.poly_modulus_degree
+        and parameters.coeff_mod_bit_sizes == old.coeff_mod_bit_sizes
+        and parameters.scale == old.scale
+    )
+    code = _OK if parameters.parties == size and same_ring and old.threshold <= size else _BAD_GROUP
+    row = [
+        share.party,
+        len(share._spent),
+        *_digest_words(parameters.digest()),
+        *_digest_words(old.digest()),
+        *_digest_words(share.public_key.digest()),
+    ]
+    agreed = _check_agreed(
+        code,
+        row[2:],
+        group=group,
+        deadline_s=deadline_s,
+        what=[("new parameters", 3), ("old parameters", 3), ("collective keys", 3)],
+        messages={
+            _BAD_GROUP: f"a rank cannot re-share to a group of {size} ranks: the new parameters "
+            f"must be for parties={size}, in the same ring, and the old threshold "
+            f"({old.threshold}) must be present"
+        },
+        extra=[*(1 if p == share.party else 0 for p in range(old.parties)), len(share._spent)],
+    )
+    present, carried = agreed[: old.parties], agreed[-1]
+    if sum(present) != size:
+        raise ThresholdMismatch(
+            f"the {size} ranks of the group hold only {sum(present)} distinct shares"
+        )
+    parties = programs.gather_rows(
+        torch.tensor([share.party], dtype=torch.int64), group=group, deadline_s=deadline_s
+    ).tolist()
+    active = sorted(parties)[: old.threshold]
+    dealers = [parties.index(p) for p in active]  # their ranks in the group
+    key_words = _digest_words(share.public_key.digest())
+    uniform = torch.tensor(_digest_words(parameters.digest()) + key_words, dtype=torch.int64)
+    channels = Channels(rank, hashlib.sha256(_RESHARE + uniform.numpy().tobytes()).digest())
+    raw = (
+        programs.gather_rows(
+            programs.words(channels.public_key), group=group, deadline_s=deadline_s, uniform=uniform
+        )
+        .numpy()
+        .tobytes()
+    )
+    channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
+    channels.bind(share.public_key.digest())
+    shape = tuple(share._limbs.shape)
+    width = (share._limbs.numel() * 8 + TAG_BYTES) // 8
+    own = None
+    blob = b""
+    if rank in dealers:
+        dealt = th.reshare_shares(share, active, parameters)
+        own = dealt[rank]
+        blob = b"".join(
+            channels.seal(k, dealt[k].contiguous().numpy().tobytes(), _RESHARE)
+            for k in range(size)
+            if k != rank
+        )
+        del dealt
+    counts = torch.tensor(
+        [width if rank in dealers and k != rank else 0 for k in range(size)], dtype=torch.int64
+    )
+    data = (
+        programs.exchange(programs.words(blob), counts, group=group, deadline_s=deadline_s)
+        .numpy()
+        .tobytes()
+    )
+    received = [] if own is None else [own]
+    senders = [d for d in dealers if d != rank]
+    problem = None
+    if len(data) != 8 * width * len(senders):
+        problem = f"rank {rank} received {len(data)} bytes of sealed shares"
+    else:
+        for k, j in enumerate(senders):
+            try:
+                plain = channels.open(j, data[8 * width * k : 8 * width * (k + 1)], _RESHARE)
+                received.append(torch.frombuffer(bytearray(plain), dtype=torch.int64).view(shape))
+            except ChannelError as e:
+                problem = str(e)
+                break
+    _check_agreed(
+        _OK if problem is None else _BAD_SEAL,
+        [],
+        group=group,
+        deadline_s=deadline_s,
+        what="re-shared shares",
+        messages={
+            _BAD_SEAL: f"a sealed re-shared share failed authentication "
+            f"({problem or 'seen on another rank'}); nothing was returned"
+        },
+    )
+    key = th.CollectivePublicKey(parameters, share.public_key.limbs)
+    fresh = th._new_threshold_share(parameters, rank, key, received)
+    # The budget is the key's: carry the largest count, as records that
+    # no real decryption's record equals.
+    fresh._spent = {
+        hashlib.sha256(b"distir/carried/" + i.to_bytes(8, "little")).digest()
+        for i in range(carried)
+    }
+    return fresh

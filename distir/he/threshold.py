@@ -111,6 +111,7 @@ __all__ = [
     "new_threshold_share",
     "public_key_share",
     "receiver_context",
+    "reshare_shares",
     "shamir_point",
     "shamir_shares",
 ]
@@ -799,6 +800,23 @@ def _active_weight(share: ThresholdShare, active: Sequence[int], moduli: Sequenc
         raise ValueError(f"active parties {sorted(active)} outside 0..{parameters.parties - 1}")
     weights = lagrange_coefficients(sorted(active), moduli)[share.party]
     return _scalar_mul(share._limbs[: len(moduli)], weights, moduli)
+
+
+def reshare_shares(
+    share: ThresholdShare, active: Sequence[int], parameters: ThresholdParameters
+) -> list[Tensor]:
+    """Party ``share.party``'s part of a re-sharing by the set ``active`` (at
+    least ``share.parameters.threshold`` old parties): Shamir shares, for
+    the ``parameters.parties`` new parties with the new threshold, of
+    ``lambda_j * sk_j`` (int64 ``[K, N]`` each).  Summed over the active
+    set, new party ``k`` gets a fresh Shamir share of the same key ``s``;
+    the new polynomial's coefficients are fresh, so the new shares say
+    nothing about the old ones beyond ``s`` itself."""
+    moduli = share.parameters.key_moduli
+    if parameters.key_moduli != moduli:
+        raise ValueError("re-sharing keeps the key's ring: the new parameters' moduli differ")
+    weight = _active_weight(share, active, moduli)
+    return _shamir_shares(_AdditiveSecret(parameters, weight))
 
 
 def _check_level(parameters: ThresholdParameters, limbs: Tensor, moduli: Sequence[int]) -> None:

@@ -374,7 +374,7 @@ def test_a_passive_observer_of_the_wire_cannot_add_the_decryption_shares_to_c0()
     receiver = th.receiver_context(params)
     reports = launch(observed_worker, 3, public_key_limbs(receiver), pass_context=True, timeout=140)
     plain = sum(update(3, r) for r in range(3))
-    template = ts.ckks_vector(receiver, [0.0])
+    template = ts.ckks_vector(receiver, [0.0] * SIZE)
     moduli = params.data_moduli
     c0 = reports[0]["c0"]
     assert np.abs(reports[0]["values"] - plain).max() < 1e-6  # the ranks did decrypt
@@ -513,3 +513,70 @@ def test_channel_keys_bind_every_public_key_and_the_bound_transcript():
     assert d.open(0, c.seal(1, b"secret share", b"shamir"), b"shamir") == b"secret share"
     with pytest.raises(ch.ChannelError, match="before any message"):
         c.bind(b"late")
+
+
+# ------------------------------------------------------------- re-sharing
+def reshare_worker(ctx) -> dict:
+    """P = 4, t = 3; rank 3 exits after aggregation; ranks 0-2 recover and
+    re-share the key to themselves as a 2-of-3 group, aggregate again and
+    decrypt; each also computes its decryption share for every pair."""
+    import itertools
+    import os
+
+    import distir
+
+    old = ta.ThresholdParameters(parties=4, threshold=3, decrypt_to_ranks=True)
+    share = ta.generate_keys(old)
+    context = share.public_key.context()
+    before = ta.aggregate([ts.ckks_vector(context, update(4, ctx.rank).tolist())], share)
+    ta.decrypt(before, share)  # one spent
+    if ctx.rank == 3:
+        os._exit(3)
+    m = distir.recover(deadline=30.0)
+    new = ta.ThresholdParameters(parties=3, threshold=2, decrypt_to_ranks=True)
+    fresh = ta.reshare(share, new, group=m.group)
+    out: dict = {"party": fresh.party, "left": fresh.decryptions_left, "key": None}
+    out["key"] = fresh.public_key.limbs.equal(share.public_key.limbs)
+    try:
+        ta.decrypt(before, fresh, group=m.group)
+        out["old aggregate"] = None
+    except ta.ThresholdMismatch as e:
+        out["old aggregate"] = str(e)
+    after = ta.aggregate(
+        [ts.ckks_vector(context, (2 * update(3, m.rank)).tolist())], fresh, group=m.group
+    )
+    out["values"] = np.array(ta.decrypt(after, fresh, group=m.group)[0][:SIZE])
+    out["c0"] = after.limbs[0, 0].clone()
+    out["pairs"] = {}
+    for pair in itertools.combinations(range(3), 2):
+        if fresh.party in pair:
+            d, _ = th.decryption_shares(fresh, after.limbs, after.moduli, list(pair))
+            out["pairs"][pair] = d[0].clone()
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_survivors_reshare_the_key_to_a_new_threshold_and_any_two_new_shares_decrypt():
+    from distir.runtime.launch import launch
+
+    outcome = launch(reshare_worker, 4, pass_context=True, tolerate=1, timeout=140)
+    reports = outcome.results
+    assert sorted(reports) == [0, 1, 2]
+    plain = 2 * sum(update(3, r) for r in range(3))
+    params = th.ThresholdParameters(parties=3, threshold=2)
+    template = ts.ckks_vector(th.receiver_context(params), [0.0] * SIZE)
+    moduli = params.data_moduli
+    for rank, report in reports.items():
+        assert report["party"] == rank and report["key"] is True
+        assert report["left"] == params.max_decryptions - 1  # the old share's one, carried
+        assert report["old aggregate"].startswith("some rank's aggregate is not one aggregate()")
+        assert np.abs(report["values"] - plain).max() < 1e-6
+    c0 = reports[0]["c0"]
+    for pair in [(0, 1), (0, 2), (1, 2)]:
+        shares = [reports[r]["pairs"][pair] for r in pair]
+        opened = np.array(th.decode(th.add_shares(c0, shares, moduli), template)[:SIZE])
+        assert np.abs(opened - plain).max() < 1e-6, pair
+    # one new share alone decodes to noise
+    alone = np.array(th.decode(th.add_shares(c0, [reports[0]["pairs"][(0, 1)]], moduli), template))
+    assert np.abs(alone[:SIZE]).max() > 1e6
