@@ -277,22 +277,31 @@ class _ThresholdKey:
         self.group = group
         self.deadline_s = deadline_s
         size = dist.get_world_size(group)
-        self.parameters = ta.ThresholdParameters(parties=size, threshold=threshold)
+        # The ranks are the receivers of their gradients' sum: decryption to
+        # the ranks, whose risk (a rank's crafted gradient reveals the key)
+        # the README's threat model states, is the point of this hook.
+        self.parameters = ta.ThresholdParameters(
+            parties=size, threshold=threshold, decrypt_to_ranks=True
+        )
         self.share = ta.generate_keys(self.parameters, group=group, deadline=deadline_s)
         self.context = self.share.public_key.context()
         self.slots = self.parameters.poly_modulus_degree // 2
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of `values` (float64, at most `slots`), through
-        one encryption, one committed ciphertext all-reduce and one
-        collective decryption."""
+        """The sum over ranks of `values` (float64, any length), through one
+        ciphertext per `slots` values, one committed and checked sum of
+        them all and one collective decryption (a protocol call has a fixed
+        number of rounds, so a bucket costs the rounds of one ciphertext)."""
         import tenseal as ts
 
         ta = self.ta
-        encrypted = ts.ckks_vector(self.context, values.tolist())
-        total = ta.aggregate([encrypted], self.share, group=self.group, deadline=self.deadline_s)
-        decrypted = ta.decrypt(total, self.share, group=self.group, deadline=self.deadline_s)[0]
-        return torch.tensor(decrypted[: values.numel()], dtype=torch.float64)
+        chunks = values.split(self.slots)
+        encrypted = [ts.ckks_vector(self.context, c.tolist()) for c in chunks]
+        total = ta.aggregate(encrypted, self.share, group=self.group, deadline=self.deadline_s)
+        decrypted = ta.decrypt(total, self.share, group=self.group, deadline=self.deadline_s)
+        return torch.cat(
+            [torch.tensor(d[: c.numel()], dtype=torch.float64) for d, c in zip(decrypted, chunks)]
+        )
 
 
 @dataclass
@@ -312,9 +321,7 @@ class EncryptedHookState(HookState):
 
     def encrypted_mean(self, buffer: torch.Tensor) -> torch.Tensor:
         values = buffer.detach().to(torch.float64).reshape(-1)
-        slots = self.key.slots
-        parts = [self.key.sum(values[i : i + slots]) for i in range(0, values.numel(), slots)]
-        total = torch.cat(parts) if parts else values.clone()
+        total = self.key.sum(values) if values.numel() else values.clone()
         return (total / self.world_size).to(buffer.dtype)
 
     def close(self) -> None:
