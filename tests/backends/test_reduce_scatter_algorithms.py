@@ -130,3 +130,32 @@ def test_the_ring_passes_start_offsets_of_the_part():
         for i in range(start, start + n):
             per_element[i] += 1
     assert per_element == [2] * 13
+
+
+def test_the_transports_own_reduce_scatter_runs_only_where_it_is_native():
+    """NCCL's reduce_scatter_tensor sends N·(P-1)/P bytes per rank, gloo's
+    all-reduces the whole input: a native kind split evenly runs the
+    transport's on NCCL only; uneven counts, combine regions and gloo run
+    point to point; a combine that is not elementwise folds whole inputs."""
+    from distir.backends.reduce_scatter import DIRECT, GATHER_FOLD, NATIVE, choose_schedule
+    from distir.ir.parsing import parse_module
+
+    t = "tensor<4x2xf32>"
+    text = f"""func.func @main(%x: {t}, %w: tensor<2x2xf32>) {{
+  %a = dist.reduce_scatter sum %x axis 0 : {t} -> tensor<?x2xf32>
+  %b = dist.reduce_scatter sum %x counts [3, 1] axis 0 : {t} -> tensor<?x2xf32>
+  %c = dist.reduce_scatter %x axis 0 commutative : {t} -> tensor<?x2xf32> combine(%l, %r) {{
+    %s = arith.addf %l, %r : {t}
+    dist.yield %s : {t}
+  }}
+  %d = dist.reduce_scatter %x axis 0 : {t} -> tensor<?x2xf32> combine(%l, %r) {{
+    %e = tensor.extract_slice %l[0, 0] [2, 2] [1, 1] : {t} to tensor<2x2xf32>
+    %k = tensor.extract_slice %r[0, 0] [2, 2] [1, 1] : {t} to tensor<2x2xf32>
+    %f = tensor.concat dim(0) %k, %e : (tensor<2x2xf32>, tensor<2x2xf32>) -> {t}
+    dist.yield %f : {t}
+  }}
+  func.return
+}}"""
+    ops = [op for op in parse_module(text).walk() if op.name == "dist.reduce_scatter"]
+    assert [choose_schedule(op, "nccl") for op in ops] == [NATIVE, DIRECT, DIRECT, GATHER_FOLD]
+    assert [choose_schedule(op, "gloo") for op in ops] == [DIRECT, DIRECT, DIRECT, GATHER_FOLD]

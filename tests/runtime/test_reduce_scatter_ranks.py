@@ -84,3 +84,33 @@ def test_a_schedule_that_would_reorder_a_non_commutative_combine_is_refused(serv
     outcomes = server.run(case)
     assert all(o.compile_error for o in outcomes)
     assert "no implementation named 'ring'" in outcomes[0].error
+
+
+def test_a_combine_that_is_not_elementwise_folds_whole_inputs(server):
+    """combine(l, r) = r with its last two rows replaced by l's first two:
+    not elementwise (a part of the fold needs other rows) and not
+    commutative. Every rank must get its part of the rank-order fold,
+    computed here with plain torch."""
+    p = server.world_size
+    counts = {2: [2, 2], 3: [2, 1, 1], 4: [1, 1, 1, 1]}[p]
+    t = "tensor<4x2xi64>"
+    source = (f"func.func @main(%x: {t}) -> tensor<?x2xi64> {{\n"
+              f"  %y = dist.reduce_scatter %x counts [{', '.join(map(str, counts))}] axis 0 : "
+              f"{t} -> tensor<?x2xi64> combine(%l, %r) {{\n"
+              f"    %e = tensor.extract_slice %l[0, 0] [2, 2] [1, 1] : {t} to tensor<2x2xi64>\n"
+              f"    %k = tensor.extract_slice %r[0, 0] [2, 2] [1, 1] : {t} to tensor<2x2xi64>\n"
+              f"    %f = tensor.concat dim(0) %k, %e : (tensor<2x2xi64>, tensor<2x2xi64>) -> {t}\n"
+              f"    dist.yield %f : {t}\n  }}\n  func.return %y : tensor<?x2xi64>\n}}\n")  # fmt: skip
+    xs = [torch.arange(8, dtype=torch.int64).view(4, 2) + 100 * r for r in range(p)]
+
+    def combine(lhs, rhs):
+        out = rhs.clone()
+        out[2:] = lhs[:2]
+        return out
+
+    total = xs[0]
+    for x in xs[1:]:
+        total = combine(total, x)
+    case = strategies.DrawnCase("not elementwise", source, [[x] for x in xs],
+                                oracle.scattered(oracle.exact(total), p, 0, counts))  # fmt: skip
+    _judge(case, server)
