@@ -54,7 +54,7 @@ from distir.backends.results import gather_stacked
 from distir.interpreters.dtypes import element_dtype
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.kernels import fold_in_rank_order
-from distir.interpreters.semantics.reduce_scatter import part_offsets
+from distir.interpreters.semantics.reduce_scatter import check_split, part_offsets
 from distir.ir.all_reduce import elementwise_combine
 from distir.ir.reduce_scatter import ReduceScatterOp
 
@@ -215,6 +215,9 @@ class ReduceScatterImplementation(Implementation):
     def execute(self, invocation, inputs, resources, writable=frozenset()):
         resources.precondition(invocation, inputs)
         x, *extras = inputs
+        # A static op is not agreed: its split is checked here, the same on
+        # every rank (same type, same group size), before any message.
+        check_split(invocation, x, resources.size)
         props = invocation.properties
         axis, size, rank = props["axis"], resources.size, resources.rank
         front = x.movedim(axis, 0).resolve_neg().contiguous()

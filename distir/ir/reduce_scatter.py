@@ -256,7 +256,11 @@ class ReduceScatterOp(CollectiveOp, Transposable):
             constant = arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(counts_type, counts))
             counts_value = t.emit(constant).results[0]
         gathered = AllGatherOp(
-            ct, self.input.type, axis=axis, counts=counts_value, group=self.group  # type: ignore[arg-type]
+            ct,
+            self.input.type,
+            axis=axis,
+            counts=counts_value,
+            group=self.group,  # type: ignore[arg-type]
         )
         return [t.emit(gathered).results[0], *([None] * len(self.extras))]
 

@@ -114,3 +114,23 @@ def test_a_combine_that_is_not_elementwise_folds_whole_inputs(server):
     case = strategies.DrawnCase("not elementwise", source, [[x] for x in xs],
                                 oracle.scattered(oracle.exact(total), p, 0, counts))  # fmt: skip
     _judge(case, server)
+
+
+def test_counts_for_another_group_size_are_a_named_error_on_every_rank(server):
+    """The world's size is known only at run time: counts for one rank
+    more are refused by the precondition, before any exchange, with the
+    same named error on every rank."""
+    p = server.world_size
+    counts = [1] * (p + 1)
+    t = f"tensor<{p + 1}xi64>"
+    source = (f"func.func @main(%x: {t}) -> tensor<?xi64> {{\n"
+              f"  %y = dist.reduce_scatter sum %x counts [{', '.join(map(str, counts))}] axis 0 : "
+              f"{t} -> tensor<?xi64>\n  func.return %y : tensor<?xi64>\n}}\n")  # fmt: skip
+    case = Case("counts", source, [[torch.ones(p + 1, dtype=torch.int64)]] * p,
+                [["contiguous"]] * p)  # fmt: skip
+    outcomes = server.run(case)
+    errors = {o.error for o in outcomes}
+    assert len(errors) == 1, errors
+    (error,) = errors
+    assert error is not None and not error.startswith("unnamed"), error
+    assert f"has {p + 1} entries for a group of size {p}" in error and "dist.reduce_scatter" in error

@@ -26,6 +26,31 @@ def part_offsets(rows: int, size: int, counts: tuple[int, ...] | None) -> list[i
     return offsets
 
 
+def check_split(inv: Invocation, x: Any, size: int) -> None:
+    """That `x` splits into the op's parts on a group of `size`, else the
+    op's named error. Every rank decides the same when the input's shape
+    is static (its type) and agreed otherwise, so backends that skip the
+    agreement of a static op run this check themselves."""
+    axis, counts = inv.properties["axis"], inv.properties["counts"]
+    if x.dim() <= axis:
+        raise fail(inv, f"input of rank {x.dim()} has no axis {axis}")
+    rows = x.shape[axis]
+    if counts is None and rows % size:
+        raise fail(
+            inv, f"input has {rows} rows on axis {axis}, which do not split evenly "
+            f"over a group of size {size}",
+        )  # fmt: skip
+    if counts is not None and len(counts) != size:
+        raise fail(
+            inv, f"counts {list(counts)} has {len(counts)} entries for a group of size {size}"
+        )
+    if counts is not None and sum(counts) != rows:
+        raise fail(
+            inv, f"counts {list(counts)} sum to {sum(counts)}, but the input has {rows} "
+            f"rows on axis {axis}",
+        )  # fmt: skip
+
+
 class ReduceScatterSemantics(OpSemantics):
     op = ReduceScatterOp
 
@@ -36,24 +61,9 @@ class ReduceScatterSemantics(OpSemantics):
             "counts": op.count_list(),
         }
 
-
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
-        x, axis, counts = inputs[0], inv.properties["axis"], inv.properties["counts"]
-        if x.dim() <= axis:
-            raise fail(inv, f"input of rank {x.dim()} has no axis {axis}")
-        rows = x.shape[axis]
-        if counts is None and rows % size:
-            raise fail(
-                inv, f"input has {rows} rows on axis {axis}, which do not split evenly "
-                f"over a group of size {size}",
-            )  # fmt: skip
-        if counts is not None and len(counts) != size:
-            raise fail(inv, f"counts {list(counts)} has {len(counts)} entries for a group of size {size}")
-        if counts is not None and sum(counts) != rows:
-            raise fail(
-                inv, f"counts {list(counts)} sum to {sum(counts)}, but the input has {rows} "
-                f"rows on axis {axis}",
-            )  # fmt: skip
+        x = inputs[0]
+        check_split(inv, x, size)
         agreed = [Agreed.layout("input layouts", x)] if inv.dynamic(0) else []
         agreed += [Agreed.tensor(f"extra operand #{i}", e) for i, e in enumerate(inputs[1:])]
         return Precondition(agreed=agreed)
