@@ -345,17 +345,29 @@ def all_gather(xs: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
     return [[exact(out)] for _ in xs]
 
 
-def reduce_scatter(kind: str, xs: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
-    """Rank r's part (rows [r·n/P, (r+1)·n/P) of `axis`) of every
-    alternative the native all-reduce of `xs` may give, by plain indexing."""
+def reduce_scatter(
+    kind: str, xs: Sequence[torch.Tensor], axis: int, counts: Sequence[int] | None = None
+) -> list[list[Expected]]:
+    """Rank r's part (rows [r·n/P, (r+1)·n/P) of `axis`, or the rows the
+    counts give it) of every alternative the native all-reduce of `xs` may
+    give, by plain indexing."""
     (total,) = native_all_reduce(kind, xs)[0]
-    world = len(xs)
-    part = xs[0].shape[axis] // world
-    results = []
+    return scattered(total, len(xs), axis, counts)
+
+
+def scattered(
+    total: Expected, world: int, axis: int, counts: Sequence[int] | None = None
+) -> list[list[Expected]]:
+    """Every rank's part of every alternative of `total` along `axis`: even
+    parts, or `counts[r]` rows for rank r after those of the ranks before."""
+    rows = total.shape[axis]
+    sizes = list(counts) if counts is not None else [rows // world] * world
+    results, start = [], 0
     for r in range(world):
-        index = [slice(None)] * xs[0].dim()
-        index[axis] = slice(r * part, (r + 1) * part)
+        index = [slice(None)] * len(total.shape)
+        index[axis] = slice(start, start + sizes[r])
         results.append([Expected([a[tuple(index)].clone() for a in total.alternatives])])
+        start += sizes[r]
     return results
 
 

@@ -233,13 +233,15 @@ def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:
     """Each op (each form of it: a native and a generic all-reduce) is run by
     exactly one implementation of `distributed_operation_contributions()`
     besides the algorithms, the named alternatives a program or the runtime
-    may choose instead (`backends.all_reduce.algorithm_contributions`)."""
+    may choose instead (`backends.all_reduce.algorithm_contributions`, the
+    reduce-scatter's `schedule_contributions`)."""
     from distir.backends.all_reduce import algorithm_contributions
     from distir.backends.collectives import distributed_operation_contributions
+    from distir.backends.reduce_scatter import schedule_contributions
     from distir.interpreters.semantics import SEMANTICS, semantics_of
     from distir.ir.parsing import parse_module
 
-    algorithms = {type(a) for a in algorithm_contributions()}
+    algorithms = {type(a) for a in [*algorithm_contributions(), *schedule_contributions()]}
     defaults = [i for i in distributed_operation_contributions() if type(i) not in algorithms]
     seen = set()
     for name, text in _roundtrip_programs().items():

@@ -214,7 +214,10 @@ def distributed_operation_contributions(
     """
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
-    from distir.backends.reduce_scatter import NativeReduceScatterImplementation
+    from distir.backends.reduce_scatter import (
+        ReduceScatterImplementation,
+        schedule_contributions,
+    )
 
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
@@ -224,7 +227,8 @@ def distributed_operation_contributions(
         ExactCiphertextAddImplementation(),
         AssertUniformImplementation(),
         AllGatherImplementation(),
-        NativeReduceScatterImplementation(),
+        ReduceScatterImplementation(),
+        *schedule_contributions(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

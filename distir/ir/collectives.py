@@ -632,4 +632,4 @@ class YieldOp(AbstractYieldOperation[Attribute]):
 
     name = "dist.yield"
 
-    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.wave")), Pure())
+    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.reduce_scatter", "dist.wave")), Pure())

@@ -91,15 +91,31 @@ func.func @main(%x: {_t(shape)}) -> {_t(out)} {{
 
 
 def reduce_scatter(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """Native sum or an addf region, even or uneven counts, any axis; the
+    part is multiplied by itself so that the cotangent reaching the
+    reduce-scatter differs by rank."""
     shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
     axis = draw(st.integers(0, len(shape) - 1))
-    shape[axis] *= P
     out = list(shape)
-    out[axis] //= P
+    if draw(st.booleans()):
+        counts = draw(st.lists(st.integers(0, 3), min_size=P, max_size=P))
+        shape[axis] = sum(counts)
+        out[axis] = None
+        split = f" counts [{', '.join(map(str, counts))}]"
+    else:
+        shape[axis] *= P
+        split = ""
+    t, to = _t(shape), _t(out)
+    if draw(st.booleans()):
+        op = (f"dist.reduce_scatter %x{split} axis {axis} : {t} -> {to} combine(%a, %b) {{\n"
+              f"    %c = arith.addf %a, %b : {t}\n    dist.yield %c : {t}\n  }}")  # fmt: skip
+    else:
+        op = f"dist.reduce_scatter sum %x{split} axis {axis} : {t} -> {to}"
     text = f"""
-func.func @main(%x: {_t(shape)}) -> {_t(out)} {{
-  %y = dist.reduce_scatter sum %x axis {axis} : {_t(shape)} -> {_t(out)}
-  func.return %y : {_t(out)}
+func.func @main(%x: {t}) -> {to} {{
+  %y = {op}
+  %z = arith.mulf %y, %y : {to}
+  func.return %z : {to}
 }}"""
     return text, [[_floats(shape, seed + r)] for r in range(P)]
 
@@ -443,6 +459,15 @@ def test_float_types_carry_gradients_and_integers_do_not():
 
 REFUSED = {
     "native prod": ("dist.all_reduce prod %x : tensor<3xf64>", "native prod reduction"),
+    "reduce_scatter max": (
+        "dist.reduce_scatter max %x counts [2, 1] axis 0 : tensor<3xf64> -> tensor<?xf64>",
+        "native max reduce-scatter has no derivative",
+    ),
+    "reduce_scatter generic max": (
+        "dist.reduce_scatter %x counts [2, 1] axis 0 : tensor<3xf64> -> tensor<?xf64> combine(%a, %b) {\n"
+        "    %m = arith.maximumf %a, %b : tensor<3xf64>\n    dist.yield %m : tensor<3xf64>\n  }",
+        "only a combine recognised as a sum",
+    ),
     "generic max": (
         "dist.all_reduce %x : tensor<3xf64> combine(%a, %b) {\n"
         "    %m = arith.maximumf %a, %b : tensor<3xf64>\n    dist.yield %m : tensor<3xf64>\n  }",
@@ -485,17 +510,19 @@ func.func @main(%x: tensor<2x3xf64>, %i: tensor<3xf64>) -> tensor<3xf64> {
 
 def test_ops_without_derivative_are_named_with_their_location():
     for name, (op, words) in REFUSED.items():
+        result = "tensor<?xf64>" if "->" in op else "tensor<3xf64>"
         text = f"""
-func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {{
+func.func @main(%x: tensor<3xf64>) -> {result} {{
   %y = {op}
-  func.return %y : tensor<3xf64>
+  func.return %y : {result}
 }}"""
         program = distir.compile(text)
         x = [[torch.ones(3)] for _ in range(2)]
         try:
             simulate_vjp(program, x, x)
         except NotDifferentiable as e:
-            assert words in str(e) and "'dist.all_reduce' at <program>:3:" in str(e), (name, e)
+            where = f"'{op.split()[0]}' at <program>:3:"
+            assert words in str(e) and where in str(e), (name, e)
         else:
             raise AssertionError(f"{name}: no NotDifferentiable")
 

@@ -399,6 +399,24 @@ def test_reduce_scatter_helper() -> None:
     assert "dist.reduce_scatter max %arg0 axis 1 : tensor<4x4xf32> -> tensor<4x?xf32>" in text
 
 
+def test_reduce_scatter_helper_takes_counts_and_a_combine() -> None:
+    def body(x):
+        uneven = b.reduce_scatter(x, "sum", counts=[3, 1])
+        mine = b.reduce_scatter(x, None, counts=[1, 3], commutative=True,
+                                combine=lambda p, q: b.arith("maximumf", p, q))  # fmt: skip
+        return uneven, mine
+
+    module = b.build_program(body, [b.tensor_type("f32", [4, 4])])
+    module.verify()
+    text = str(module)
+    assert ("dist.reduce_scatter sum %arg0 counts [3, 1] axis 0 : tensor<4x4xf32> -> "
+            "tensor<?x4xf32>") in text  # fmt: skip
+    assert "dist.reduce_scatter %arg0 counts [1, 3] axis 0 commutative" in text
+    assert "arith.maximumf" in text
+    with pytest.raises(ValueError, match="needs a `kind` or a `combine`"):
+        b.build_program(lambda x: b.reduce_scatter(x, None), [b.tensor_type("f32", [4])])
+
+
 def test_an_unknown_arith_op_is_named() -> None:
     with pytest.raises(ValueError, match="no arith op 'frobnicate'; known: .*addi"):
         b.build_program(lambda x: b.arith("frobnicate", x, x), [b.tensor_type("i64", [4])])

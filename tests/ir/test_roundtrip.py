@@ -150,6 +150,18 @@ builtin.module {
     func.return %y, %z, %w : tensor<?x6xf32>, tensor<4x3xf32>, tensor<?x2xi64>
   }
 }""",
+    "reduce_scatter_generic_uneven": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<5x3xi64>, %q: tensor<3xi64>) -> (tensor<?x3xi64>, tensor<?x3xi64>) {
+    %y = dist.reduce_scatter %x, %q counts [4, 1] axis 0 group @pairs commutative : tensor<5x3xi64> -> tensor<?x3xi64>, tensor<3xi64> combine(%lhs, %rhs, %m) {
+      %s = arith.addi %lhs, %rhs : tensor<5x3xi64>
+      dist.yield %s : tensor<5x3xi64>
+    }
+    %z = dist.reduce_scatter sum %x counts [2, 3] axis 0 : tensor<5x3xi64> -> tensor<?x3xi64>
+    func.return %y, %z : tensor<?x3xi64>, tensor<?x3xi64>
+  }
+}""",
     "variable_all_to_all": """\
 builtin.module {
   dist.group @ep [[0, 1, 2, 3]]
