@@ -378,6 +378,18 @@ def _places_naming(op_name: str) -> set[str]:
                 "ir.builder",
             },
         ),
+        *[
+            (
+                op_name,
+                {
+                    "ir.gather_scatter",
+                    "interpreters.semantics.gather_scatter",
+                    "backends.gather_scatter",
+                    "ir.builder",
+                },
+            )
+            for op_name in ("GatherOp", "ScatterOp")
+        ],
         (
             "TransferOp",
             {"ir.mesh", "interpreters.semantics.mesh", "backends.mesh", "ir.builder"},
@@ -419,8 +431,10 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.all_reduce",
         "dist.assert_uniform",
         "dist.broadcast",
+        "dist.gather",
         "dist.recv",
         "dist.reduce_scatter",
+        "dist.scatter",
         "dist.send",
         "dist.sendrecv",
         "dist.transfer",

@@ -212,6 +212,7 @@ def distributed_operation_contributions(
     specialised ciphertext implementation; without it the automatic
     ciphertext sum is used.
     """
+    from distir.backends.gather_scatter import GatherImplementation, ScatterImplementation
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
     from distir.backends.reduce_scatter import NativeReduceScatterImplementation
@@ -225,6 +226,8 @@ def distributed_operation_contributions(
         AssertUniformImplementation(),
         AllGatherImplementation(),
         NativeReduceScatterImplementation(),
+        GatherImplementation(),
+        ScatterImplementation(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

@@ -79,6 +79,7 @@ from distir.ir.collectives import (
     WaveOp,
     YieldOp,
 )
+from distir.ir.gather_scatter import GatherOp, ScatterOp
 from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
@@ -620,6 +621,38 @@ def reduce_scatter(
     return ReduceScatterOp(x, t, kind=_native_kind(kind), axis=axis, group=group).result
 
 
+@_located
+def gather(
+    x: Value,
+    root: int = 0,
+    *,
+    axis: int = 0,
+    counts: Value | None = None,
+    result_type: TensorType | None = None,
+    group: GroupRef = None,
+) -> SSAValue:
+    """Even (or, with `counts`, uneven) gather to `root` (zeros on the other
+    ranks); the gathered axis is dynamic unless `result_type` says otherwise."""
+    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
+    return GatherOp(x, t, root=root, axis=axis, counts=counts, group=group).result
+
+
+@_located
+def scatter(
+    x: Value,
+    root: int = 0,
+    *,
+    axis: int = 0,
+    counts: Value | None = None,
+    result_type: TensorType | None = None,
+    group: GroupRef = None,
+) -> SSAValue:
+    """Even (or, with `counts`, uneven) scatter of `root`'s `x`: rank r gets
+    part r; the split axis is dynamic unless `result_type` says otherwise."""
+    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
+    return ScatterOp(x, t, root=root, axis=axis, counts=counts, group=group).result
+
+
 def _native_kind(kind: ReductionKind | str, hint: str = "") -> ReductionKind:
     """`kind` as a native reduction kind, or a `BuilderError` naming the kinds
     (and the nearest, for a typo)."""
@@ -788,6 +821,8 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {
     AssertUniformOp: assert_uniform,
     AllGatherOp: all_gather,
     ReduceScatterOp: reduce_scatter,
+    GatherOp: gather,
+    ScatterOp: scatter,
     VariableAllToAllOp: variable_all_to_all,
     WaveOp: wave,
     SendOp: send,

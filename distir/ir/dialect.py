@@ -43,6 +43,7 @@ from distir.ir.collectives import (
     WaveOp,
     YieldOp,
 )
+from distir.ir.gather_scatter import GatherOp, ScatterOp
 from distir.ir.groups import (
     GroupMemberOp,
     GroupOp,
@@ -63,6 +64,8 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     AllGatherOp,
     ReduceScatterOp,
     VariableAllToAllOp,
+    GatherOp,
+    ScatterOp,
 )
 
 _OPS: tuple[type[IRDLOperation], ...] = (
@@ -104,6 +107,7 @@ __all__ = [
     "CollectiveOp",
     "CombineIsolatedFromAbove",
     "Dist",
+    "GatherOp",
     "GroupMemberOp",
     "GroupOp",
     "GroupSizeOp",
@@ -116,6 +120,7 @@ __all__ = [
     "ReductionKind",
     "ReductionKindAttr",
     "ReductionKindFacts",
+    "ScatterOp",
     "SendOp",
     "SendRecvOp",
     "TransferOp",

@@ -33,6 +33,7 @@ from distir.interpreters.semantics.collectives import (
     RankSemantics,
     VariableAllToAllSemantics,
 )
+from distir.interpreters.semantics.gather_scatter import GatherSemantics, ScatterSemantics
 from distir.interpreters.semantics.mesh import TransferSemantics
 from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
 from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
@@ -51,6 +52,8 @@ SEMANTICS: tuple[OpSemantics, ...] = (
     AssertUniformSemantics(),
     AllGatherSemantics(),
     ReduceScatterSemantics(),
+    GatherSemantics(),
+    ScatterSemantics(),
     VariableAllToAllSemantics(),
     SendSemantics(),
     RecvSemantics(),
