@@ -384,6 +384,13 @@ def scatter(
     return results
 
 
+def reduce(kind: str, xs: Sequence[torch.Tensor], root: int) -> list[list[Expected]]:
+    """On the root, every alternative the native all-reduce of `xs` may give;
+    zeros of its shape on every other rank."""
+    (total,) = native_all_reduce(kind, xs)[0]
+    return [[total if r == root else exact(torch.zeros_like(xs[0]))] for r in range(len(xs))]
+
+
 def variable_all_to_all(
     xs: Sequence[torch.Tensor], send_counts: Sequence[Sequence[int]], axis: int
 ) -> list[list[Expected]]:

@@ -394,6 +394,20 @@ def gather_scatter_cases(draw, world: int) -> DrawnCase:
 
 
 @st.composite
+def reduce_cases(draw, world: int) -> DrawnCase:
+    kind = draw(st.sampled_from(NATIVE_KINDS))
+    candidates = [e for e in ELEMENT_TYPES if kind not in BITWISE_KINDS or e not in FLOAT_TYPES]
+    element = draw(st.sampled_from(candidates))
+    shape = draw(shapes())
+    root = draw(st.integers(0, world - 1))
+    xs, layouts = draw(per_rank_inputs(world, ELEMENT_TYPES[element], shape))
+    t = tensor_type(shape, element)
+    body = [f"%y = dist.reduce {kind} %a0 root {root} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"reduce {kind} root {root} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.reduce(kind, xs, root), [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
 def all_to_all_cases(draw, world: int) -> DrawnCase:
     element = draw(st.sampled_from(list(ELEMENT_TYPES)))
     dtype = ELEMENT_TYPES[element]
@@ -503,6 +517,7 @@ FAMILIES = {
     "all_gather": all_gather_cases,
     "reduce_scatter": reduce_scatter_cases,
     "gather_scatter": gather_scatter_cases,
+    "reduce": reduce_cases,
     "all_to_all": all_to_all_cases,
     "p2p": p2p_cases,
     "wave": wave_cases,

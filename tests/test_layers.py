@@ -391,6 +391,10 @@ def _places_naming(op_name: str) -> set[str]:
             for op_name in ("GatherOp", "ScatterOp")
         ],
         (
+            "ReduceToRootOp",
+            {"ir.reduce", "interpreters.semantics.reduce", "backends.reduce", "ir.builder"},
+        ),
+        (
             "TransferOp",
             {"ir.mesh", "interpreters.semantics.mesh", "backends.mesh", "ir.builder"},
         ),
@@ -433,6 +437,7 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.broadcast",
         "dist.gather",
         "dist.recv",
+        "dist.reduce",
         "dist.reduce_scatter",
         "dist.scatter",
         "dist.send",

@@ -215,6 +215,7 @@ def distributed_operation_contributions(
     from distir.backends.gather_scatter import GatherImplementation, ScatterImplementation
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
+    from distir.backends.reduce import NativeReduceImplementation
     from distir.backends.reduce_scatter import NativeReduceScatterImplementation
 
     contributions: list[Implementation] = [
@@ -228,6 +229,7 @@ def distributed_operation_contributions(
         NativeReduceScatterImplementation(),
         GatherImplementation(),
         ScatterImplementation(),
+        NativeReduceImplementation(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

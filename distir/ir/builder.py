@@ -84,6 +84,7 @@ from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
+from distir.ir.reduce import ReduceToRootOp
 from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
@@ -653,6 +654,15 @@ def scatter(
     return ScatterOp(x, t, root=root, axis=axis, counts=counts, group=group).result
 
 
+@_located
+def reduce(
+    x: Value, kind: ReductionKind | str = "sum", root: int = 0, *, group: GroupRef = None
+) -> SSAValue:
+    """Native reduce: `root` gets the reduction of every rank's `x` (the other
+    ranks get zeros)."""
+    return ReduceToRootOp(x, kind=_native_kind(kind), root=root, group=group).result
+
+
 def _native_kind(kind: ReductionKind | str, hint: str = "") -> ReductionKind:
     """`kind` as a native reduction kind, or a `BuilderError` naming the kinds
     (and the nearest, for a typo)."""
@@ -823,6 +833,7 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {
     ReduceScatterOp: reduce_scatter,
     GatherOp: gather,
     ScatterOp: scatter,
+    ReduceToRootOp: reduce,
     VariableAllToAllOp: variable_all_to_all,
     WaveOp: wave,
     SendOp: send,

@@ -54,6 +54,7 @@ from distir.ir.groups import (
 )
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ir.reduce import ReduceToRootOp
 from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.syntax import REPLICATED
 
@@ -66,6 +67,7 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     VariableAllToAllOp,
     GatherOp,
     ScatterOp,
+    ReduceToRootOp,
 )
 
 _OPS: tuple[type[IRDLOperation], ...] = (
@@ -114,6 +116,7 @@ __all__ = [
     "MeshOp",
     "PeerOp",
     "RaisesEffect",
+    "ReduceToRootOp",
     "ReduceScatterOp",
     "RankOp",
     "RecvOp",

@@ -87,6 +87,14 @@ BAD: dict[str, tuple[str, list[list[torch.Tensor]], str]] = {
         "ranks pass different input layouts (rank 0: float32[3]; rank 1: float32[6]; "
         "rank 2: float32[3])",
     ),
+    "reduce whose shapes differ between ranks": (
+        "func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> {\n"
+        "  %y = dist.reduce sum %x root 2 : tensor<?xf32>\n"
+        "  func.return %y : tensor<?xf32>\n}\n",
+        [[torch.ones(n)] for n in (2, 2, 5)],
+        "ranks pass different input layouts (rank 0: float32[2]; rank 1: float32[2]; "
+        "rank 2: float32[5])",
+    ),
 }
 
 

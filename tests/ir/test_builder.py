@@ -422,6 +422,20 @@ def test_gather_and_scatter_helpers() -> None:
     )
 
 
+def test_reduce_helper() -> None:
+    module = b.build_program(
+        lambda x: (b.reduce(x), b.reduce(x, "max", 1, group="pairs")),
+        [b.tensor_type("f32", [4])],
+        groups={"pairs": [[0, 1], [2, 3]]},
+    )
+    module.verify()
+    text = str(module)
+    assert "dist.reduce sum %arg0 root 0 : tensor<4xf32>" in text
+    assert "dist.reduce max %arg0 root 1 group @pairs : tensor<4xf32>" in text
+    with pytest.raises(b.BuilderError, match="mean"):
+        b.build_program(lambda x: b.reduce(x, "mean"), [b.tensor_type("f32", [4])])
+
+
 def test_an_unknown_arith_op_is_named() -> None:
     with pytest.raises(ValueError, match="no arith op 'frobnicate'; known: .*addi"):
         b.build_program(lambda x: b.arith("frobnicate", x, x), [b.tensor_type("i64", [4])])
@@ -444,6 +458,7 @@ def every_op_program():
         scattered = b.reduce_scatter(x, "sum", group="pairs")
         to_root = b.gather(x, 1, counts=counts)
         from_root = b.scatter(x, 0, group="pairs")
+        reduced = b.reduce(x, "max", 1, group="pairs")
         rows, recv_counts = b.variable_all_to_all(x, counts)
         (waved,) = b.wave(lambda: b.broadcast(x, 1))
         b.send(x, b.constant_index(1))
@@ -465,6 +480,7 @@ def every_op_program():
             scattered,
             to_root,
             from_root,
+            reduced,
             rows,
             recv_counts,
             waved,

@@ -161,6 +161,15 @@ builtin.module {
     func.return %y, %z, %g, %s : tensor<4x6xf32>, tensor<2x?xf32>, tensor<?x6xf32>, tensor<?x6xf32>
   }
 }""",
+    "reduce": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4x6xf32>, %i: tensor<?x2xi64>) -> (tensor<4x6xf32>, tensor<?x2xi64>) {
+    %y = dist.reduce max %x root 1 group @pairs : tensor<4x6xf32>
+    %w = dist.reduce bxor %i root 0 {tag = 3 : i64} : tensor<?x2xi64>
+    func.return %y, %w : tensor<4x6xf32>, tensor<?x2xi64>
+  }
+}""",
     "variable_all_to_all": """\
 builtin.module {
   dist.group @ep [[0, 1, 2, 3]]

@@ -444,6 +444,20 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.scatter' counts must be a tensor of integers, got tensor<2xf32>",
     ),
+    # dist.reduce
+    "reduce_root_outside_group": (
+        _func(X4, "%y = dist.reduce sum %x root 2 group @pairs : tensor<4xf32>\nfunc.return",
+              groups=PAIRS),
+        "'dist.reduce' root 2 is outside group @pairs of size 2",
+    ),
+    "reduce_negative_root": (
+        _func(X4, "%y = dist.reduce sum %x root -1 : tensor<4xf32>\nfunc.return"),
+        "'dist.reduce' root must be >= 0, got -1",
+    ),
+    "reduce_integer_kind": (
+        _func(X4, "%y = dist.reduce bor %x root 0 : tensor<4xf32>\nfunc.return"),
+        "'dist.reduce' kind bor needs an integer element type, got tensor<4xf32>",
+    ),
     # dist.variable_all_to_all
     "all_to_all_axis_out_of_range": (
         _func(

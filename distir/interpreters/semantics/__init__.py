@@ -36,6 +36,7 @@ from distir.interpreters.semantics.collectives import (
 from distir.interpreters.semantics.gather_scatter import GatherSemantics, ScatterSemantics
 from distir.interpreters.semantics.mesh import TransferSemantics
 from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
+from distir.interpreters.semantics.reduce import ReduceSemantics
 from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
@@ -54,6 +55,7 @@ SEMANTICS: tuple[OpSemantics, ...] = (
     ReduceScatterSemantics(),
     GatherSemantics(),
     ScatterSemantics(),
+    ReduceSemantics(),
     VariableAllToAllSemantics(),
     SendSemantics(),
     RecvSemantics(),

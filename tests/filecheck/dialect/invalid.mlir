@@ -202,3 +202,12 @@ func.func @main(%x: tensor<6xf32>) {
 // CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.scatter' 6 rows on axis 0 do not split evenly over a group of size 4
   func.return
 }
+
+// -----
+
+dist.group @world4 [[0, 1, 2, 3]]
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.reduce sum %x root 7 group @world4 : tensor<4xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce' root 7 is outside group @world4 of size 4
+  func.return
+}
