@@ -391,6 +391,19 @@ def reduce(kind: str, xs: Sequence[torch.Tensor], root: int) -> list[list[Expect
     return [[total if r == root else exact(torch.zeros_like(xs[0]))] for r in range(len(xs))]
 
 
+def shift(xs: Sequence[torch.Tensor], offset: int, rotate: bool) -> list[list[Expected]]:
+    """Rank r gets rank (r - offset)'s input: modulo P with `rotate`, zeros
+    when that rank does not exist without it."""
+    world, results = len(xs), []
+    for r in range(world):
+        source = r - offset
+        if rotate:
+            source %= world
+        inside = 0 <= source < world
+        results.append([exact(xs[source].clone() if inside else torch.zeros_like(xs[r]))])
+    return results
+
+
 def variable_all_to_all(
     xs: Sequence[torch.Tensor], send_counts: Sequence[Sequence[int]], axis: int
 ) -> list[list[Expected]]:

@@ -408,6 +408,20 @@ def reduce_cases(draw, world: int) -> DrawnCase:
 
 
 @st.composite
+def shift_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    shape = draw(shapes(0, 2))
+    offset = draw(st.integers(-world - 1, world + 1))
+    rotate = draw(st.booleans())
+    xs, layouts = draw(per_rank_inputs(world, ELEMENT_TYPES[element], shape))
+    t = tensor_type(shape, element)
+    ring = " rotate" if rotate else ""
+    body = [f"%y = dist.shift %a0 offset {offset}{ring} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"shift {offset}{ring} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.shift(xs, offset, rotate), [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
 def all_to_all_cases(draw, world: int) -> DrawnCase:
     element = draw(st.sampled_from(list(ELEMENT_TYPES)))
     dtype = ELEMENT_TYPES[element]
@@ -518,6 +532,7 @@ FAMILIES = {
     "reduce_scatter": reduce_scatter_cases,
     "gather_scatter": gather_scatter_cases,
     "reduce": reduce_cases,
+    "shift": shift_cases,
     "all_to_all": all_to_all_cases,
     "p2p": p2p_cases,
     "wave": wave_cases,

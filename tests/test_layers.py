@@ -391,6 +391,10 @@ def _places_naming(op_name: str) -> set[str]:
             for op_name in ("GatherOp", "ScatterOp")
         ],
         (
+            "ShiftOp",
+            {"ir.shift", "interpreters.semantics.shift", "backends.shift", "ir.builder"},
+        ),
+        (
             "ReduceToRootOp",
             {"ir.reduce", "interpreters.semantics.reduce", "backends.reduce", "ir.builder"},
         ),
@@ -442,6 +446,7 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.scatter",
         "dist.send",
         "dist.sendrecv",
+        "dist.shift",
         "dist.transfer",
         "dist.variable_all_to_all",
     ]

@@ -217,6 +217,7 @@ def distributed_operation_contributions(
     from distir.backends.p2p import p2p_contributions
     from distir.backends.reduce import NativeReduceImplementation
     from distir.backends.reduce_scatter import NativeReduceScatterImplementation
+    from distir.backends.shift import ShiftImplementation
 
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
@@ -230,6 +231,7 @@ def distributed_operation_contributions(
         GatherImplementation(),
         ScatterImplementation(),
         NativeReduceImplementation(),
+        ShiftImplementation(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

@@ -86,6 +86,7 @@ from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
 from distir.ir.reduce import ReduceToRootOp
 from distir.ir.reduce_scatter import ReduceScatterOp
+from distir.ir.shift import ShiftOp
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -663,6 +664,13 @@ def reduce(
     return ReduceToRootOp(x, kind=_native_kind(kind), root=root, group=group).result
 
 
+@_located
+def shift(x: Value, offset: int = 1, *, rotate: bool = False, group: GroupRef = None) -> SSAValue:
+    """Neighbour exchange: rank r gets rank r-offset's `x` (modulo the group
+    size with `rotate`; zeros where there is no such rank otherwise)."""
+    return ShiftOp(x, offset=offset, rotate=rotate, group=group).result
+
+
 def _native_kind(kind: ReductionKind | str, hint: str = "") -> ReductionKind:
     """`kind` as a native reduction kind, or a `BuilderError` naming the kinds
     (and the nearest, for a typo)."""
@@ -834,6 +842,7 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {
     GatherOp: gather,
     ScatterOp: scatter,
     ReduceToRootOp: reduce,
+    ShiftOp: shift,
     VariableAllToAllOp: variable_all_to_all,
     WaveOp: wave,
     SendOp: send,

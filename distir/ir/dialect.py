@@ -56,6 +56,7 @@ from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
 from distir.ir.reduce import ReduceToRootOp
 from distir.ir.reduce_scatter import ReduceScatterOp
+from distir.ir.shift import ShiftOp
 from distir.ir.syntax import REPLICATED
 
 COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
@@ -68,6 +69,7 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     GatherOp,
     ScatterOp,
     ReduceToRootOp,
+    ShiftOp,
 )
 
 _OPS: tuple[type[IRDLOperation], ...] = (
@@ -126,6 +128,7 @@ __all__ = [
     "ScatterOp",
     "SendOp",
     "SendRecvOp",
+    "ShiftOp",
     "TransferOp",
     "VariableAllToAllOp",
     "WaveOp",

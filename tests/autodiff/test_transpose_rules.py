@@ -164,6 +164,22 @@ func.func @main(%x: {t}) -> {t} {{
     return text, [[_floats(shape, seed + r)] for r in range(P)]
 
 
+def shift(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`dist.shift` by a drawn offset, cyclic or with open ends, then a
+    product with the input."""
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=2))
+    offset = draw(st.integers(-P - 1, P + 1))
+    ring = " rotate" if draw(st.booleans()) else ""
+    t = _t(shape)
+    text = f"""
+func.func @main(%x: {t}) -> {t} {{
+  %y = dist.shift %x offset {offset}{ring} : {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r)] for r in range(P)]
+
+
 def all_to_all(draw, P: int, seed: int) -> tuple[str, Inputs]:
     sends = [draw(st.lists(st.integers(0, 2), min_size=P, max_size=P)) for _ in range(P)]
     cols = draw(st.integers(1, 3))
@@ -447,7 +463,7 @@ FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, reduce_scatter, gather_uneven, all_to_all, ring_shift,
-        rooted_gather_scatter, rooted_reduce,
+        rooted_gather_scatter, rooted_reduce, shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
         slices, extremum, elementwise_select, broadcast_and_reduce, static_loop,
     )

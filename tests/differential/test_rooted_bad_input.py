@@ -95,6 +95,14 @@ BAD: dict[str, tuple[str, list[list[torch.Tensor]], str]] = {
         "ranks pass different input layouts (rank 0: float32[2]; rank 1: float32[2]; "
         "rank 2: float32[5])",
     ),
+    "shift whose shapes differ between ranks": (
+        "func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> {\n"
+        "  %y = dist.shift %x offset 1 rotate : tensor<?xf32>\n"
+        "  func.return %y : tensor<?xf32>\n}\n",
+        [[torch.ones(n)] for n in (2, 3, 2)],
+        "ranks pass different input layouts (rank 0: float32[2]; rank 1: float32[3]; "
+        "rank 2: float32[2])",
+    ),
 }
 
 

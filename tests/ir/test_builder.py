@@ -436,6 +436,18 @@ def test_reduce_helper() -> None:
         b.build_program(lambda x: b.reduce(x, "mean"), [b.tensor_type("f32", [4])])
 
 
+def test_shift_helper() -> None:
+    module = b.build_program(
+        lambda x: (b.shift(x), b.shift(x, -2, rotate=True, group="pairs")),
+        [b.tensor_type("f32", [4])],
+        groups={"pairs": [[0, 1], [2, 3]]},
+    )
+    module.verify()
+    text = str(module)
+    assert "dist.shift %arg0 offset 1 : tensor<4xf32>" in text
+    assert "dist.shift %arg0 offset -2 rotate group @pairs : tensor<4xf32>" in text
+
+
 def test_an_unknown_arith_op_is_named() -> None:
     with pytest.raises(ValueError, match="no arith op 'frobnicate'; known: .*addi"):
         b.build_program(lambda x: b.arith("frobnicate", x, x), [b.tensor_type("i64", [4])])
@@ -459,6 +471,7 @@ def every_op_program():
         to_root = b.gather(x, 1, counts=counts)
         from_root = b.scatter(x, 0, group="pairs")
         reduced = b.reduce(x, "max", 1, group="pairs")
+        shifted = b.shift(x, -1, rotate=True)
         rows, recv_counts = b.variable_all_to_all(x, counts)
         (waved,) = b.wave(lambda: b.broadcast(x, 1))
         b.send(x, b.constant_index(1))
@@ -481,6 +494,7 @@ def every_op_program():
             to_root,
             from_root,
             reduced,
+            shifted,
             rows,
             recv_counts,
             waved,

@@ -170,6 +170,15 @@ builtin.module {
     func.return %y, %w : tensor<4x6xf32>, tensor<?x2xi64>
   }
 }""",
+    "shift": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4x6xf32>, %i: tensor<?x2xi64>) -> (tensor<4x6xf32>, tensor<?x2xi64>) {
+    %y = dist.shift %x offset 1 rotate group @pairs : tensor<4x6xf32>
+    %w = dist.shift %i offset -2 {tag = 3 : i64} : tensor<?x2xi64>
+    func.return %y, %w : tensor<4x6xf32>, tensor<?x2xi64>
+  }
+}""",
     "variable_all_to_all": """\
 builtin.module {
   dist.group @ep [[0, 1, 2, 3]]

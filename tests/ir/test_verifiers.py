@@ -458,6 +458,11 @@ INVALID: dict[str, tuple[str, str]] = {
         _func(X4, "%y = dist.reduce bor %x root 0 : tensor<4xf32>\nfunc.return"),
         "'dist.reduce' kind bor needs an integer element type, got tensor<4xf32>",
     ),
+    # dist.shift
+    "shift_result_type": (
+        _func(X4, "%y = \"dist.shift\"(%x) <{offset = 1 : i64}> : (tensor<4xf32>) -> tensor<4xf64>\nfunc.return"),
+        "'dist.shift' result type tensor<4xf64> must equal the input type tensor<4xf32>",
+    ),
     # dist.variable_all_to_all
     "all_to_all_axis_out_of_range": (
         _func(

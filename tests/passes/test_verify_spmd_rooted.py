@@ -14,6 +14,7 @@ OPS = {
     "dist.gather": "%b = dist.gather %x axis 0 root 0 : tensor<4xf32> -> tensor<4xf32>",
     "dist.scatter": "%b = dist.scatter %x axis 0 root 1 : tensor<4xf32> -> tensor<4xf32>",
     "dist.reduce": "%b = dist.reduce sum %x root 0 : tensor<4xf32>",
+    "dist.shift": "%b = dist.shift %x offset 1 rotate : tensor<4xf32>",
 }
 
 UNDER_RANK = """

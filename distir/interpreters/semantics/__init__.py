@@ -38,6 +38,7 @@ from distir.interpreters.semantics.mesh import TransferSemantics
 from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
 from distir.interpreters.semantics.reduce import ReduceSemantics
 from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
+from distir.interpreters.semantics.shift import ShiftSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
 
@@ -56,6 +57,7 @@ SEMANTICS: tuple[OpSemantics, ...] = (
     GatherSemantics(),
     ScatterSemantics(),
     ReduceSemantics(),
+    ShiftSemantics(),
     VariableAllToAllSemantics(),
     SendSemantics(),
     RecvSemantics(),

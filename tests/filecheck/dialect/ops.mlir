@@ -123,6 +123,16 @@ func.func @reduce(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
 // CHECK-LABEL: func.func @reduce
 // CHECK-NEXT:    %r = dist.reduce min %x root 2 group @world4 : tensor<2x4xf32>
 
+func.func @shift(%x: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+  %ring = dist.shift %x offset 1 rotate group @world4 : tensor<2x4xf32>
+  %halo = dist.shift %x offset -1 : tensor<2x4xf32>
+  func.return %ring, %halo : tensor<2x4xf32>, tensor<2x4xf32>
+}
+
+// CHECK-LABEL: func.func @shift
+// CHECK-NEXT:    %ring = dist.shift %x offset 1 rotate group @world4 : tensor<2x4xf32>
+// CHECK-NEXT:    %halo = dist.shift %x offset -1 : tensor<2x4xf32>
+
 func.func @all_to_all(%x: tensor<?x16xf32>, %c: tensor<4xi64>) -> (tensor<?x16xf32>, tensor<4xi64>) {
   %y, %rc = dist.variable_all_to_all %x, %c axis 0 group @world4 : tensor<?x16xf32>, tensor<4xi64> -> tensor<?x16xf32>
   func.return %y, %rc : tensor<?x16xf32>, tensor<4xi64>
