@@ -181,6 +181,11 @@ class ScatterOp(RootedRowsOp):
 
     name = "dist.scatter"
 
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
+        "input": OperandRole.PAYLOAD,
+        "counts": OperandRole.SCATTER_COUNTS,
+    }
+
     def verify_(self) -> None:
         t_in, t_out, axis, size = self._verify_common()
         if self.counts is None:
