@@ -160,6 +160,8 @@ builtin.module {
     }
     %z = dist.reduce_scatter sum %x counts [2, 3] axis 0 : tensor<5x3xi64> -> tensor<?x3xi64>
     func.return %y, %z : tensor<?x3xi64>, tensor<?x3xi64>
+  }
+}""",
     "gather_scatter": """\
 builtin.module {
   dist.group @pairs [[0, 1], [2, 3]]

@@ -437,6 +437,7 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.reduce_scatter' combine must yield one value of type tensor<4xf32>, got "
         "(tensor<2xf32>)",
+    ),
     # dist.gather and dist.scatter
     "gather_axis_out_of_range": (
         _func(X4, "%y = dist.gather %x axis 1 root 0 : tensor<4xf32> -> tensor<8xf32>\nfunc.return"),
