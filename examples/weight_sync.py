@@ -35,6 +35,12 @@ LAYOUTS = [
 NAMES = [f"layer{i // 4}.w{i % 4}" for i in range(64)]
 
 
+def configure(mb: int) -> None:
+    """Size the state dict to ``mb`` MiB in all (64 tensors of 256 bf16 columns)."""
+    global SHAPE
+    SHAPE = (mb * 32, 256)
+
+
 def declarations():
     source, dest = {}, {}
     for i, name in enumerate(NAMES):

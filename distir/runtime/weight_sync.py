@@ -22,9 +22,10 @@ Ranks named in a mesh are global ranks of the default group.
 
 from __future__ import annotations
 
-import hashlib
+import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -56,7 +57,6 @@ DEFAULT_BUCKET_BYTES = 16 << 20
 
 
 _ALIGN = 8
-_DIGEST_BYTES = 16
 
 
 class WeightSyncError(DistirError):
@@ -193,6 +193,46 @@ def _buckets(pieces: Iterable[tuple[str, Transfer, int]], limit: int) -> list[Bu
     return buckets
 
 
+@dataclass(frozen=True)
+class _Outgoing:
+    """A message this rank packs: message index ``k`` of the plan, its
+    receiver and size, its pieces as (name, source slices, byte offset,
+    bytes, box sizes) and the padding byte ranges between them."""
+
+    k: int
+    dst: int
+    nbytes: int
+    pieces: tuple[tuple[str, tuple[slice, ...], int, int, tuple[int, ...]], ...]
+    gaps: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class _Incoming:
+    """A message this rank receives: its pieces as (name, destination
+    slices, byte offset, bytes, box sizes, partial, plan order)."""
+
+    k: int
+    src: int
+    nbytes: int
+    pieces: tuple[
+        tuple[str, tuple[slice, ...], int, int, tuple[int, ...], bool, tuple[int, int]], ...
+    ]
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """One rank's part of a sync, per bucket, worked out once."""
+
+    #: the source shard shape of every tensor this rank holds
+    shapes: dict[str, tuple[int, ...]]
+    outgoing: tuple[tuple[_Outgoing, ...], ...]
+    incoming: tuple[tuple[_Incoming, ...], ...]
+    #: (name, source slices, destination slices, partial, plan order)
+    local: tuple[tuple[str, tuple[slice, ...], tuple[slice, ...], bool, tuple[int, int]], ...]
+    #: per destination tensor: (sizes, staging dtype, zero-filled)
+    staged: dict[str, tuple[tuple[int, ...], torch.dtype, bool]]
+
+
 def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
     return tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
 
@@ -210,6 +250,8 @@ class WeightSyncPlan:
     buckets: tuple[Bucket, ...]
     local: tuple[tuple[str, Transfer], ...]
     bucket_bytes: int
+    #: per rank, what it does in a sync (`_schedule`), worked out at its first
+    _schedules: dict[int, _Schedule] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -272,12 +314,76 @@ class WeightSyncPlan:
 
     # -- execution -----------------------------------------------------------
 
-    def _check_local(self, shards: Mapping[str, torch.Tensor], me: int) -> str | None:
-        """Why this rank's shards do not fit the plan, or None."""
+    def _schedule(self, me: int) -> _Schedule:
+        """What rank ``me`` packs, sends, receives and applies, worked out
+        once per rank (a sync then does no planning and no per-element work
+        in Python: one strided copy per piece on each side)."""
+        cached = self._schedules.get(me)
+        if cached is not None:
+            return cached
+        order = {
+            (name, id(t)): (i, k)
+            for i, name in enumerate(self.names)
+            for k, t in enumerate(self.transfers[name])
+        }
+        shapes = {}
         for name in self.names:
             shape = self.source_shape(name, me)
-            if shape is None:
-                continue
+            if shape is not None:
+                shapes[name] = shape
+        outgoing, incoming = [], []
+        k = 0
+        for bucket in self.buckets:
+            outs, ins = [], []
+            for (src, dst), pieces in bucket.messages.items():
+                size = bucket.message_bytes((src, dst))
+                if src == me:
+                    placed, gaps, end = [], [], 0
+                    for p in pieces:
+                        if p.offset > end:
+                            gaps.append((end, p.offset))
+                        t = p.transfer
+                        placed.append(
+                            (p.name, _slices(t.src_offsets, t.box.sizes), p.offset, p.nbytes,
+                             t.box.sizes)
+                        )  # fmt: skip
+                        end = p.offset + p.nbytes
+                    if size > end:
+                        gaps.append((end, size))
+                    outs.append(_Outgoing(k, dst, size, tuple(placed), tuple(gaps)))
+                if dst == me:
+                    placed = []
+                    for p in pieces:
+                        t = p.transfer
+                        placed.append(
+                            (p.name, _slices(t.dst_offsets, t.box.sizes), p.offset, p.nbytes,
+                             t.box.sizes, t.partial, order[(p.name, id(t))])
+                        )  # fmt: skip
+                    ins.append(_Incoming(k, src, size, tuple(placed)))
+                k += 1
+            outgoing.append(tuple(outs))
+            incoming.append(tuple(ins))
+        local = tuple(
+            (name, _slices(t.src_offsets, t.box.sizes), _slices(t.dst_offsets, t.box.sizes),
+             t.partial, order[(name, id(t))])
+            for name, t in self.local
+            if t.dst_rank == me
+        )  # fmt: skip
+        staged = {}
+        for name in self.names:
+            box = self.dest_box(name, me)
+            if box is not None:
+                # Partial addends are added onto zeros; every other element is
+                # written by exactly one piece, so it needs no zero fill.
+                zero = bool(self.source[name].partial)
+                staged[name] = (box.sizes, self.source[name].dtype, zero)
+        schedule = _Schedule(shapes, tuple(outgoing), tuple(incoming), local, staged)
+        self._schedules[me] = schedule
+        return schedule
+
+    def _check_local(self, shards: Mapping[str, torch.Tensor], me: int) -> str | None:
+        """Why this rank's shards do not fit the plan, or None."""
+        for name, shape in self._schedule(me).shapes.items():
             if name not in shards:
                 return f"rank {me}: tensor {name!r} is missing from its source shards"
             x = shards[name]
@@ -289,9 +395,7 @@ class WeightSyncPlan:
                 )
         return None
 
-    def _agree_inputs(
-        self, problem: str | None, me: int, timeout: timedelta, version: int = 0
-    ) -> None:
+    def _agree_inputs(self, problem: str | None, me: int, end: float, version: int = 0) -> None:
         """Every rank learns whether any rank's shards are refused, or the
         ranks hold different published versions, before any byte moves."""
         flag = torch.tensor([0 if problem is None else me + 1, version, -version])
@@ -299,7 +403,7 @@ class WeightSyncPlan:
             lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True),
             "agreeing the inputs",
         )
-        _wait(work, timeout, "agreeing the inputs")
+        _wait(work, end, "agreeing the inputs")
         if problem is not None:
             raise WeightSyncFailed(f"weight sync refused before any byte moved: {problem}")
         if int(flag[1]) != -int(flag[2]):
@@ -313,28 +417,24 @@ class WeightSyncPlan:
                 "source shards do not fit the plan"
             )
 
-    def _pack(
-        self, bucket: Bucket, shards: Mapping[str, torch.Tensor], me: int
-    ) -> list[tuple[int, torch.Tensor]]:
-        out = []
-        for (src, dst), pieces in bucket.messages.items():
-            if src != me:
-                continue
-            # zeros: the alignment padding must not differ between versions (delta)
-            buffer = torch.zeros(bucket.message_bytes((src, dst)), dtype=torch.uint8)
-            for p in pieces:
-                t = p.transfer
-                part = shards[p.name][_slices(t.src_offsets, t.box.sizes)].contiguous()
-                buffer[p.offset : p.offset + p.nbytes].copy_(part.reshape(-1).view(torch.uint8))
-            out.append((dst, buffer))
-        return out
+    def _pack(self, out: _Outgoing, shards: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """One message: every piece copied once, straight from its (strided)
+        shard into its place; the alignment padding zeroed so that it never
+        differs between versions (delta)."""
+        buffer = torch.empty(out.nbytes, dtype=torch.uint8)
+        for name, slices, offset, nbytes, sizes in out.pieces:
+            dtype = self.source[name].dtype
+            buffer[offset : offset + nbytes].view(dtype).view(sizes).copy_(shards[name][slices])
+        for start, stop in out.gaps:
+            buffer[start:stop] = 0
+        return buffer
 
     @property
     def messages(self) -> tuple[tuple[int, tuple[int, int]], ...]:
         """Every message of every bucket, as (bucket index, (src, dst)), in plan order."""
         return tuple((b.index, pair) for b in self.buckets for pair in b.messages)
 
-    def _exchange_counts(self, counts: dict[int, int], me: int, deadline: timedelta) -> None:
+    def _exchange_counts(self, counts: dict[int, int], me: int, end: float) -> None:
         """Send each receiver the delta entry count (-1: dense) of every message
         this rank sends it; fill ``counts`` with those of the messages it receives."""
         by_pair: dict[tuple[int, int], list[int]] = {}
@@ -350,7 +450,7 @@ class WeightSyncPlan:
                 ops.append(dist.P2POp(dist.irecv, header, src))
                 incoming.append((ks, header))
         for work in _post(ops, "exchanging the delta sizes"):
-            _wait(work, deadline, "exchanging the delta sizes")
+            _wait(work, end, "exchanging the delta sizes")
         for ks, header in incoming:
             counts.update(zip(ks, header.tolist()))
 
@@ -358,93 +458,104 @@ class WeightSyncPlan:
         self,
         shards: Mapping[str, torch.Tensor],
         me: int,
-        deadline: timedelta,
+        end: float,
         sent: torch.Tensor,
         received_digests: torch.Tensor,
         pinned: _Pinned | None = None,
         buffers: _Pinned | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Move every bucket; fill row k of ``sent`` / ``received_digests`` with the
+        """Move every bucket; set ``sent[k]`` / ``received_digests[k]`` to the
         digest of message k as this rank sent / received it (dense, decoded),
-        and ``buffers`` with those dense messages. With ``pinned`` (the
+        and fill ``buffers`` with those dense messages. With ``pinned`` (the
         messages of the last published version) each message travels as a
-        delta against it where that is smaller."""
-        index = {message: k for k, message in enumerate(self.messages)}
-        staged: dict[str, torch.Tensor] = {}
-        for name in self.names:
-            box = self.dest_box(name, me)
-            if box is not None:
-                staged[name] = torch.zeros(box.sizes, dtype=self.source[name].dtype)
-        arrivals: list[tuple[Piece, torch.Tensor]] = []
-        for name, t in self.local:
-            if t.dst_rank == me:
-                arrivals.append(
-                    (Piece(name, t, 0, 0), shards[name][_slices(t.src_offsets, t.box.sizes)])
-                )
+        delta against it where that is smaller.
+
+        Two buckets are in flight at a time: bucket i+1 is packed, digested
+        and posted before bucket i is awaited, and bucket i is digested and
+        unpacked while bucket i+1 is on the wire."""
+        schedule = self._schedule(me)
+        staged = {
+            name: (torch.zeros if zero else torch.empty)(sizes, dtype=dtype)
+            for name, (sizes, dtype, zero) in schedule.staged.items()
+        }
+        # Partial addends are added at the end, in plan order, so that they
+        # sum in source-rank order whatever order they arrive in.
+        addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
+        for name, src_slices, dst_slices, partial, order in schedule.local:
+            piece = shards[name][src_slices]
+            if partial:
+                addends.append((order, name, dst_slices, piece))
+            else:
+                staged[name][dst_slices].copy_(piece)
         counts: dict[int, int] = {}
+        wires: dict[int, torch.Tensor] = {}
+        dense: dict[int, torch.Tensor] = {}
+
+        def prepare(i: int) -> None:
+            for out in schedule.outgoing[i]:
+                buffer = self._pack(out, shards)
+                sent[out.k] = _digest(buffer)
+                dense[out.k] = buffer
+                if pinned is not None:
+                    counts[out.k], wires[out.k] = _encode(buffer, pinned.sent[out.k])
+                else:
+                    wires[out.k] = buffer
+
         if pinned is not None:
             # Delta sizes are data-dependent: pack everything, then tell each
             # receiver the size of each of its messages in one exchange.
-            everything = [self._pack(b, shards, me) for b in self.buckets]
-            encoded: dict[int, torch.Tensor] = {}
-            for bucket, packed in zip(self.buckets, everything):
-                for dst, buffer in packed:
-                    k = index[(bucket.index, (me, dst))]
-                    counts[k], encoded[k] = _encode(buffer, pinned.sent[k])
-            self._exchange_counts(counts, me, deadline)
-        packed = self._pack(self.buckets[0], shards, me) if self.buckets and pinned is None else []
-        for i, bucket in enumerate(self.buckets):
-            if pinned is not None:
-                packed = everything[i]
+            for i in range(len(self.buckets)):
+                prepare(i)
+            self._exchange_counts(counts, me, end)
+
+        def post(i: int) -> tuple[list, list]:
+            if pinned is None:
+                prepare(i)
             ops, received = [], []
-            for dst, buffer in packed:
-                k = index[(bucket.index, (me, dst))]
-                sent[k] = _digest(buffer)
+            for out in schedule.outgoing[i]:
+                wire, message = wires.pop(out.k), dense.pop(out.k)
                 if buffers is not None:
-                    buffers.sent[k] = buffer
-                wire = encoded[k] if pinned is not None else buffer
-                if buffers is not None:
+                    buffers.sent[out.k] = message
                     buffers.wire_bytes += wire.numel()
                 if wire.numel():
-                    ops.append(dist.P2POp(dist.isend, wire, dst))
-            for (src, dst), pieces in bucket.messages.items():
-                if dst == me:
-                    k = index[(bucket.index, (src, dst))]
-                    size = bucket.message_bytes((src, dst))
-                    if pinned is not None and counts[k] >= 0:
-                        size = counts[k] * _DELTA_ENTRY_BYTES
-                    buffer = torch.empty(size, dtype=torch.uint8)
-                    if size:
-                        ops.append(dist.P2POp(dist.irecv, buffer, src))
-                    received.append((k, pieces, buffer))
-            works = _post(ops, f"bucket {bucket.index}")
-            # Pack the next bucket while this one is on the wire.
-            if pinned is None:
-                packed = (
-                    self._pack(self.buckets[i + 1], shards, me) if i + 1 < len(self.buckets) else []
-                )
-            for work in works:
-                _wait(work, deadline, f"bucket {bucket.index}")
-            for k, pieces, buffer in received:
-                if pinned is not None and counts[k] >= 0:
-                    buffer = _decode(buffer, counts[k], pinned.received[k])
-                received_digests[k] = _digest(buffer)
+                    ops.append(dist.P2POp(dist.isend, wire, out.dst))
+            for inc in schedule.incoming[i]:
+                size = inc.nbytes
+                if pinned is not None and counts[inc.k] >= 0:
+                    size = counts[inc.k] * _DELTA_ENTRY_BYTES
+                buffer = torch.empty(size, dtype=torch.uint8)
+                if size:
+                    ops.append(dist.P2POp(dist.irecv, buffer, inc.src))
+                received.append((inc, buffer))
+            return _post(ops, f"bucket {i}"), received
+
+        def land(i: int, received: list) -> None:
+            for inc, buffer in received:
+                if pinned is not None and counts[inc.k] >= 0:
+                    buffer = _decode(buffer, counts[inc.k], pinned.received[inc.k])
+                received_digests[inc.k] = _digest(buffer)
                 if buffers is not None:
-                    buffers.received[k] = buffer
-                for p in pieces:
-                    dtype = self.source[p.name].dtype
-                    raw = buffer[p.offset : p.offset + p.nbytes].view(dtype)
-                    arrivals.append((p, raw.view(p.transfer.box.sizes)))
-        # Apply in plan order so that partial addends sum in source-rank order.
-        order = {id(t): k for name in self.names for k, t in enumerate(self.transfers[name])}
-        arrivals.sort(key=lambda a: (self.names.index(a[0].name), order[id(a[0].transfer)]))
-        for p, piece in arrivals:
-            t = p.transfer
-            target = staged[p.name][_slices(t.dst_offsets, t.box.sizes)]
-            if t.partial:
-                target.add_(piece)
-            else:
-                target.copy_(piece)
+                    buffers.received[inc.k] = buffer
+                for name, slices, offset, nbytes, sizes, partial, order in inc.pieces:
+                    dtype = self.source[name].dtype
+                    piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
+                    if partial:
+                        addends.append((order, name, slices, piece))
+                    else:
+                        staged[name][slices].copy_(piece)
+
+        n = len(self.buckets)
+        inflight = post(0) if n else None
+        for i in range(n):
+            ahead = post(i + 1) if i + 1 < n else None
+            works, received = inflight
+            for work in works:
+                _wait(work, end, f"bucket {i}")
+            land(i, received)
+            inflight = ahead
+        addends.sort(key=lambda a: a[0])
+        for _, name, slices, piece in addends:
+            staged[name][slices].add_(piece)
         return {
             name: y.to(self.dest[name].dtype) if y.dtype != self.dest[name].dtype else y
             for name, y in staged.items()
@@ -467,35 +578,45 @@ class WeightSyncPlan:
         addends are summed in the source dtype in source-rank order, then cast.
 
         Before returning, every rank takes part in one vote (an all-reduce):
-        each rank's status, and the digest (BLAKE2b) of every message as its
+        each rank's status, and the digest (CRC-32) of every message as its
         sender sent it and as its receiver received it. Any failed rank or
         differing digest raises `WeightSyncFailed` on every rank that
         completes the vote, naming the rank or the bucket and message; a
         rank that cannot complete it (a peer is gone, the deadline passed)
-        raises it too. Each wait is bounded by ``timeout`` seconds.
+        raises it too. The whole sync is bounded by ``timeout`` seconds.
         """
+        with torch.no_grad():
+            return self._run(shards, timeout, _versions, _delta)
+
+    def _run(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        timeout: float,
+        versions: WeightVersions | None,
+        delta: bool,
+    ) -> dict[str, torch.Tensor]:
         me = dist.get_rank()
         world = dist.get_world_size()
-        deadline = timedelta(seconds=timeout)
-        version = 0 if _versions is None else _versions.version
-        self._agree_inputs(self._check_local(shards, me), me, deadline, version)
+        end = time.monotonic() + timeout
+        version = 0 if versions is None else versions.version
+        self._agree_inputs(self._check_local(shards, me), me, end, version)
         # Every rank holds the same version (agreed), so all choose the same mode.
-        pinned = _versions.pinned if _delta and _versions is not None else None
-        buffers = _Pinned({}, {}) if _versions is not None else None
+        pinned = versions.pinned if delta and versions is not None else None
+        buffers = _Pinned({}, {}) if versions is not None else None
         n = len(self.messages)
-        sent = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
-        got = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
+        sent = torch.zeros(n, dtype=torch.int64)
+        got = torch.zeros(n, dtype=torch.int64)
         failure: WeightSyncFailed | None = None
         try:
-            staged = self._transfer(shards, me, deadline, sent, got, pinned, buffers)
+            staged = self._transfer(shards, me, end, sent, got, pinned, buffers)
         except WeightSyncFailed as e:
             failure = e
         status = torch.zeros(world, dtype=torch.int64)
         status[me] = 0 if failure is None else 1
-        vote = torch.cat([status, sent.reshape(-1), got.reshape(-1)])
+        vote = torch.cat([status, sent, got])
         try:
             vote_work = _call(lambda: dist.all_reduce(vote, async_op=True), "agreeing the digests")
-            _wait(vote_work, deadline, "agreeing the digests")
+            _wait(vote_work, end, "agreeing the digests")
         except WeightSyncFailed as e:
             raise (failure or e) from None
         if failure is not None:
@@ -503,15 +624,15 @@ class WeightSyncPlan:
         failed = [r for r in range(world) if int(vote[r])]
         if failed:
             raise WeightSyncFailed(f"weight sync failed on rank(s) {failed}; nothing published")
-        sent, got = vote[world:].reshape(2, n, _DIGEST_BYTES)
-        for k, (bucket, (src, dst)) in enumerate(self.messages):
-            if not torch.equal(sent[k], got[k]):
-                raise WeightSyncFailed(
-                    f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
-                    "different digest than it was sent with; nothing published"
-                )
-        if _versions is not None:
-            _versions.publish(staged, buffers)
+        sent, got = vote[world:].reshape(2, n)
+        for k in (sent != got).nonzero().flatten().tolist():
+            bucket, (src, dst) = self.messages[k]
+            raise WeightSyncFailed(
+                f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
+                "different digest than it was sent with; nothing published"
+            )
+        if versions is not None:
+            versions.publish(staged, buffers)
         return staged
 
     def sync(
@@ -601,10 +722,15 @@ def _decode(payload: torch.Tensor, count: int, old: torch.Tensor) -> torch.Tenso
     return out
 
 
-def _digest(buffer: torch.Tensor) -> torch.Tensor:
-    """BLAKE2b of a byte buffer, as int64 values 0..255 (summable in the vote)."""
-    digest = hashlib.blake2b(buffer.numpy(), digest_size=_DIGEST_BYTES).digest()
-    return torch.tensor(list(digest), dtype=torch.int64)
+def _digest(buffer: torch.Tensor) -> int:
+    """CRC-32 of a byte buffer (summable in the vote's int64 all-reduce).
+
+    A checksum against corruption on the wire, not an authenticator: it
+    detects every error burst of up to 32 bits (so every flipped byte) and
+    any other corruption but for a 2^-32 chance; one pass over the bytes,
+    several times cheaper than a cryptographic hash, which would cost more
+    than the wire on a fast link. zlib releases the GIL while it runs."""
+    return zlib.crc32(buffer.numpy())
 
 
 def _call(post, what: str):
@@ -620,7 +746,12 @@ def _post(ops: list, what: str) -> list:
     return _call(lambda: dist.batch_isend_irecv(ops), what) if ops else []
 
 
-def _wait(work: dist.Work, timeout: timedelta, what: str) -> None:
+def _wait(work: dist.Work, end: float, what: str) -> None:
+    """Wait for ``work`` until the sync's deadline ``end`` (time.monotonic)."""
+    left = end - time.monotonic()
+    if left <= 0:
+        raise WeightSyncFailed(f"weight sync: {what} missed the sync's deadline")
+    timeout = timedelta(seconds=left)
     try:
         completed = work.wait(timeout)
     except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
