@@ -22,16 +22,20 @@ Ranks named in a mesh are global ranks of the default group.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from distir.errors import DistirError
+from distir.backends.domain import domain_for
+from distir.backends.epochs import membership
+from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError, Excluded
 from distir.ir.layouts import Box, Layout, Mesh, local_box
 from distir.ir.mesh import Transfer, transfer_map
 
@@ -39,7 +43,11 @@ __all__ = [
     "WIRE_DTYPES",
     "TensorLayout",
     "WeightSyncError",
+    "WeightSyncCorrupted",
     "WeightSyncFailed",
+    "WeightSyncPeerLost",
+    "WeightSyncRefused",
+    "WeightSyncTimeout",
     "WeightSyncPlan",
     "WeightSyncSpecError",
     "WeightVersions",
@@ -68,8 +76,36 @@ class WeightSyncSpecError(WeightSyncError, ValueError):
 
 
 class WeightSyncFailed(WeightSyncError):
-    """A sync did not complete: a rank's inputs were refused, a peer failed,
-    or a message missed its deadline. Raised on every rank that took part."""
+    """A sync did not complete and published nothing: raised on every rank
+    that took part, as one of the subclasses below, which say whether the
+    group still works (`group_broken`)."""
+
+    #: whether the process group can run no more collectives: its execution
+    #: domain is poisoned and the survivors call `distir.recover()`
+    group_broken = False
+
+
+class WeightSyncRefused(WeightSyncFailed):
+    """Refused before any byte moved (a rank's shards, the plan, the
+    versions or the mode differ); every rank saw it, the group still works."""
+
+
+class WeightSyncCorrupted(WeightSyncFailed):
+    """A message arrived with another digest than it was sent with; every
+    rank saw it in the vote, the group still works."""
+
+
+class WeightSyncTimeout(WeightSyncFailed):
+    """A wait ran past the sync's deadline (a peer frozen, late or gone)."""
+
+    group_broken = True
+
+
+class WeightSyncPeerLost(WeightSyncFailed):
+    """The backend failed (a peer exited, a connection broke), or a peer
+    reported that its part failed."""
+
+    group_broken = True
 
 
 @dataclass(frozen=True)
@@ -251,7 +287,7 @@ class WeightSyncPlan:
     local: tuple[tuple[str, Transfer], ...]
     bucket_bytes: int
     #: per rank, what it does in a sync (`_schedule`), worked out at its first
-    _schedules: dict[int, _Schedule] = field(default_factory=dict, repr=False, compare=False)
+    _schedules: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -395,27 +431,64 @@ class WeightSyncPlan:
                 )
         return None
 
-    def _agree_inputs(self, problem: str | None, me: int, end: float, version: int = 0) -> None:
-        """Every rank learns whether any rank's shards are refused, or the
-        ranks hold different published versions, before any byte moves."""
-        flag = torch.tensor([0 if problem is None else me + 1, version, -version])
+    @property
+    def fingerprint(self) -> int:
+        """A 62-bit hash of the plan (declarations, transfers, buckets): ranks
+        agree on it before any byte moves."""
+        cached = self._schedules.get("fingerprint")
+        if cached is None:
+            text = repr((self.source, self.dest, self.transfers, self.buckets, self.local))
+            digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+            cached = self._schedules["fingerprint"] = int.from_bytes(digest, "little") >> 2
+        return cached
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank a sync involves (the ranks of every mesh, sorted)."""
+        meshes = [d.mesh for d in (*self.source.values(), *self.dest.values())]
+        return tuple(sorted({r for m in meshes for r in m.ranks}))
+
+    def _agree(
+        self, problem: str | None, me: int, end: float, group: Any, mine: tuple[int, int, int]
+    ) -> bool:
+        """Every rank learns, before any byte moves, whether any rank's shards
+        are refused or the ranks differ in the plan, the published version or
+        the mode; returns whether every rank can take a delta (``mine``:
+        this rank's version, delta asked, delta possible)."""
+        version, delta, pinned = mine
+        words = [0 if problem is None else me + 1]
+        for value in (self.fingerprint, version, delta, pinned):
+            words += [value, -value]  # MAX of both: the max and the min
+        flag = torch.tensor(words, dtype=torch.int64)
         work = _call(
-            lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True),
+            lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True),
             "agreeing the inputs",
         )
         _wait(work, end, "agreeing the inputs")
+        high = {
+            k: int(flag[1 + 2 * i]) for i, k in enumerate(("plan", "version", "delta", "pinned"))
+        }
+        low = {
+            k: -int(flag[2 + 2 * i]) for i, k in enumerate(("plan", "version", "delta", "pinned"))
+        }
+        refused = "weight sync refused before any byte moved: "
         if problem is not None:
-            raise WeightSyncFailed(f"weight sync refused before any byte moved: {problem}")
-        if int(flag[1]) != -int(flag[2]):
-            raise WeightSyncFailed(
-                "weight sync refused before any byte moved: the ranks hold different "
-                f"published versions (from {-int(flag[2])} to {int(flag[1])})"
-            )
+            raise WeightSyncRefused(refused + problem)
         if int(flag[0]) != 0:
-            raise WeightSyncFailed(
-                f"weight sync refused before any byte moved: rank {int(flag[0]) - 1}'s "
-                "source shards do not fit the plan"
+            raise WeightSyncRefused(
+                f"{refused}rank {int(flag[0]) - 1}'s source shards do not fit the plan"
             )
+        if high["plan"] != low["plan"]:
+            raise WeightSyncRefused(refused + "the ranks run different plans")
+        if high["version"] != low["version"]:
+            raise WeightSyncRefused(
+                f"{refused}the ranks hold different published versions "
+                f"(from {low['version']} to {high['version']})"
+            )
+        if high["delta"] != low["delta"]:
+            raise WeightSyncRefused(refused + "some ranks asked for a delta sync, some not")
+        # A delta needs the last version's messages of this very plan on every rank.
+        return bool(low["delta"] and low["pinned"])
 
     def _pack(self, out: _Outgoing, shards: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """One message: every piece copied once, straight from its (strided)
@@ -434,7 +507,7 @@ class WeightSyncPlan:
         """Every message of every bucket, as (bucket index, (src, dst)), in plan order."""
         return tuple((b.index, pair) for b in self.buckets for pair in b.messages)
 
-    def _exchange_counts(self, counts: dict[int, int], me: int, end: float) -> None:
+    def _exchange_counts(self, counts: dict[int, int], me: int, end: float, group: Any) -> None:
         """Send each receiver the delta entry count (-1: dense) of every message
         this rank sends it; fill ``counts`` with those of the messages it receives."""
         by_pair: dict[tuple[int, int], list[int]] = {}
@@ -444,10 +517,10 @@ class WeightSyncPlan:
         for (src, dst), ks in by_pair.items():
             if src == me:
                 header = torch.tensor([counts[k] for k in ks], dtype=torch.int64)
-                ops.append(dist.P2POp(dist.isend, header, dst))
+                ops.append(dist.P2POp(dist.isend, header, dst, group))
             elif dst == me:
                 header = torch.empty(len(ks), dtype=torch.int64)
-                ops.append(dist.P2POp(dist.irecv, header, src))
+                ops.append(dist.P2POp(dist.irecv, header, src, group))
                 incoming.append((ks, header))
         for work in _post(ops, "exchanging the delta sizes"):
             _wait(work, end, "exchanging the delta sizes")
@@ -459,6 +532,7 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         me: int,
         end: float,
+        group: Any,
         sent: torch.Tensor,
         received_digests: torch.Tensor,
         pinned: _Pinned | None = None,
@@ -506,7 +580,7 @@ class WeightSyncPlan:
             # receiver the size of each of its messages in one exchange.
             for i in range(len(self.buckets)):
                 prepare(i)
-            self._exchange_counts(counts, me, end)
+            self._exchange_counts(counts, me, end, group)
 
         def post(i: int) -> tuple[list, list]:
             if pinned is None:
@@ -518,14 +592,14 @@ class WeightSyncPlan:
                     buffers.sent[out.k] = message
                     buffers.wire_bytes += wire.numel()
                 if wire.numel():
-                    ops.append(dist.P2POp(dist.isend, wire, out.dst))
+                    ops.append(dist.P2POp(dist.isend, wire, out.dst, group))
             for inc in schedule.incoming[i]:
                 size = inc.nbytes
                 if pinned is not None and counts[inc.k] >= 0:
                     size = counts[inc.k] * _DELTA_ENTRY_BYTES
                 buffer = torch.empty(size, dtype=torch.uint8)
                 if size:
-                    ops.append(dist.P2POp(dist.irecv, buffer, inc.src))
+                    ops.append(dist.P2POp(dist.irecv, buffer, inc.src, group))
                 received.append((inc, buffer))
             return _post(ops, f"bucket {i}"), received
 
@@ -566,6 +640,7 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         *,
         timeout: float = 60.0,
+        group: Any = None,
         _versions: WeightVersions | None = None,
         _delta: bool = False,
     ) -> dict[str, torch.Tensor]:
@@ -574,64 +649,129 @@ class WeightSyncPlan:
         ``shards`` are this rank's source shards (by name; ignored on ranks
         outside every source mesh). Returns this rank's destination shards,
         fresh tensors in the destination dtypes (empty on ranks outside every
-        destination mesh). Every rank of the default group calls it. Partial
-        addends are summed in the source dtype in source-rank order, then cast.
+        destination mesh). Every rank of ``group`` calls it (None: the
+        current membership's group, `distir.membership()`: the default group
+        until a `distir.recover()`); the meshes name global ranks, all of
+        them in ``group``. Partial addends are summed in the source dtype in
+        source-rank order, then cast.
 
-        Before returning, every rank takes part in one vote (an all-reduce):
-        each rank's status, and the digest (CRC-32) of every message as its
-        sender sent it and as its receiver received it. Any failed rank or
-        differing digest raises `WeightSyncFailed` on every rank that
-        completes the vote, naming the rank or the bucket and message; a
-        rank that cannot complete it (a peer is gone, the deadline passed)
-        raises it too. The whole sync is bounded by ``timeout`` seconds.
+        Before any byte moves the ranks agree (one small all-reduce) on the
+        plan, the mode and the published version, and that every rank's
+        shards fit. Before returning, every rank takes part in one vote (an
+        all-reduce): each rank's status, and the digest (CRC-32) of every
+        message as its sender sent it and as its receiver received it. The
+        whole sync, both all-reduces included, is bounded by ``timeout``
+        seconds. Every failure raises a `WeightSyncFailed` on every rank
+        that took part, within ``timeout`` plus the 2 s of the failure path:
+        `WeightSyncRefused` or `WeightSyncCorrupted` leave the group
+        working (the next sync may go on at once); `WeightSyncTimeout` and
+        `WeightSyncPeerLost` poison the group's execution domain (as every
+        distir failure does, the reason published for the peers) and the
+        survivors call `distir.recover()` before syncing on its group.
         """
         with torch.no_grad():
-            return self._run(shards, timeout, _versions, _delta)
+            return self._run(shards, timeout, group, _versions, _delta)
 
     def _run(
         self,
         shards: Mapping[str, torch.Tensor],
         timeout: float,
+        group: Any,
+        versions: WeightVersions | None,
+        delta: bool,
+    ) -> dict[str, torch.Tensor]:
+        end = time.monotonic() + timeout
+        pg = membership().group if group is None else group
+        domain = domain_for(pg)
+        try:
+            domain.check("weight sync")
+        except Excluded:
+            raise
+        except DistirError as e:
+            raise WeightSyncPeerLost(
+                f"weight sync not started: {e} (the survivors call distir.recover() and "
+                "sync on its group)"
+            ) from None
+        members = dist.get_process_group_ranks(pg)
+        outside = sorted(set(self.ranks) - set(members))
+        if outside:
+            # The same on every rank of the group: no exchange needed to agree.
+            raise WeightSyncRefused(
+                f"weight sync refused before any byte moved: the plan names rank(s) {outside}, "
+                f"which the group (ranks {sorted(members)}) does not hold: plan again "
+                "for the ranks that are left"
+            )
+        try:
+            return self._attempt(shards, end, pg, versions, delta)
+        except WeightSyncFailed as e:
+            if not e.group_broken:
+                raise
+            # What a peer published first says who failed and why.
+            published, excluded = domain.failure_evidence()
+            if excluded is not None:
+                raise excluded from None
+            # As the domain's own types, so that it counts as a backend failure
+            # (no reset_domain: the survivors recover).
+            kind = DeadlineExceeded if isinstance(e, WeightSyncTimeout) else CollectiveFailed
+            domain.poison(kind("weight sync", str(e).removeprefix("weight sync: ")))
+            if published and f"rank {dist.get_rank()}:" not in published:
+                who, _, why = published.partition(": ")
+                raise type(e)(f"{e}; {who} failed first: {why}") from None
+            raise
+
+    def _attempt(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        end: float,
+        group: Any,
         versions: WeightVersions | None,
         delta: bool,
     ) -> dict[str, torch.Tensor]:
         me = dist.get_rank()
-        world = dist.get_world_size()
-        end = time.monotonic() + timeout
-        version = 0 if versions is None else versions.version
-        self._agree_inputs(self._check_local(shards, me), me, end, version)
-        # Every rank holds the same version (agreed), so all choose the same mode.
-        pinned = versions.pinned if delta and versions is not None else None
-        buffers = _Pinned({}, {}) if versions is not None else None
+        members = dist.get_process_group_ranks(group)
+        pinned = None if versions is None else versions.pinned
+        usable = pinned is not None and pinned.plan == self.fingerprint
+        mine = (0 if versions is None else versions.version, int(delta), int(usable))
+        # Every rank learns the same answer, so all choose the same mode.
+        if not self._agree(self._check_local(shards, me), me, end, group, mine):
+            pinned = None
+        buffers = _Pinned({}, {}, self.fingerprint) if versions is not None else None
         n = len(self.messages)
         sent = torch.zeros(n, dtype=torch.int64)
         got = torch.zeros(n, dtype=torch.int64)
         failure: WeightSyncFailed | None = None
         try:
-            staged = self._transfer(shards, me, end, sent, got, pinned, buffers)
+            staged = self._transfer(shards, me, end, group, sent, got, pinned, buffers)
         except WeightSyncFailed as e:
             failure = e
-        status = torch.zeros(world, dtype=torch.int64)
-        status[me] = 0 if failure is None else 1
+        status = torch.zeros(len(members), dtype=torch.int64)
+        status[members.index(me)] = 0 if failure is None else 1
         vote = torch.cat([status, sent, got])
         try:
-            vote_work = _call(lambda: dist.all_reduce(vote, async_op=True), "agreeing the digests")
+            vote_work = _call(
+                lambda: dist.all_reduce(vote, group=group, async_op=True), "agreeing the digests"
+            )
             _wait(vote_work, end, "agreeing the digests")
         except WeightSyncFailed as e:
             raise (failure or e) from None
         if failure is not None:
             raise failure
-        failed = [r for r in range(world) if int(vote[r])]
+        failed = [members[i] for i in range(len(members)) if int(vote[i])]
         if failed:
-            raise WeightSyncFailed(f"weight sync failed on rank(s) {failed}; nothing published")
-        sent, got = vote[world:].reshape(2, n)
+            # Their waits may still be posted: the group's connections are not trusted again.
+            raise WeightSyncPeerLost(
+                f"weight sync failed on rank(s) {failed} (reported in the vote); nothing published"
+            )
+        sent, got = vote[len(members) :].reshape(2, n)
         for k in (sent != got).nonzero().flatten().tolist():
             bucket, (src, dst) = self.messages[k]
-            raise WeightSyncFailed(
+            raise WeightSyncCorrupted(
                 f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
                 "different digest than it was sent with; nothing published"
             )
         if versions is not None:
+            # The commit: every rank that completed the vote saw the same
+            # outcome, so every receiver installs this version or none does.
             versions.publish(staged, buffers)
         return staged
 
@@ -642,6 +782,7 @@ class WeightSyncPlan:
         *,
         delta: bool = False,
         timeout: float = 60.0,
+        group: Any = None,
     ) -> int:
         """`run`, then publish the result as ``versions``' next version.
 
@@ -654,12 +795,13 @@ class WeightSyncPlan:
         With ``delta=True`` each message travels as the 2-byte words that
         changed since the last published version (an int32 index and the
         word each, 6 bytes an entry), or dense where that is not smaller, or
-        on the first sync. Both sides pin the dense messages of each
+        when some rank has no published version of this plan (the first
+        sync, or after a re-plan). Both sides pin the dense messages of each
         published version for this (memory: the bytes they send and
         receive). The digests are of the dense messages, so the vote checks
         the reconstruction bit for bit.
         """
-        self.run(shards, timeout=timeout, _versions=versions, _delta=delta)
+        self.run(shards, timeout=timeout, group=group, _versions=versions, _delta=delta)
         return versions.version
 
 
@@ -693,6 +835,8 @@ class _Pinned:
 
     sent: dict[int, torch.Tensor]
     received: dict[int, torch.Tensor]
+    #: the fingerprint of the plan whose messages these are
+    plan: int = 0
     #: bytes this rank put on the wire in the sync that built them
     wire_bytes: int = 0
 
@@ -738,7 +882,14 @@ def _call(post, what: str):
     try:
         return post()
     except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
-        raise WeightSyncFailed(f"weight sync failed while {what}: {e}") from e
+        raise _backend_failure(e, what) from e
+
+
+def _backend_failure(error: Exception, what: str) -> WeightSyncFailed:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline ({text})")
+    return WeightSyncPeerLost(f"weight sync failed while {what} (a peer may have exited): {text}")
 
 
 def _post(ops: list, what: str) -> list:
@@ -750,14 +901,15 @@ def _wait(work: dist.Work, end: float, what: str) -> None:
     """Wait for ``work`` until the sync's deadline ``end`` (time.monotonic)."""
     left = end - time.monotonic()
     if left <= 0:
-        raise WeightSyncFailed(f"weight sync: {what} missed the sync's deadline")
-    timeout = timedelta(seconds=left)
+        raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
     try:
-        completed = work.wait(timeout)
+        completed = work.wait(timedelta(seconds=left))
     except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
-        raise WeightSyncFailed(f"weight sync failed while {what}: {e}") from e
+        if time.monotonic() >= end - 0.05:
+            raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline") from e
+        raise _backend_failure(e, what) from e
     if completed is False:
-        raise WeightSyncFailed(f"weight sync: {what} missed its deadline of {timeout}")
+        raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
 
 
 def plan_weight_sync(
