@@ -137,6 +137,21 @@ class Piece:
     #: byte offset inside the (src, dst) message of its bucket
     offset: int
     nbytes: int
+    #: the `Reduction` whose sum it carries (-1: a piece of a source shard)
+    slot: int = -1
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Partial addends of one destination box summed on a source rank (the
+    reducer) before the sum is quantised for the wire: ``addends`` are the
+    plan's transfers of that box, in source-rank order; the reducer receives
+    the others' in full precision in the pre-stage."""
+
+    name: str
+    reducer: int
+    dst_rank: int
+    addends: tuple[Transfer, ...]
 
 
 @dataclass(frozen=True)
@@ -193,7 +208,7 @@ def _tensor_transfers(name: str, src: TensorLayout, dst: TensorLayout) -> list[T
         raise _spec_error(name, str(e)) from None
 
 
-def _buckets(pieces: Iterable[tuple[str, Transfer, int]], limit: int) -> list[Bucket]:
+def _buckets(pieces: Iterable[tuple[str, Transfer, int, int]], limit: int) -> list[Bucket]:
     """Cut the remote pieces, in plan order, into buckets of at most ``limit``
     bytes (a larger piece travels alone)."""
     buckets: list[Bucket] = []
@@ -217,13 +232,13 @@ def _buckets(pieces: Iterable[tuple[str, Transfer, int]], limit: int) -> list[Bu
         offset = -(-end // _ALIGN) * _ALIGN
         return offset, offset - end + nbytes
 
-    for name, t, nbytes in pieces:
+    for name, t, nbytes, slot in pieces:
         pair = (t.src_rank, t.dst_rank)
         offset, cost = placed(pair, nbytes)
         if used and used + cost > limit:
             close()
             offset, cost = placed(pair, nbytes)
-        current.setdefault(pair, []).append(Piece(name, t, offset, nbytes))
+        current.setdefault(pair, []).append(Piece(name, t, offset, nbytes, slot))
         used += cost
     close()
     return buckets
@@ -238,7 +253,8 @@ class _Outgoing:
     k: int
     dst: int
     nbytes: int
-    pieces: tuple[tuple[str, tuple[slice, ...], int, int, tuple[int, ...]], ...]
+    #: (name, source slices, byte offset, bytes, box sizes, reduction slot, quantised)
+    pieces: tuple[tuple[str, tuple[slice, ...], int, int, tuple[int, ...], int, bool], ...]
     gaps: tuple[tuple[int, int], ...]
 
 
@@ -251,7 +267,7 @@ class _Incoming:
     src: int
     nbytes: int
     pieces: tuple[
-        tuple[str, tuple[slice, ...], int, int, tuple[int, ...], bool, tuple[int, int]], ...
+        tuple[str, tuple[slice, ...], int, int, tuple[int, ...], bool, tuple[int, int], bool], ...
     ]
 
 
@@ -263,8 +279,8 @@ class _Schedule:
     shapes: dict[str, tuple[int, ...]]
     outgoing: tuple[tuple[_Outgoing, ...], ...]
     incoming: tuple[tuple[_Incoming, ...], ...]
-    #: (name, source slices, destination slices, partial, plan order)
-    local: tuple[tuple[str, tuple[slice, ...], tuple[slice, ...], bool, tuple[int, int]], ...]
+    #: (name, source slices, destination slices, partial, plan order, reduction slot)
+    local: tuple[tuple[str, tuple[slice, ...], tuple[slice, ...], bool, tuple[int, int], int], ...]
     #: per destination tensor: (sizes, staging dtype, zero-filled)
     staged: dict[str, tuple[tuple[int, ...], torch.dtype, bool]]
 
@@ -286,8 +302,101 @@ class WeightSyncPlan:
     buckets: tuple[Bucket, ...]
     local: tuple[tuple[str, Transfer], ...]
     bucket_bytes: int
+    #: the wire format of floating tensors (None: their own dtype)
+    wire: torch.dtype | None = None
+    #: partial sums formed on a source rank before quantising (`Reduction`)
+    reductions: tuple[Reduction, ...] = ()
+    #: local copies of those sums (reducer == destination): (name, transfer, slot)
+    local_reduced: tuple[tuple[str, Transfer, int], ...] = ()
     #: per rank, what it does in a sync (`_schedule`), worked out at its first
     _schedules: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def quantised(self, name: str) -> bool:
+        """Whether ``name`` travels in the wire format (block-scaled fp8)."""
+        return self.wire is not None and self.source[name].dtype.is_floating_point
+
+    @property
+    def local_pieces(self) -> tuple[tuple[str, Transfer, int], ...]:
+        """Every local copy: (name, transfer, reduction slot or -1)."""
+        return tuple((name, t, -1) for name, t in self.local) + self.local_reduced
+
+    @property
+    def pre_messages(
+        self,
+    ) -> tuple[tuple[tuple[int, int], tuple[tuple[int, int, Transfer], ...]], ...]:
+        """The pre-stage: per (source rank, reducer) pair, the addends it
+        carries as (reduction slot, position in the sum, transfer)."""
+        by_pair: dict[tuple[int, int], list[tuple[int, int, Transfer]]] = {}
+        for slot, red in enumerate(self.reductions):
+            for j, t in enumerate(red.addends):
+                if t.src_rank != red.reducer:
+                    by_pair.setdefault((t.src_rank, red.reducer), []).append((slot, j, t))
+        return tuple((pair, tuple(v)) for pair, v in sorted(by_pair.items()))
+
+    def _pre_part_bytes(self, slot: int, t: Transfer) -> int:
+        nbytes = t.numel * self.source[self.reductions[slot].name].dtype.itemsize
+        return -(-nbytes // _ALIGN) * _ALIGN
+
+    def _reduce(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        me: int,
+        end: float,
+        group: Any,
+        sent: torch.Tensor,
+        got: torch.Tensor,
+    ) -> dict[int, torch.Tensor]:
+        """The pre-stage: every partial sum of a quantised tensor formed on
+        its reducer, in the source dtype, in source-rank order, so that a
+        block is quantised once, from the sum. Its messages (one per pair)
+        are digested into the vote after the buckets' (index n + i)."""
+        if not self.reductions:
+            return {}
+        n = len(self.messages)
+        ops, incoming = [], []
+        for i, ((src, dst), addends) in enumerate(self.pre_messages):
+            if src == me:
+                buffer = torch.zeros(
+                    sum(self._pre_part_bytes(slot, t) for slot, _, t in addends), dtype=torch.uint8
+                )
+                at = 0
+                for slot, _, t in addends:
+                    x = shards[self.reductions[slot].name][_slices(t.src_offsets, t.box.sizes)]
+                    buffer[at : at + t.numel * x.dtype.itemsize].view(x.dtype).view(
+                        t.box.sizes
+                    ).copy_(x)
+                    at += self._pre_part_bytes(slot, t)
+                sent[n + i] = _digest(buffer)
+                ops.append(dist.P2POp(dist.isend, buffer, dst, group))
+            elif dst == me:
+                size = sum(self._pre_part_bytes(slot, t) for slot, _, t in addends)
+                buffer = torch.empty(size, dtype=torch.uint8)
+                ops.append(dist.P2POp(dist.irecv, buffer, src, group))
+                incoming.append((i, addends, buffer))
+        for work in _post(ops, "the pre-stage"):
+            _wait(work, end, "the pre-stage")
+        parts: dict[int, dict[int, torch.Tensor]] = {}
+        for slot, red in enumerate(self.reductions):
+            for j, t in enumerate(red.addends):
+                if red.reducer == me and t.src_rank == me:
+                    parts.setdefault(slot, {})[j] = shards[red.name][
+                        _slices(t.src_offsets, t.box.sizes)
+                    ]
+        for i, addends, buffer in incoming:
+            got[n + i] = _digest(buffer)
+            at = 0
+            for slot, j, t in addends:
+                dtype = self.source[self.reductions[slot].name].dtype
+                raw = buffer[at : at + t.numel * dtype.itemsize]
+                parts.setdefault(slot, {})[j] = raw.view(dtype).view(t.box.sizes)
+                at += self._pre_part_bytes(slot, t)
+        reduced = {}
+        for slot, addends in parts.items():
+            total = addends[0].clone()
+            for j in range(1, len(addends)):
+                total += addends[j]
+            reduced[slot] = total
+        return reduced
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -337,9 +446,10 @@ class WeightSyncPlan:
             ).rstrip()
 
         local_bytes = sum(t.numel * self.source[name].dtype.itemsize for name, t in self.local)
+        wire = "" if self.wire is None else f", {str(self.wire).removeprefix('torch.')} on the wire"
         lines = [
             f"weight sync: {len(self.names)} tensors, {len(self.buckets)} buckets "
-            f"(limit {self.bucket_bytes} bytes)",
+            f"(limit {self.bucket_bytes} bytes){wire}",
             line(header),
             "-+-".join("-" * w for w in widths),
             *(line(r) for r in rows),
@@ -381,7 +491,7 @@ class WeightSyncPlan:
                         t = p.transfer
                         placed.append(
                             (p.name, _slices(t.src_offsets, t.box.sizes), p.offset, p.nbytes,
-                             t.box.sizes)
+                             t.box.sizes, p.slot, self.quantised(p.name))
                         )  # fmt: skip
                         end = p.offset + p.nbytes
                     if size > end:
@@ -393,7 +503,8 @@ class WeightSyncPlan:
                         t = p.transfer
                         placed.append(
                             (p.name, _slices(t.dst_offsets, t.box.sizes), p.offset, p.nbytes,
-                             t.box.sizes, t.partial, order[(p.name, id(t))])
+                             t.box.sizes, t.partial, order.get((p.name, id(t)), (0, 0)),
+                             self.quantised(p.name))
                         )  # fmt: skip
                     ins.append(_Incoming(k, src, size, tuple(placed)))
                 k += 1
@@ -401,8 +512,8 @@ class WeightSyncPlan:
             incoming.append(tuple(ins))
         local = tuple(
             (name, _slices(t.src_offsets, t.box.sizes), _slices(t.dst_offsets, t.box.sizes),
-             t.partial, order[(name, id(t))])
-            for name, t in self.local
+             t.partial, order.get((name, id(t)), (0, 0)), slot)
+            for name, t, slot in self.local_pieces
             if t.dst_rank == me
         )  # fmt: skip
         staged = {}
@@ -410,9 +521,13 @@ class WeightSyncPlan:
             box = self.dest_box(name, me)
             if box is not None:
                 # Partial addends are added onto zeros; every other element is
-                # written by exactly one piece, so it needs no zero fill.
-                zero = bool(self.source[name].partial)
-                staged[name] = (box.sizes, self.source[name].dtype, zero)
+                # written by exactly one piece, so it needs no zero fill. A
+                # quantised tensor arrives summed, decoded in its destination dtype.
+                if self.quantised(name):
+                    staged[name] = (box.sizes, self.dest[name].dtype, False)
+                else:
+                    zero = bool(self.source[name].partial)
+                    staged[name] = (box.sizes, self.source[name].dtype, zero)
         schedule = _Schedule(shapes, tuple(outgoing), tuple(incoming), local, staged)
         self._schedules[me] = schedule
         return schedule
@@ -429,6 +544,12 @@ class WeightSyncPlan:
                     f"rank {me}: tensor {name!r} shard is {list(x.shape)} {x.dtype}, "
                     f"the plan needs {list(shape)} {want}"
                 )
+            if self.quantised(name) and not bool(torch.isfinite(x).all()):
+                # Refused whatever the layout (a local copy would carry it).
+                return (
+                    f"rank {me}: tensor {name!r} holds NaN or infinite values; "
+                    f"{str(self.wire).removeprefix('torch.')} cannot carry them"
+                )
         return None
 
     @property
@@ -437,7 +558,10 @@ class WeightSyncPlan:
         agree on it before any byte moves."""
         cached = self._schedules.get("fingerprint")
         if cached is None:
-            text = repr((self.source, self.dest, self.transfers, self.buckets, self.local))
+            text = repr(
+                (self.source, self.dest, self.transfers, self.buckets, self.local_pieces,
+                 self.wire, self.reductions)
+            )  # fmt: skip
             digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
             cached = self._schedules["fingerprint"] = int.from_bytes(digest, "little") >> 2
         return cached
@@ -490,14 +614,25 @@ class WeightSyncPlan:
         # A delta needs the last version's messages of this very plan on every rank.
         return bool(low["delta"] and low["pinned"])
 
-    def _pack(self, out: _Outgoing, shards: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def _pack(
+        self,
+        out: _Outgoing,
+        shards: Mapping[str, torch.Tensor],
+        reduced: Mapping[int, torch.Tensor],
+        nonfinite: list[str] | None = None,
+    ) -> torch.Tensor:
         """One message: every piece copied once, straight from its (strided)
         shard into its place; the alignment padding zeroed so that it never
         differs between versions (delta)."""
         buffer = torch.empty(out.nbytes, dtype=torch.uint8)
-        for name, slices, offset, nbytes, sizes in out.pieces:
-            dtype = self.source[name].dtype
-            buffer[offset : offset + nbytes].view(dtype).view(sizes).copy_(shards[name][slices])
+        for name, slices, offset, nbytes, sizes, slot, quantised in out.pieces:
+            x = shards[name][slices] if slot < 0 else reduced[slot]
+            if quantised:
+                if not _quantise(x, buffer[offset : offset + nbytes]) and nonfinite is not None:
+                    nonfinite.append(name)
+            else:
+                dtype = self.source[name].dtype
+                buffer[offset : offset + nbytes].view(dtype).view(sizes).copy_(x)
         for start, stop in out.gaps:
             buffer[start:stop] = 0
         return buffer
@@ -537,6 +672,7 @@ class WeightSyncPlan:
         received_digests: torch.Tensor,
         pinned: _Pinned | None = None,
         buffers: _Pinned | None = None,
+        nonfinite: list[str] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Move every bucket; set ``sent[k]`` / ``received_digests[k]`` to the
         digest of message k as this rank sent / received it (dense, decoded),
@@ -555,8 +691,9 @@ class WeightSyncPlan:
         # Partial addends are added at the end, in plan order, so that they
         # sum in source-rank order whatever order they arrive in.
         addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
-        for name, src_slices, dst_slices, partial, order in schedule.local:
-            piece = shards[name][src_slices]
+        reduced = self._reduce(shards, me, end, group, sent, received_digests)
+        for name, src_slices, dst_slices, partial, order, slot in schedule.local:
+            piece = shards[name][src_slices] if slot < 0 else reduced[slot]
             if partial:
                 addends.append((order, name, dst_slices, piece))
             else:
@@ -567,7 +704,7 @@ class WeightSyncPlan:
 
         def prepare(i: int) -> None:
             for out in schedule.outgoing[i]:
-                buffer = self._pack(out, shards)
+                buffer = self._pack(out, shards, reduced, nonfinite)
                 sent[out.k] = _digest(buffer)
                 dense[out.k] = buffer
                 if pinned is not None:
@@ -610,7 +747,12 @@ class WeightSyncPlan:
                 received_digests[inc.k] = _digest(buffer)
                 if buffers is not None:
                     buffers.received[inc.k] = buffer
-                for name, slices, offset, nbytes, sizes, partial, order in inc.pieces:
+                for name, slices, offset, nbytes, sizes, partial, order, quantised in inc.pieces:
+                    if quantised:
+                        staged[name][slices].copy_(
+                            _dequantise(buffer[offset : offset + nbytes], sizes)
+                        )
+                        continue
                     dtype = self.source[name].dtype
                     piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
                     if partial:
@@ -736,16 +878,17 @@ class WeightSyncPlan:
         if not self._agree(self._check_local(shards, me), me, end, group, mine):
             pinned = None
         buffers = _Pinned({}, {}, self.fingerprint) if versions is not None else None
-        n = len(self.messages)
+        n = len(self.messages) + len(self.pre_messages)
         sent = torch.zeros(n, dtype=torch.int64)
         got = torch.zeros(n, dtype=torch.int64)
         failure: WeightSyncFailed | None = None
+        nonfinite: list[str] = []
         try:
-            staged = self._transfer(shards, me, end, group, sent, got, pinned, buffers)
+            staged = self._transfer(shards, me, end, group, sent, got, pinned, buffers, nonfinite)
         except WeightSyncFailed as e:
             failure = e
         status = torch.zeros(len(members), dtype=torch.int64)
-        status[members.index(me)] = 0 if failure is None else 1
+        status[members.index(me)] = 1 if failure is not None else 2 if nonfinite else 0
         vote = torch.cat([status, sent, got])
         try:
             vote_work = _call(
@@ -756,7 +899,16 @@ class WeightSyncPlan:
             raise (failure or e) from None
         if failure is not None:
             raise failure
-        failed = [members[i] for i in range(len(members)) if int(vote[i])]
+        failed = [members[i] for i in range(len(members)) if int(vote[i]) == 1]
+        refused = [members[i] for i in range(len(members)) if int(vote[i]) == 2]
+        if refused and not failed:
+            # Every transfer completed: the group still works.
+            mine = f" (here: {', '.join(sorted(set(nonfinite)))})" if nonfinite else ""
+            raise WeightSyncRefused(
+                f"weight sync: rank(s) {refused} hold NaN or infinite values in a tensor "
+                f"that travels as {str(self.wire).removeprefix('torch.')}, which cannot "
+                f"carry them{mine}; nothing published"
+            )
         if failed:
             # Their waits may still be posted: the group's connections are not trusted again.
             raise WeightSyncPeerLost(
@@ -764,6 +916,12 @@ class WeightSyncPlan:
             )
         sent, got = vote[len(members) :].reshape(2, n)
         for k in (sent != got).nonzero().flatten().tolist():
+            if k >= len(self.messages):
+                (src, dst), _ = self.pre_messages[k - len(self.messages)]
+                raise WeightSyncCorrupted(
+                    f"weight sync: the pre-stage message {src} -> {dst} arrived with a "
+                    "different digest than it was sent with; nothing published"
+                )
             bucket, (src, dst) = self.messages[k]
             raise WeightSyncCorrupted(
                 f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
@@ -866,6 +1024,54 @@ def _decode(payload: torch.Tensor, count: int, old: torch.Tensor) -> torch.Tenso
     return out
 
 
+#: elements per fp8 block: each block is scaled by its own float32 scale
+FP8_BLOCK = 128
+#: the largest finite float8_e4m3fn
+_FP8_MAX = 448.0
+#: float8_e4m3fn's machine epsilon (3 mantissa bits): a value in the normal
+#: range rounds to within FP8_EPS / 2 of itself, relatively
+FP8_EPS = 2.0**-3
+
+
+def fp8_bytes(numel: int) -> int:
+    """Wire bytes of ``numel`` elements as block-scaled fp8: one byte each
+    and a float32 scale per block of `FP8_BLOCK`."""
+    return numel + 4 * -(-numel // FP8_BLOCK)
+
+
+def _quantise(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Write ``x`` (row-major) into the uint8 ``out`` as block-scaled fp8:
+    the blocks' float32 scales (amax / 448, so that the largest element of
+    a block maps to fp8's largest finite value; 1 for an all-zero block),
+    then one float8_e4m3fn per element (x / scale, rounded to nearest even).
+    Returns False if ``x`` holds a NaN or an infinity, which fp8 cannot carry."""
+    flat = x.reshape(-1).to(torch.float32)
+    n = flat.numel()
+    nb = -(-n // FP8_BLOCK)
+    blocks = torch.zeros(nb * FP8_BLOCK, dtype=torch.float32)
+    blocks[:n] = flat
+    blocks = blocks.view(nb, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=1)
+    scale = amax / _FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (blocks / scale[:, None]).to(torch.float8_e4m3fn).view(-1)[:n]
+    out[: 4 * nb].view(torch.float32).copy_(scale)
+    out[4 * nb : 4 * nb + n].view(torch.float8_e4m3fn).copy_(q)
+    return bool(torch.isfinite(amax).all())
+
+
+def _dequantise(buffer: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """The float32 values a `_quantise`d piece of shape ``sizes`` stands for."""
+    n = 1
+    for s in sizes:
+        n *= s
+    nb = -(-n // FP8_BLOCK)
+    scale = buffer[: 4 * nb].view(torch.float32)
+    values = torch.zeros(nb * FP8_BLOCK, dtype=torch.float32)
+    values[:n] = buffer[4 * nb : 4 * nb + n].view(torch.float8_e4m3fn).to(torch.float32)
+    return (values.view(nb, FP8_BLOCK) * scale[:, None]).view(-1)[:n].view(tuple(sizes))
+
+
 def _digest(buffer: torch.Tensor) -> int:
     """CRC-32 of a byte buffer (summable in the vote's int64 all-reduce).
 
@@ -917,6 +1123,7 @@ def plan_weight_sync(
     dest: Mapping[str, TensorLayout],
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    wire: torch.dtype | None = None,
 ) -> WeightSyncPlan:
     """Plan the move of every named tensor from its ``source`` layout to its ``dest`` layout.
 
@@ -926,6 +1133,19 @@ def plan_weight_sync(
             same global shapes; the dtype may differ: the receiver casts).
         bucket_bytes: the most bytes one bucket carries (a larger piece
             travels alone).
+        wire: None (every tensor travels in its source dtype) or
+            ``torch.float8_e4m3fn``: floating tensors travel as fp8 in blocks
+            of `FP8_BLOCK` consecutive elements of each piece, each block
+            with a float32 scale (its absolute maximum / 448), and are
+            decoded by the receiver into its declared dtype; partial
+            addends are summed on a source rank first (in full precision,
+            a pre-stage), so that a block is quantised once, from the sum.
+            Each element x of a block with scale s arrives within
+            ``FP8_EPS / 2 * |x| + 2**-10 * s`` of x (fp8 rounding: half an
+            ulp in the normal range, half the subnormal spacing below it),
+            plus the rounding of the destination dtype. Integer tensors,
+            and local copies, travel exactly. A NaN or infinity in a
+            quantised tensor is refused (`WeightSyncRefused`) on every rank.
 
     Returns:
         The plan; ``print(plan.describe())`` shows it, ``plan.run(shards)``
@@ -954,18 +1174,44 @@ def plan_weight_sync(
             "weight sync: the two sides name different tensors: "
             f"only in the source {only_source}, only in the destination {only_dest}"
         )
+    if wire not in (None, torch.float8_e4m3fn):
+        raise WeightSyncSpecError(
+            f"weight sync: wire format {wire} is not supported (supported: None, the "
+            "tensors' own dtypes; torch.float8_e4m3fn, block-scaled)"
+        )
     transfers: dict[str, tuple[Transfer, ...]] = {}
-    remote: list[tuple[str, Transfer, int]] = []
+    remote: list[tuple[str, Transfer, int, int]] = []
     local: list[tuple[str, Transfer]] = []
+    reductions: list[Reduction] = []
+    local_reduced: list[tuple[str, Transfer, int]] = []
     for name in source:
         ts = tuple(_tensor_transfers(name, source[name], dest[name]))
         transfers[name] = ts
+        quantised = wire is not None and source[name].dtype.is_floating_point
+        if quantised and source[name].partial:
+            # Sum the addends of each destination box on its first source
+            # rank before quantising: a block is quantised once, from the sum.
+            boxes: dict[tuple[int, Box], list[Transfer]] = {}
+            for t in ts:
+                boxes.setdefault((t.dst_rank, t.box), []).append(t)
+            for (dst_rank, box), addends in boxes.items():
+                slot = len(reductions)
+                reducer = addends[0].src_rank
+                reductions.append(Reduction(name, reducer, dst_rank, tuple(addends)))
+                zero = (0,) * len(box.sizes)
+                t = Transfer(reducer, dst_rank, box, zero, addends[0].dst_offsets)
+                if t.is_local:
+                    local_reduced.append((name, t, slot))
+                else:
+                    remote.append((name, t, fp8_bytes(t.numel), slot))
+            continue
         itemsize = source[name].dtype.itemsize
         for t in ts:
             if t.is_local:
                 local.append((name, t))
             else:
-                remote.append((name, t, t.numel * itemsize))
+                nbytes = fp8_bytes(t.numel) if quantised else t.numel * itemsize
+                remote.append((name, t, nbytes, -1))
     return WeightSyncPlan(
         source=dict(source),
         dest={name: dest[name] for name in source},
@@ -973,4 +1219,7 @@ def plan_weight_sync(
         buckets=tuple(_buckets(remote, bucket_bytes)),
         local=tuple(local),
         bucket_bytes=bucket_bytes,
+        wire=wire,
+        reductions=tuple(reductions),
+        local_reduced=tuple(local_reduced),
     )
