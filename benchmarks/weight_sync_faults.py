@@ -115,8 +115,8 @@ def holds(versions: ws.WeightVersions, infer: tuple[int, ...], rank: int, versio
 
 def inject(fault: str, at: str, store, key: str) -> None:
     """Arm ``fault`` in this process: it strikes at this rank's wait ``at``
-    ("wait 2": its third wait for a message of a bucket; "agreeing the
-    inputs", "agreeing the digests": the two all-reduces) or, for a flipped
+    ("wait 2": its third wait for a message of a bucket), before it posts
+    the all-reduce ``at`` ("agreeing the inputs", "agreeing the digests"), or, for a flipped
     byte, at its post number ``at`` (of those that send), and records when
     in the store under ``key``."""
     if fault == "flipped byte":
@@ -134,24 +134,40 @@ def inject(fault: str, at: str, store, key: str) -> None:
 
         ws.dist.batch_isend_irecv = flipping
         return
+    if at.startswith("agreeing"):
+        # Before the all-reduce is posted: once posted, gloo's own thread
+        # completes it even while this rank's main thread is frozen.
+        real_call = ws._call
+
+        def faulty_call(post, what):
+            if what == at:
+                ws._call = real_call
+                strike(fault, store, key)
+            return real_call(post, what)
+
+        ws._call = faulty_call
+        return
     real_wait = ws._wait
     waits = []
 
     def faulty(work, end, what):
         if what.startswith("bucket "):
             waits.append(what)
-        strikes = what == at or (at.startswith("wait ") and len(waits) == int(at[5:]) + 1)
-        if strikes and what.startswith("bucket ") == at.startswith("wait "):
+        if what.startswith("bucket ") and len(waits) == int(at[5:]) + 1:
             ws._wait = real_wait
-            store.set(key, repr(time.monotonic()))
-            if fault == "frozen rank":
-                time.sleep(DEADLINE_S + 3.0)
-                store.set("woke at", repr(time.monotonic()))
-            else:
-                os._exit(17)
+            strike(fault, store, key)
         return real_wait(work, end, what)
 
     ws._wait = faulty
+
+
+def strike(fault: str, store, key: str) -> None:
+    store.set(key, repr(time.monotonic()))
+    if fault == "frozen rank":
+        time.sleep(DEADLINE_S + 3.0)
+        store.set("woke at", repr(time.monotonic()))
+    else:
+        os._exit(17)
 
 
 def faulted_sync(ctx, fault: str, victim: int, at: str, repeats: int = 1) -> dict:

@@ -345,6 +345,7 @@ class WeightSyncPlan:
         group: Any,
         sent: torch.Tensor,
         got: torch.Tensor,
+        buffers: _Pinned | None,
     ) -> dict[int, torch.Tensor]:
         """The pre-stage: every partial sum of a quantised tensor formed on
         its reducer, in the source dtype, in source-rank order, so that a
@@ -367,6 +368,8 @@ class WeightSyncPlan:
                     ).copy_(x)
                     at += self._pre_part_bytes(slot, t)
                 sent[n + i] = _digest(buffer)
+                if buffers is not None:
+                    buffers.wire_bytes += buffer.numel()
                 ops.append(dist.P2POp(dist.isend, buffer, dst, group))
             elif dst == me:
                 size = sum(self._pre_part_bytes(slot, t) for slot, _, t in addends)
@@ -405,8 +408,14 @@ class WeightSyncPlan:
 
     @property
     def wire_bytes(self) -> int:
-        """Tensor bytes sent between ranks by one sync (alignment padding left out)."""
-        return sum(b.payload_bytes(pair) for b in self.buckets for pair in b.messages)
+        """Tensor bytes sent between ranks by one sync (alignment padding left
+        out), the pre-stage's (full-precision partial addends) included."""
+        pre = sum(
+            t.numel * self.source[self.reductions[slot].name].dtype.itemsize
+            for _, addends in self.pre_messages
+            for slot, _, t in addends
+        )
+        return pre + sum(b.payload_bytes(pair) for b in self.buckets for pair in b.messages)
 
     def source_shape(self, name: str, rank: int) -> tuple[int, ...] | None:
         """The local shard shape ``rank`` holds of ``name`` (None: not a source rank)."""
@@ -456,6 +465,12 @@ class WeightSyncPlan:
             f"{sum(len(b.messages) for b in self.buckets)} messages, {self.wire_bytes} bytes "
             f"on the wire; {len(self.local)} local copies, {local_bytes} bytes",
         ]
+        if self.pre_messages:
+            lines.insert(
+                -1,
+                f"pre-stage: {len(self.pre_messages)} messages of partial addends, summed on "
+                f"{len({r.reducer for r in self.reductions})} source rank(s) before quantising",
+            )
         return "\n".join(lines)
 
     # -- execution -----------------------------------------------------------
@@ -691,7 +706,7 @@ class WeightSyncPlan:
         # Partial addends are added at the end, in plan order, so that they
         # sum in source-rank order whatever order they arrive in.
         addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
-        reduced = self._reduce(shards, me, end, group, sent, received_digests)
+        reduced = self._reduce(shards, me, end, group, sent, received_digests, buffers)
         for name, src_slices, dst_slices, partial, order, slot in schedule.local:
             piece = shards[name][src_slices] if slot < 0 else reduced[slot]
             if partial:
@@ -1107,7 +1122,12 @@ def _wait(work: dist.Work, end: float, what: str) -> None:
     """Wait for ``work`` until the sync's deadline ``end`` (time.monotonic)."""
     left = end - time.monotonic()
     if left <= 0:
-        raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
+        # A rank that stalled past the deadline may find the work done (the
+        # backend's thread finished it): then it counts, or this rank would
+        # miss a vote every other rank saw succeed.
+        if not work.is_completed():
+            raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
+        left = 0.001
     try:
         completed = work.wait(timedelta(seconds=left))
     except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
