@@ -13,7 +13,9 @@ size, 16 MiB by default). Side by side, the median of REPEATS runs each:
   tensors; no integrity check, no versions;
 - dense sync: `WeightSyncPlan.sync` (pipelined packing, CRC-32 digests of
   every message on both sides, the vote, publishing);
-- delta sync with 1 % of the elements changed.
+- delta sync with 1 % of the elements changed;
+- fp8 sync: the same state dict as float8_e4m3fn with block scales on the
+  wire (bytes into the receivers about half of dense's).
 
     python benchmarks/weight_sync.py [--mb 16]
 """
@@ -96,6 +98,9 @@ def timed(fn) -> float:
 def measure(ctx, mb: int):
     example.configure(mb)
     plan = ws.plan_weight_sync(*example.declarations(), bucket_bytes=4 << 20)
+    fp8 = ws.plan_weight_sync(
+        *example.declarations(), bucket_bytes=4 << 20, wire=torch.float8_e4m3fn
+    )
     base, changed = example.shards(ctx.rank, 0), example.shards(ctx.rank, 1)
     buffers = {
         (b.index, src, dst): torch.empty(b.message_bytes((src, dst)), dtype=torch.uint8)
@@ -119,6 +124,9 @@ def measure(ctx, mb: int):
             timed(lambda v=versions: plan.sync(changed, v, delta=True, timeout=60))
         )
         sent["delta sync"] = versions.last_sent_bytes
+        times.setdefault("fp8 sync", []).append(
+            timed(lambda v=versions: fp8.sync(base, v, timeout=60))
+        )
     return {k: statistics.median(v) for k, v in times.items()}, sent
 
 
@@ -131,6 +139,13 @@ if __name__ == "__main__":
     dense_bytes = sum(results[r][1]["dense sync"] for r in example.TRAIN.ranks)
     delta_bytes = sum(results[r][1]["delta sync"] for r in example.TRAIN.ranks)
     raw, hand, dense = medians["raw wire"], medians["hand-written sync"], medians["dense sync"]
+    example.configure(mb)
+    plan = ws.plan_weight_sync(*example.declarations(), bucket_bytes=4 << 20)
+    fp8 = ws.plan_weight_sync(
+        *example.declarations(), bucket_bytes=4 << 20, wire=torch.float8_e4m3fn
+    )
+    into = sum(plan.bytes_into(r) for r in example.INFER.ranks)
+    fp8_into = sum(fp8.bytes_into(r) for r in example.INFER.ranks)
     print(f"state dict: 64 bf16 tensors, {mb} MiB; {dense_bytes} bytes on the wire")
     print(f"raw wire (bytes only):  {raw * 1e3:7.1f} ms")
     print(f"hand-written sync:      {hand * 1e3:7.1f} ms")
@@ -142,4 +157,9 @@ if __name__ == "__main__":
         f"delta sync (1 % changed): {medians['delta sync'] * 1e3:5.1f} ms, {delta_bytes} bytes "
         f"({100 * delta_bytes / dense_bytes:.1f} % of dense, "
         f"{dense / medians['delta sync']:.2f}x dense's speed)"
+    )
+    print(
+        f"fp8 sync: {medians['fp8 sync'] * 1e3:.1f} ms, {fp8_into} bytes into the receivers "
+        f"({fp8_into / into:.3f}x dense's {into}; {fp8.wire_bytes} bytes in all with the "
+        "pre-stage of partial addends between trainer ranks)"
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from datetime import timedelta
 
 import torch
 
@@ -110,6 +111,15 @@ def error(versions: ws.WeightVersions, rank: int, step: int, infer: Mesh = INFER
     return worst
 
 
+def line_up(group) -> None:
+    """A barrier (an all-reduce) with a long timeout: the group that
+    `distir.recover()` forms has a short default one."""
+    group = group or torch.distributed.distributed_c10d._get_default_group()
+    opts = torch.distributed.AllreduceOptions()
+    opts.timeout = timedelta(seconds=120)
+    group.allreduce([torch.zeros(1)], opts).wait()
+
+
 def rank_main(ctx, mb: int):
     configure(mb)
     lines: list[tuple[str, str, int, float]] = []
@@ -119,6 +129,7 @@ def rank_main(ctx, mb: int):
 
     def sync(label, which, step, delta=False, group=None, infer=INFER):
         mine = shards(ctx.rank, step)
+        line_up(group)  # time the sync alone, not the ranks' oracle checks
         start = time.perf_counter()
         which.sync(mine, versions, delta=delta, timeout=30, group=group)
         seconds = time.perf_counter() - start
@@ -142,7 +153,7 @@ def rank_main(ctx, mb: int):
 
         ws._wait = dying
     try:
-        sync("dense sync, rank 3 killed", plan, 3)
+        sync("dense sync, rank 3 killed", plan, 3)  # the line-up is before the kill
     except ws.WeightSyncFailed as e:
         same = all(torch.equal(kept[n], w) for n, w in versions.weights.items())
         # WeightSyncPeerLost or WeightSyncTimeout, by when gloo notices the loss

@@ -417,6 +417,19 @@ class WeightSyncPlan:
         )
         return pre + sum(b.payload_bytes(pair) for b in self.buckets for pair in b.messages)
 
+    def bytes_into(self, rank: int) -> int:
+        """Bytes ``rank`` receives in one sync (buckets and pre-stage): the
+        busiest receiver's, over its NIC's bandwidth, bounds a sync from below."""
+        pre = sum(
+            t.numel * self.source[self.reductions[slot].name].dtype.itemsize
+            for (_, dst), addends in self.pre_messages
+            if dst == rank
+            for slot, _, t in addends
+        )
+        return pre + sum(
+            b.payload_bytes(pair) for b in self.buckets for pair in b.messages if pair[1] == rank
+        )
+
     def source_shape(self, name: str, rank: int) -> tuple[int, ...] | None:
         """The local shard shape ``rank`` holds of ``name`` (None: not a source rank)."""
         decl = self.source[name]
@@ -599,11 +612,7 @@ class WeightSyncPlan:
         for value in (self.fingerprint, version, delta, pinned):
             words += [value, -value]  # MAX of both: the max and the min
         flag = torch.tensor(words, dtype=torch.int64)
-        work = _call(
-            lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True),
-            "agreeing the inputs",
-        )
-        _wait(work, end, "agreeing the inputs")
+        _all_reduce(flag, dist.ReduceOp.MAX, group, end, "agreeing the inputs")
         high = {
             k: int(flag[1 + 2 * i]) for i, k in enumerate(("plan", "version", "delta", "pinned"))
         }
@@ -906,10 +915,7 @@ class WeightSyncPlan:
         status[members.index(me)] = 1 if failure is not None else 2 if nonfinite else 0
         vote = torch.cat([status, sent, got])
         try:
-            vote_work = _call(
-                lambda: dist.all_reduce(vote, group=group, async_op=True), "agreeing the digests"
-            )
-            _wait(vote_work, end, "agreeing the digests")
+            _all_reduce(vote, dist.ReduceOp.SUM, group, end, "agreeing the digests")
         except WeightSyncFailed as e:
             raise (failure or e) from None
         if failure is not None:
@@ -1111,6 +1117,17 @@ def _backend_failure(error: Exception, what: str) -> WeightSyncFailed:
     if "timed out" in text.lower() or "timeout" in text.lower():
         return WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline ({text})")
     return WeightSyncPeerLost(f"weight sync failed while {what} (a peer may have exited): {text}")
+
+
+def _all_reduce(tensor: torch.Tensor, op: Any, group: Any, end: float, what: str) -> None:
+    """An all-reduce on the process group ``group`` under the sync's deadline:
+    the deadline is the backend's own timeout too (a group formed by
+    `distir.recover()` has a short default one)."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    opts.timeout = timedelta(seconds=max(end - time.monotonic(), 0.001))
+    work = _call(lambda: group.allreduce([tensor], opts), what)
+    _wait(work, end, what)
 
 
 def _post(ops: list, what: str) -> list:
