@@ -38,7 +38,11 @@ class Membership:
     `completed` on each later membership's group), or the application's
     own steps when every member passed `progress=` to `recover`. The run
     in flight when a rank died may have completed on some members only: a
-    member that is further along goes back to `completed`."""
+    member that is further along goes back to `completed`.
+
+    `joined` are the ranks this membership admitted (`distir.grow`): new
+    processes that take no part in `completed` and receive their state from
+    a member that was there before."""
 
     epoch: int
     ranks: tuple[int, ...]
@@ -46,6 +50,7 @@ class Membership:
     rank: int
     lost: tuple[int, ...] = ()
     completed: int = 0
+    joined: tuple[int, ...] = ()
 
     @property
     def size(self) -> int:
@@ -93,18 +98,21 @@ def parse_members(value: bytes) -> tuple[int, ...]:
     return tuple(int(r) for r in value.decode().split("|")[0].split(",") if r)
 
 
-def format_decision(members: tuple[int, ...], kinds: set[str], completed: int) -> str:
+def format_decision(
+    members: tuple[int, ...], kinds: set[str], completed: int, joined: tuple[int, ...] = ()
+) -> str:
     """A decision as the store holds it: members, what positions count
-    ("runs", "steps", or "mixed" when the members disagree) and the
-    positions completed on every member."""
+    ("runs", "steps", or "mixed" when the members disagree), the positions
+    completed on every member and the members admitted by it."""
     kind = kinds.pop() if len(kinds) == 1 else "mixed"
-    return f"{','.join(map(str, members))}|{kind}|{completed}"
+    return f"{','.join(map(str, members))}|{kind}|{completed}|{','.join(map(str, joined))}"
 
 
-def parse_outcome(value: bytes) -> tuple[str, int]:
-    """What positions count in a decision, and how many completed on every member."""
-    _, kind, completed = value.decode().split("|")
-    return kind, int(completed)
+def parse_outcome(value: bytes) -> tuple[str, int, tuple[int, ...]]:
+    """What positions count in a decision, how many completed on every
+    member, and the members it admitted."""
+    _, kind, completed, joined = value.decode().split("|")
+    return kind, int(completed), tuple(int(r) for r in joined.split(",") if r)
 
 
 def read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:

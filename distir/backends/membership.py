@@ -151,34 +151,60 @@ def recover(
             f"{current.epoch}, ranks {list(current.ranks)}); pass the group that "
             "recover returned last, or None"
         )
+    return agree(current, _position(current, progress), end, window, "recover")
+
+
+def agree(
+    current: Membership,
+    position: str,
+    end: float,
+    window: float,
+    what: str,
+    admit: tuple[int, ...] = (),
+    decision: bytes | None = None,
+) -> Membership:
+    """The next membership after `current`, decided and formed before
+    `end` (`time.monotonic()`): the members of `current` that join within
+    `window` seconds, and the ranks in `admit` (`distir.grow`). A joiner
+    passes the `decision` that admitted it and starts at forming."""
     me = dist.get_rank()
     store = default_store()
     previous = current
-    position = _position(current, progress)
+    start = time.monotonic()
     failures: list[str] = []
     while True:
         epoch = current.epoch + 1
-        decision = _decide(
-            store, current, epoch, me, position, min(end, time.monotonic() + window), end
-        )
+        if decision is None:
+            decision = _decide(
+                store, current, epoch, me, position, min(end, time.monotonic() + window), end,
+                admit,
+            )  # fmt: skip
         members = parse_members(decision)
         if me not in members:
             _fence(previous, epoch, members)
             raise excluded(me, epoch, members)
-        kind, completed = parse_outcome(decision)
+        kind, completed, joined = parse_outcome(decision)
+        decision = None
         if kind not in (RUNS, STEPS):
             raise RecoveryFailed(
-                f"recover: the members of epoch {epoch} (ranks {list(members)}) count "
+                f"{what}: the members of epoch {epoch} (ranks {list(members)}) count "
                 "different positions: some passed progress= and some did not; pass it on "
                 "every rank or on none"
+            )
+        if joined:  # tells each joiner which decision admitted it
+            _bounded(
+                lambda e=epoch, js=joined: [store.set(admitted_key(r), str(e)) for r in js],
+                max(0.5, end - time.monotonic()),
+                "admitting",
             )
         formed = _form(members, epoch, me, end)
         if isinstance(formed, str):
             failures.append(f"epoch {epoch} over ranks {list(members)}: {formed}")
             current = Membership(epoch, members, None, members.index(me), (), completed)
+            admit = ()
             if time.monotonic() >= end:
                 raise RecoveryFailed(
-                    f"recover: no membership agreed within {deadline:g} s ("
+                    f"{what}: no membership agreed within {end - start:.3g} s ("
                     + "; ".join(failures)
                     + ")"
                 )
@@ -190,10 +216,16 @@ def recover(
             members.index(me),
             tuple(r for r in previous.ranks if r not in members),
             completed,
+            tuple(r for r in members if r not in previous.ranks),
         )
         set_membership(result)
         _release(previous.group)
         return result
+
+
+def admitted_key(rank: int) -> str:
+    """Where the decision that admitted `rank` is named (its epoch)."""
+    return f"{STORE_PREFIX}admitted/{rank}"
 
 
 def _position(current: Membership, progress: int | None) -> str:
@@ -232,7 +264,14 @@ def _read(store: Any, key: str) -> bytes | None:
 
 
 def _decide(
-    store: Any, current: Membership, epoch: int, me: int, position: str, close: float, end: float
+    store: Any,
+    current: Membership,
+    epoch: int,
+    me: int,
+    position: str,
+    close: float,
+    end: float,
+    admit: tuple[int, ...] = (),
 ) -> bytes:
     """The decision of `epoch` (`format_decision`): read, or proposed once
     every member of the current epoch joined or is gone, or the window
@@ -278,7 +317,10 @@ def _decide(
         members = tuple(sorted(records))
         kinds = {kind for kind, _ in records.values()}
         completed = min(int(n) for _, n in records.values())
-        return store.compare_set(key, "", format_decision(members, kinds, completed))
+        grown = tuple(sorted(set(members) | set(admit)))
+        return store.compare_set(
+            key, "", format_decision(grown, kinds, completed, tuple(sorted(admit)))
+        )
 
     return _bounded(propose, max(0.5, end - time.monotonic()), "proposing")
 
