@@ -83,6 +83,18 @@ def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]
     return tensors
 
 
+def requests() -> tuple[int, ...]:
+    """The ranks outside the current membership that wait in `join` (a read
+    of the store; for a loop that pauses until its replacement arrives). What
+    `grow` admits is agreed by the members, not this."""
+    current = membership()
+    store = default_store()
+    outside = [r for r in range(dist.get_world_size()) if r not in current.ranks]
+    return protocol._bounded(
+        lambda: tuple(r for r in outside if store.check([_want_key(r)])), 5.0, "join requests"
+    )
+
+
 def grow(
     state: Sequence[torch.Tensor],
     *,
