@@ -62,9 +62,7 @@ def _wait_for_joiners(count: int) -> None:
         time.sleep(0.02)
 
 
-def worker(
-    ctx, kills: dict, joiner: str, member_dies_forming: int | None, waits: dict
-) -> dict:
+def worker(ctx, kills: dict, joiner: str, member_dies_forming: int | None, waits: dict) -> dict:
     store = dist.distributed_c10d._get_default_store()
     state = _state()
     sizes: dict[int, int] = {}
