@@ -22,6 +22,8 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import distir
 from distir.backends import membership as protocol
@@ -182,6 +184,28 @@ def test_two_joiners_at_once():
     assert set(outcome.lost) == {1, 2}
     done = _check(outcome, 4)
     assert len(done) == 4 and done[0]["ranks"] == (0, 1, 2, 3)
+
+
+@settings(
+    max_examples=4,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    nproc=st.integers(2, 4),
+    victim=st.integers(0, 3),
+    step=st.integers(0, STEPS - 6),
+)
+def test_drawn_kills_and_joins_keep_every_rank_equal(nproc: int, victim: int, step: int):
+    victim %= nproc
+    outcome = launch(
+        worker, nproc, {victim: step}, "ok", None, {step + 2: 1},
+        pass_context=True, tolerate=1, replace=True, timeout=150,
+    )  # fmt: skip
+    assert outcome.lost == {victim: "killed by SIGKILL without a result (replaced)"}
+    done = _check(outcome, nproc)
+    assert len(done) == nproc and done[0]["ranks"] == tuple(range(nproc))
 
 
 def test_replace_needs_tolerate():
