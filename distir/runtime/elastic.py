@@ -156,8 +156,11 @@ def grow(
     if not admit:
         return current
     new = protocol.agree(current, position, end, window, "grow", admit)
+    # Answered: the admitted, and those admitted that did not make it into
+    # the group (a joiner that died while joining would be admitted again at
+    # every later grow, each time at the cost of a failed group).
     protocol._bounded(
-        lambda: [store.delete_key(_want_key(r)) for r in new.joined],
+        lambda: [store.delete_key(_want_key(r)) for r in admit],
         max(0.5, end - time.monotonic()),
         "clearing join requests",
     )
