@@ -760,7 +760,6 @@ def launch(
                 forked = ctx.get_start_method() == "forkserver"
                 output = _LauncherOutput() if forked and _outputs_open() else None
 
-
                 def start(r: int, writer: Any, joining: bool = False) -> None:
                     procs.append(ctx.Process(
                         target=_rank_entry,
