@@ -246,7 +246,10 @@ class Program:
         binding = self._bindings.get(group)
         if binding is None or not binding.alive:
             for key in [k for k, b in self._bindings.items() if not b.alive]:
-                del self._bindings[key]
+                # Its specialised run refers back to it: clear that cycle so
+                # the binding (its group's threads and sockets) goes now,
+                # not at the next garbage collection.
+                self._bindings.pop(key).specialised.clear()
             binding = self._bindings[group] = Binding(self.plan, group)
         return binding
 
