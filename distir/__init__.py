@@ -5,7 +5,8 @@
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
     y = distir.all_reduce(x, "sum")                        # one collective, on a rank
-    y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter
+    y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter,
+    y = distir.shift(x, 1, rotate=True)                    # reduce, gather, scatter
     distir.recover()                 # after a lost rank: agree on who is left, go on
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
@@ -18,7 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distir.backends.membership import Membership, membership, recover
-    from distir.runtime.eager import all_gather, all_reduce, broadcast, reduce_scatter
+    from distir.runtime.eager import (
+        all_gather,
+        all_reduce,
+        broadcast,
+        gather,
+        reduce,
+        reduce_scatter,
+        scatter,
+        shift,
+    )
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
@@ -29,10 +39,14 @@ __all__ = [
     "all_reduce",
     "broadcast",
     "compile",
+    "gather",
     "launch",
     "membership",
     "recover",
+    "reduce",
     "reduce_scatter",
+    "scatter",
+    "shift",
     "simulate",
 ]
 
@@ -42,7 +56,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import program
 
         return getattr(program, name)
-    if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+    if name in (
+        "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "gather", "scatter",
+        "shift",
+    ):  # fmt: skip
         from distir.runtime import eager
 
         return getattr(eager, name)

@@ -359,6 +359,51 @@ def reduce_scatter(kind: str, xs: Sequence[torch.Tensor], axis: int) -> list[lis
     return results
 
 
+def gather(xs: Sequence[torch.Tensor], axis: int, root: int) -> list[list[Expected]]:
+    """On the root, the concatenation along `axis` in rank order (built by
+    slice assignment); zeros of its shape on every other rank."""
+    (whole,) = all_gather(xs, axis)[0]
+    (out,) = whole.alternatives
+    return [[exact(out if r == root else torch.zeros_like(out))] for r in range(len(xs))]
+
+
+def scatter(
+    xs: Sequence[torch.Tensor], axis: int, root: int, counts: Sequence[int] | None = None
+) -> list[list[Expected]]:
+    """Rank r's rows of the root's `x`: rows [r·n/P, (r+1)·n/P) along `axis`,
+    or after the counts of the lower ranks, by plain indexing."""
+    x, world = xs[root], len(xs)
+    if counts is None:
+        counts = [x.shape[axis] // world] * world
+    results, offset = [], 0
+    for c in counts:
+        index = [slice(None)] * x.dim()
+        index[axis] = slice(offset, offset + c)
+        results.append([exact(x[tuple(index)].clone())])
+        offset += c
+    return results
+
+
+def reduce(kind: str, xs: Sequence[torch.Tensor], root: int) -> list[list[Expected]]:
+    """On the root, every alternative the native all-reduce of `xs` may give;
+    zeros of its shape on every other rank."""
+    (total,) = native_all_reduce(kind, xs)[0]
+    return [[total if r == root else exact(torch.zeros_like(xs[0]))] for r in range(len(xs))]
+
+
+def shift(xs: Sequence[torch.Tensor], offset: int, rotate: bool) -> list[list[Expected]]:
+    """Rank r gets rank (r - offset)'s input: modulo P with `rotate`, zeros
+    when that rank does not exist without it."""
+    world, results = len(xs), []
+    for r in range(world):
+        source = r - offset
+        if rotate:
+            source %= world
+        inside = 0 <= source < world
+        results.append([exact(xs[source].clone() if inside else torch.zeros_like(xs[r]))])
+    return results
+
+
 def variable_all_to_all(
     xs: Sequence[torch.Tensor], send_counts: Sequence[Sequence[int]], axis: int
 ) -> list[list[Expected]]:

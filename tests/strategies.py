@@ -354,6 +354,74 @@ def reduce_scatter_cases(draw, world: int) -> DrawnCase:
 
 
 @st.composite
+def gather_scatter_cases(draw, world: int) -> DrawnCase:
+    """`dist.gather` or `dist.scatter`, even along any axis or uneven (counts
+    with zeros) along axis 0, to or from any root."""
+    op = draw(st.sampled_from(["gather", "scatter"]))
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    dtype = ELEMENT_TYPES[element]
+    root = draw(st.integers(0, world - 1))
+    if draw(st.booleans()):
+        shape = list(draw(shapes(1, 3)))
+        axis = draw(st.integers(0, len(shape) - 1))
+        whole = list(shape)
+        whole[axis] *= world
+        t_in, t_out = (shape, whole) if op == "gather" else (whole, shape)
+        xs, layouts = draw(per_rank_inputs(world, dtype, tuple(t_in)))
+        t, to = tensor_type(tuple(t_in), element), tensor_type(tuple(t_out), element)
+        expected = oracle.gather(xs, axis, root) if op == "gather" else oracle.scatter(xs, axis, root)
+        body = [f"%y = dist.{op} %a0 axis {axis} root {root} : {t} -> {to}",
+                f"func.return %y : {to}"]  # fmt: skip
+        return DrawnCase(f"{op} axis {axis} root {root} {t}", _func([t], [to], body),
+                         [[x] for x in xs], expected, [[lay] for lay in layouts])  # fmt: skip
+    width = draw(st.integers(0, 2))
+    counts = draw(st.lists(st.integers(0, 3), min_size=world, max_size=world))
+    xs, layouts = [], []
+    for r in range(world):
+        rows = counts[r] if op == "gather" else sum(counts)
+        x, layout = draw(laid_out(draw(tensors(dtype, (rows, width)))))
+        xs.append(x)
+        layouts.append(layout)
+    t = tensor_type((None, width), element)
+    tc = tensor_type((world,), "i64")
+    c = torch.tensor(counts, dtype=torch.int64)
+    expected = oracle.gather(xs, 0, root) if op == "gather" else oracle.scatter(xs, 0, root, counts)
+    body = [f"%y = dist.{op} %a0 counts(%a1 : {tc}) axis 0 root {root} : {t} -> {t}",
+            f"func.return %y : {t}"]  # fmt: skip
+    return DrawnCase(f"{op} counts {counts} root {root} {t}", _func([t, tc], [t], body),
+                     [[x, c.clone()] for x in xs], expected,
+                     [[lay, "contiguous"] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def reduce_cases(draw, world: int) -> DrawnCase:
+    kind = draw(st.sampled_from(NATIVE_KINDS))
+    candidates = [e for e in ELEMENT_TYPES if kind not in BITWISE_KINDS or e not in FLOAT_TYPES]
+    element = draw(st.sampled_from(candidates))
+    shape = draw(shapes())
+    root = draw(st.integers(0, world - 1))
+    xs, layouts = draw(per_rank_inputs(world, ELEMENT_TYPES[element], shape))
+    t = tensor_type(shape, element)
+    body = [f"%y = dist.reduce {kind} %a0 root {root} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"reduce {kind} root {root} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.reduce(kind, xs, root), [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def shift_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    shape = draw(shapes(0, 2))
+    offset = draw(st.integers(-world - 1, world + 1))
+    rotate = draw(st.booleans())
+    xs, layouts = draw(per_rank_inputs(world, ELEMENT_TYPES[element], shape))
+    t = tensor_type(shape, element)
+    ring = " rotate" if rotate else ""
+    body = [f"%y = dist.shift %a0 offset {offset}{ring} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"shift {offset}{ring} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.shift(xs, offset, rotate), [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
 def all_to_all_cases(draw, world: int) -> DrawnCase:
     element = draw(st.sampled_from(list(ELEMENT_TYPES)))
     dtype = ELEMENT_TYPES[element]
@@ -462,6 +530,9 @@ FAMILIES = {
     "ciphertext": ciphertext_cases,
     "all_gather": all_gather_cases,
     "reduce_scatter": reduce_scatter_cases,
+    "gather_scatter": gather_scatter_cases,
+    "reduce": reduce_cases,
+    "shift": shift_cases,
     "all_to_all": all_to_all_cases,
     "p2p": p2p_cases,
     "wave": wave_cases,

@@ -380,6 +380,26 @@ def _places_naming(op_name: str) -> set[str]:
                 "ir.builder",
             },
         ),
+        *[
+            (
+                op_name,
+                {
+                    "ir.gather_scatter",
+                    "interpreters.semantics.gather_scatter",
+                    "backends.gather_scatter",
+                    "ir.builder",
+                },
+            )
+            for op_name in ("GatherOp", "ScatterOp")
+        ],
+        (
+            "ShiftOp",
+            {"ir.shift", "interpreters.semantics.shift", "backends.shift", "ir.builder"},
+        ),
+        (
+            "ReduceToRootOp",
+            {"ir.reduce", "interpreters.semantics.reduce", "backends.reduce", "ir.builder"},
+        ),
         (
             "TransferOp",
             {"ir.mesh", "interpreters.semantics.mesh", "backends.mesh", "ir.builder"},
@@ -421,10 +441,14 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.all_reduce",
         "dist.assert_uniform",
         "dist.broadcast",
+        "dist.gather",
         "dist.recv",
+        "dist.reduce",
         "dist.reduce_scatter",
+        "dist.scatter",
         "dist.send",
         "dist.sendrecv",
+        "dist.shift",
         "dist.transfer",
         "dist.variable_all_to_all",
     ]

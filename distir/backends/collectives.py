@@ -212,9 +212,12 @@ def distributed_operation_contributions(
     specialised ciphertext implementation; without it the automatic
     ciphertext sum is used.
     """
+    from distir.backends.gather_scatter import GatherImplementation, ScatterImplementation
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
+    from distir.backends.reduce import NativeReduceImplementation
     from distir.backends.reduce_scatter import NativeReduceScatterImplementation
+    from distir.backends.shift import ShiftImplementation
 
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
@@ -225,6 +228,10 @@ def distributed_operation_contributions(
         AssertUniformImplementation(),
         AllGatherImplementation(),
         NativeReduceScatterImplementation(),
+        GatherImplementation(),
+        ScatterImplementation(),
+        NativeReduceImplementation(),
+        ShiftImplementation(),
         VariableAllToAllImplementation(),
     ]
     if ciphertext_add is not None:

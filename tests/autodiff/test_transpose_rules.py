@@ -117,6 +117,69 @@ func.func @main(%x: {t}, %c: {c}) -> {t} {{
     return text, [[_floats([counts[r], cols], seed + r), torch.tensor(counts)] for r in range(P)]
 
 
+def rooted_gather_scatter(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`dist.gather` or `dist.scatter` to/from a drawn root, even along any
+    axis or uneven (counts with zeros), then a square (a nonlinear use)."""
+    op = draw(st.sampled_from(["gather", "scatter"]))
+    root = draw(st.integers(0, P - 1))
+    if draw(st.booleans()):
+        shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
+        axis = draw(st.integers(0, len(shape) - 1))
+        whole = list(shape)
+        whole[axis] *= P
+        t_in, t_out = (shape, whole) if op == "gather" else (whole, shape)
+        text = f"""
+func.func @main(%x: {_t(t_in)}) -> {_t(t_out)} {{
+  %y = dist.{op} %x axis {axis} root {root} : {_t(t_in)} -> {_t(t_out)}
+  %z = arith.mulf %y, %y : {_t(t_out)}
+  func.return %z : {_t(t_out)}
+}}"""
+        return text, [[_floats(t_in, seed + r)] for r in range(P)]
+    counts = draw(st.lists(st.integers(0, 3), min_size=P, max_size=P))
+    cols = draw(st.integers(1, 3))
+    t = _t([None, cols])
+    c = _t([P], "i64")
+    text = f"""
+func.func @main(%x: {t}, %c: {c}) -> {t} {{
+  %y = dist.{op} %x counts(%c : {c}) axis 0 root {root} : {t} -> {t}
+  %z = arith.mulf %y, %y : {t}
+  func.return %z : {t}
+}}"""
+    rows = [counts[r] if op == "gather" else sum(counts) for r in range(P)]
+    return text, [[_floats([rows[r], cols], seed + r), torch.tensor(counts)] for r in range(P)]
+
+
+def rooted_reduce(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """A sum `dist.reduce` to a drawn root, then a product with the input (a
+    nonlinear use on every rank, the zeros off the root included)."""
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=3))
+    root = draw(st.integers(0, P - 1))
+    t = _t(shape)
+    text = f"""
+func.func @main(%x: {t}) -> {t} {{
+  %y = dist.reduce sum %x root {root} : {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r)] for r in range(P)]
+
+
+def shift(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`dist.shift` by a drawn offset, cyclic or with open ends, then a
+    product with the input."""
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=2))
+    offset = draw(st.integers(-P - 1, P + 1))
+    ring = " rotate" if draw(st.booleans()) else ""
+    t = _t(shape)
+    text = f"""
+func.func @main(%x: {t}) -> {t} {{
+  %y = dist.shift %x offset {offset}{ring} : {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r)] for r in range(P)]
+
+
 def all_to_all(draw, P: int, seed: int) -> tuple[str, Inputs]:
     sends = [draw(st.lists(st.integers(0, 2), min_size=P, max_size=P)) for _ in range(P)]
     cols = draw(st.integers(1, 3))
@@ -400,6 +463,7 @@ FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, reduce_scatter, gather_uneven, all_to_all, ring_shift,
+        rooted_gather_scatter, rooted_reduce, shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
         slices, extremum, elementwise_select, broadcast_and_reduce, static_loop,
     )
@@ -443,6 +507,7 @@ def test_float_types_carry_gradients_and_integers_do_not():
 
 REFUSED = {
     "native prod": ("dist.all_reduce prod %x : tensor<3xf64>", "native prod reduction"),
+    "reduce max": ("dist.reduce max %x root 0 : tensor<3xf64>", "native max reduce"),
     "generic max": (
         "dist.all_reduce %x : tensor<3xf64> combine(%a, %b) {\n"
         "    %m = arith.maximumf %a, %b : tensor<3xf64>\n    dist.yield %m : tensor<3xf64>\n  }",
@@ -495,7 +560,7 @@ func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {{
         try:
             simulate_vjp(program, x, x)
         except NotDifferentiable as e:
-            assert words in str(e) and "'dist.all_reduce' at <program>:3:" in str(e), (name, e)
+            assert words in str(e) and f"'{op.split()[0]}' at <program>:3:" in str(e), (name, e)
         else:
             raise AssertionError(f"{name}: no NotDifferentiable")
 

@@ -69,6 +69,20 @@ func.func @main(%x: tensor<?x4xi32>, %c: tensor<{p}xi64>) -> (tensor<?x4xi32>, t
 }}
 """, (Arg("int32", [(sum(s), 4) for s in sends], -99, 99, per_rank=True),
               Arg("int64", values=sends, per_rank=True)), seed=4),
+        Case("rooted-and-shift", f"""\
+func.func @main(%x: tensor<2x3xf32>, %r: tensor<?x3xf64>, %c: tensor<{p}xi64>) -> (tensor<?x3xf32>, tensor<?x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<?x3xf64>, tensor<?x3xf64>) {{
+  %g = dist.gather %x axis 0 root 0 : tensor<2x3xf32> -> tensor<?x3xf32>
+  %s = dist.scatter %g axis 0 root 0 : tensor<?x3xf32> -> tensor<?x3xf32>
+  %rs = dist.reduce sum %x root 0 : tensor<2x3xf32>
+  %rm = dist.reduce max %x root 0 : tensor<2x3xf32>
+  %sh = dist.shift %x offset 1 rotate : tensor<2x3xf32>
+  %ug = dist.gather %r counts(%c : tensor<{p}xi64>) axis 0 root 0 : tensor<?x3xf64> -> tensor<?x3xf64>
+  %us = dist.scatter %ug counts(%c : tensor<{p}xi64>) axis 0 root 0 : tensor<?x3xf64> -> tensor<?x3xf64>
+  func.return %g, %s, %rs, %rm, %sh, %ug, %us : tensor<?x3xf32>, tensor<?x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<?x3xf64>, tensor<?x3xf64>
+}}
+""", (Arg("float32", (2, 3), -100, 100),
+              Arg("float64", [(c, 3) for c in counts], -9, 9, per_rank=True),
+              Arg("int64", values=counts)), seed=5),
         Case("rank-queries", """\
 func.func @main() -> (index, index) {
   %r = dist.rank : index
