@@ -54,11 +54,14 @@ from distir.ir.dialect import (
     RankOp,
     RecvOp,
     ReduceScatterOp,
+    ReduceToRootOp,
     SendOp,
-    SendRecvOp,
     VariableAllToAllOp,
     YieldOp,
 )
+from distir.ir.dialect import GatherOp as DistGatherOp
+from distir.ir.dialect import ScatterOp as DistScatterOp
+from distir.ir.dialect import ShiftOp as DistShiftOp
 from distir.ir.parsing import describe_op
 from distir.passes._rewrite_utils import with_location
 
@@ -436,14 +439,20 @@ def _all_reduce(c: _Converter, op: shard.AllReduceOp | shard.ReduceOp, b: _Build
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
     result_t = op.result.type
+    root = None
     if isinstance(op, shard.ReduceOp):
-        _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
+        root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     _check_result(op, t.get_shape())
     reduction = _reduction(c, op, result_t)  # type: ignore[arg-type]
     value = _cast(b, op.input, result_t)  # type: ignore[arg-type]
     if not axes:
         return [value]
-    reduced = b.value(reduction.all_reduce(value, c.group(grid, axes)))
+    group = c.group(grid, axes)
+    if isinstance(root, int) and reduction.kind is not None:
+        # to a static root: dist.reduce (zeros elsewhere; upstream: undefined)
+        reduced = b.value(ReduceToRootOp(value, kind=reduction.kind, root=root, group=group))
+    else:  # a dynamic root or a combine: everyone reduces, the root's copy is the result
+        reduced = b.value(reduction.all_reduce(value, group))
     return [_divide_by(b, reduced, _group_size(grid, axes)) if reduction.average else reduced]
 
 
@@ -456,15 +465,20 @@ def _all_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Build
         return [_uneven_gather(c, op, b, grid, axes, t, axis)]
     t = _tensor(op, op.input)
     axis = _axis(op, "gather_axis", t)
+    root = None
     if isinstance(op, shard.GatherOp):
-        _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
+        root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     n = _group_size(grid, axes)
     shape = list(t.get_shape())
     shape[axis] *= n
     _check_result(op, shape, t.element_type)
     if not axes:
         return [op.input]
-    gathered = b.value(AllGatherOp(op.input, op.result.type, axis=axis, group=c.group(grid, axes)))  # type: ignore[arg-type]
+    group = c.group(grid, axes)
+    if isinstance(root, int):  # to a static root: dist.gather (zeros elsewhere)
+        gathered = b.value(DistGatherOp(op.input, op.result.type, root=root, axis=axis, group=group))  # type: ignore[arg-type]
+    else:
+        gathered = b.value(AllGatherOp(op.input, op.result.type, axis=axis, group=group))  # type: ignore[arg-type]
     return [_permute(b, gathered, axis, _inverse(grid.listed_order(axes)))]
 
 
@@ -562,11 +576,22 @@ def _scatter(c: _Converter, op: shard.ScatterOp, b: _Builder) -> list[SSAValue]:
     t = _tensor(op, op.input)
     axis = _axis(op, "scatter_axis", t)
     root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
-    if axes:
+    if axes and isinstance(root, int):
+        # dist.scatter gives dist rank r piece r: put piece listed_order[r] there
+        n = _group_size(grid, axes)
+        if t.get_shape()[axis] % n:
+            raise _fail(op, f"dimension {axis} of {t} does not divide among the {n} processes "
+                        f"of grid @{grid.name} axes {list(axes)}")
+        pieces = _permute(b, op.input, axis, grid.listed_order(axes))
+        shape = list(t.get_shape())
+        shape[axis] //= n
+        result = b.value(DistScatterOp(pieces, TensorType(t.element_type, shape), root=root,
+                                       axis=axis, group=c.group(grid, axes)))
+    elif axes:  # a dynamic root: broadcast its tensor, each keeps its piece
         value = b.value(BroadcastOp(op.input, root, group=c.group(grid, axes)))
+        result = _slice_of_rank(c, op, b, value, grid, axes, axis)
     else:
-        value = op.input
-    result = _slice_of_rank(c, op, b, value, grid, axes, axis)
+        result = op.input
     _check_result(op, result.type.get_shape(), t.element_type)  # type: ignore[attr-defined]
     return [result]
 
@@ -679,18 +704,12 @@ def _recv(c: _Converter, op: shard.RecvOp, b: _Builder) -> list[SSAValue]:
     return [b.value(RecvOp(source, op.result.type, group=c.group(grid, axes)))]  # type: ignore[arg-type]
 
 
-def _ring_exchange(c: _Converter, b: _Builder, value: SSAValue, grid: Grid, axis: int,
-                   offset: int) -> tuple[SSAValue, SSAValue]:
-    """Sends `value` `offset` places forward along one grid axis (cyclically)
-    and returns what arrives, with this process's coordinate on that axis."""
-    n = grid.shape[axis]
+def _shift_along(c: _Converter, b: _Builder, value: SSAValue, grid: Grid, axis: int,
+                  offset: int, rotate: bool) -> SSAValue:
+    """`value` moved `offset` places along one grid axis: dist.shift on the
+    group of that axis (open ends get zeros unless `rotate`)."""
     group = c.group(grid, (axis,))
-    rank = b.value(RankOp(group=group))
-    step = offset % n
-    dest = b.value(arith.RemUIOp(b.value(arith.AddiOp(rank, b.index(step))), b.index(n)))
-    source = b.value(arith.RemUIOp(b.value(arith.AddiOp(rank, b.index(n - step))), b.index(n)))
-    received = b.value(SendRecvOp(value, dest, source, value.type, group=group))  # type: ignore[arg-type]
-    return received, rank
+    return b.value(DistShiftOp(value, offset=offset, rotate=rotate, group=group))
 
 
 def _keep_where(b: _Builder, condition: SSAValue, kept: SSAValue, other: SSAValue) -> SSAValue:
@@ -708,18 +727,12 @@ def _shift(c: _Converter, op: shard.ShiftOp, b: _Builder) -> list[SSAValue]:
     _check_result(op, t.get_shape(), t.element_type)
     n = grid.shape[axis]
     offset = op.offset.value.data
-    if n == 1 or offset % n == 0 and op.rotate is not None:
+    rotate = op.rotate is not None
+    if n == 1 and rotate:
         return [op.input]
-    received, rank = _ring_exchange(c, b, op.input, grid, axis, offset)
-    if op.rotate is not None:
-        return [received]
-    # Without rotate, a process whose source lies off the axis keeps its input
-    # (upstream leaves its result undefined).
-    if offset >= 0:
-        valid = b.value(arith.CmpiOp(rank, b.index(min(offset, n)), "uge"))
-    else:
-        valid = b.value(arith.CmpiOp(rank, b.index(max(n + offset, 0)), "ult"))
-    return [_keep_where(b, valid, received, op.input)]
+    # Without rotate, a process whose source lies off the axis gets zeros
+    # (dist.shift's declared value; upstream leaves it undefined).
+    return [_shift_along(c, b, op.input, grid, axis, offset, rotate)]
 
 
 def _update_halo(c: _Converter, op: shard.UpdateHaloOp, b: _Builder) -> list[SSAValue]:
@@ -766,14 +779,16 @@ def _exchange_halo(c: _Converter, b: _Builder, value: SSAValue, grid: Grid, axis
     if low:
         # My low halo is the last `low` core rows of the process below me.
         edge = _slice(b, value, dim, size - high - low, low)
-        received, rank = _ring_exchange(c, b, edge, grid, axis, 1)
+        received = _shift_along(c, b, edge, grid, axis, 1, rotate=False)
+        rank = b.value(RankOp(group=c.group(grid, (axis,))))
         old = _slice(b, value, dim, 0, low)
         has_neighbour = b.value(arith.CmpiOp(rank, b.index(0), "ugt"))
         parts.append(_keep_where(b, has_neighbour, received, old))
     parts.append(_slice(b, value, dim, low, size - low - high))
     if high:
         edge = _slice(b, value, dim, low, high)
-        received, rank = _ring_exchange(c, b, edge, grid, axis, -1)
+        received = _shift_along(c, b, edge, grid, axis, -1, rotate=False)
+        rank = b.value(RankOp(group=c.group(grid, (axis,))))
         old = _slice(b, value, dim, size - high, high)
         has_neighbour = b.value(arith.CmpiOp(rank, b.index(n - 1), "ult"))
         parts.append(_keep_where(b, has_neighbour, received, old))
