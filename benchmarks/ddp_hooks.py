@@ -11,8 +11,8 @@ overlap: the share of the hooks' communication time (hook returned ->
 future completed) that passed while backward was still computing (before
 DDP called the last bucket's hook).
 
-The encrypted hook costs one CKKS encryption, one ciphertext all-reduce and
-one collective decryption per 4096 gradients; it is timed for
+The encrypted hook costs one CKKS encryption per 4096 gradients and one
+committed ciphertext sum and one collective decryption per bucket; it is timed for
 `--encrypted-steps` steps on models up to `--encrypted-max` parameters, and
 the per-ciphertext cost is printed so that larger models can be estimated.
 

@@ -43,7 +43,9 @@ def rank_main(ctx, threshold: int, size: int, receiver_key: torch.Tensor) -> dic
     values = np.random.default_rng(ctx.rank).normal(size=size) * 0.01
     plain = torch.from_numpy(values.astype(np.float32))
     step("plaintext all-reduce", lambda: dist.all_reduce(plain))
-    params = ta.ThresholdParameters(parties=ctx.world_size, threshold=threshold)
+    params = ta.ThresholdParameters(
+        parties=ctx.world_size, threshold=threshold, decrypt_to_ranks=True
+    )
     share = step("key generation", lambda: ta.generate_keys(params, deadline=600))
     context = share.public_key.context()
     chunks = [values[i : i + SLOTS].tolist() for i in range(0, size, SLOTS)]

@@ -1,20 +1,28 @@
-"""Weight sync against a hand-written batch_isend_irecv of the same byte map.
+"""Weight sync against hand-written batch_isend_irecv exchanges of the same byte map.
 
 Four local gloo ranks, the state dict of examples/weight_sync.py (64 bf16
-tensors, 16 MiB, trainer on ranks 0-1, inference on 2-3). Side by side, the
-median of REPEATS runs each:
+tensors, trainer on ranks 0-1, inference on 2-3; ``--mb`` sets the total
+size, 16 MiB by default). Side by side, the median of REPEATS runs each:
 
-- hand-written: for each bucket of the plan, one preallocated message per
-  (src, dst) pair, posted with `batch_isend_irecv` and awaited (no packing,
-  no digests, no vote);
-- dense sync: `WeightSyncPlan.sync` (packing, digests, the vote, publishing);
-- delta sync with 1 % of the elements changed.
+- raw wire: for each bucket of the plan, one preallocated message per
+  (src, dst) pair, posted with `batch_isend_irecv` and awaited: the bytes
+  move, no weight does (no packing, no unpacking, no digests, no vote);
+- hand-written sync: what a caller writes without distir for the same byte
+  map: per message, `torch.cat` of the flattened pieces, `batch_isend_irecv`,
+  and on arrival each piece copied (or added) into fresh destination
+  tensors; no integrity check, no versions;
+- dense sync: `WeightSyncPlan.sync` (pipelined packing, CRC-32 digests of
+  every message on both sides, the vote, publishing);
+- delta sync with 1 % of the elements changed;
+- fp8 sync: the same state dict as float8_e4m3fn with block scales on the
+  wire (bytes into the receivers about half of dense's).
 
-    python benchmarks/weight_sync.py
+    python benchmarks/weight_sync.py [--mb 16]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -29,61 +37,129 @@ import distir.runtime.weight_sync as ws
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import weight_sync as example  # noqa: E402
 
-REPEATS = 5
+REPEATS = 7
 
 
-def hand_written(plan: ws.WeightSyncPlan, me: int) -> None:
+def raw_wire(plan: ws.WeightSyncPlan, me: int, buffers: dict) -> None:
     for bucket in plan.buckets:
         ops = []
         for src, dst in bucket.messages:
             if me in (src, dst):
-                buffer = torch.empty(bucket.message_bytes((src, dst)), dtype=torch.uint8)
+                buffer = buffers[(bucket.index, src, dst)]
                 op = dist.isend if src == me else dist.irecv
                 ops.append(dist.P2POp(op, buffer, dst if src == me else src))
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
 
 
-def measure(ctx):
+def hand_written(plan: ws.WeightSyncPlan, me: int, shards: dict) -> dict:
+    out = {}
+    for name in plan.names:
+        box = plan.dest_box(name, me)
+        if box is not None:
+            out[name] = torch.zeros(box.sizes, dtype=plan.dest[name].dtype)
+    for bucket in plan.buckets:
+        ops, arrivals = [], []
+        for (src, dst), pieces in bucket.messages.items():
+            if src == me:
+                parts = []
+                for p in pieces:
+                    t = p.transfer
+                    index = tuple(slice(o, o + s) for o, s in zip(t.src_offsets, t.box.sizes))
+                    parts.append(shards[p.name][index].reshape(-1).view(torch.uint8))
+                ops.append(dist.P2POp(dist.isend, torch.cat(parts), dst))
+            elif dst == me:
+                buffer = torch.empty(sum(p.nbytes for p in pieces), dtype=torch.uint8)
+                ops.append(dist.P2POp(dist.irecv, buffer, src))
+                arrivals.append((pieces, buffer))
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
+        for pieces, buffer in arrivals:
+            at = 0
+            for p in pieces:
+                t = p.transfer
+                index = tuple(slice(o, o + s) for o, s in zip(t.dst_offsets, t.box.sizes))
+                dtype = plan.source[p.name].dtype
+                piece = buffer[at : at + p.nbytes].view(dtype).view(t.box.sizes)
+                target = out[p.name][index]
+                target.add_(piece) if t.partial else target.copy_(piece)
+                at += p.nbytes
+    return out
+
+
+def timed(fn) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def measure(ctx, mb: int):
+    example.configure(mb)
     plan = ws.plan_weight_sync(*example.declarations(), bucket_bytes=4 << 20)
+    fp8 = ws.plan_weight_sync(
+        *example.declarations(), bucket_bytes=4 << 20, wire=torch.float8_e4m3fn
+    )
     base, changed = example.shards(ctx.rank, 0), example.shards(ctx.rank, 1)
-    times: dict[str, list[float]] = {"hand-written": [], "dense sync": [], "delta sync": []}
+    buffers = {
+        (b.index, src, dst): torch.empty(b.message_bytes((src, dst)), dtype=torch.uint8)
+        for b in plan.buckets
+        for src, dst in b.messages
+        if ctx.rank in (src, dst)
+    }
+    times: dict[str, list[float]] = {}
     sent = {}
     for _ in range(REPEATS):
-        dist.barrier()
-        start = time.perf_counter()
-        hand_written(plan, ctx.rank)
-        dist.barrier()
-        times["hand-written"].append(time.perf_counter() - start)
+        times.setdefault("raw wire", []).append(timed(lambda: raw_wire(plan, ctx.rank, buffers)))
+        times.setdefault("hand-written sync", []).append(
+            timed(lambda: hand_written(plan, ctx.rank, base))
+        )
         versions = ws.WeightVersions()
-        dist.barrier()
-        start = time.perf_counter()
-        plan.sync(base, versions, timeout=60)
-        dist.barrier()
-        times["dense sync"].append(time.perf_counter() - start)
+        times.setdefault("dense sync", []).append(
+            timed(lambda v=versions: plan.sync(base, v, timeout=60))
+        )
         sent["dense sync"] = versions.last_sent_bytes
-        dist.barrier()
-        start = time.perf_counter()
-        plan.sync(changed, versions, delta=True, timeout=60)
-        dist.barrier()
-        times["delta sync"].append(time.perf_counter() - start)
+        times.setdefault("delta sync", []).append(
+            timed(lambda v=versions: plan.sync(changed, v, delta=True, timeout=60))
+        )
         sent["delta sync"] = versions.last_sent_bytes
+        times.setdefault("fp8 sync", []).append(
+            timed(lambda v=versions: fp8.sync(base, v, timeout=60))
+        )
     return {k: statistics.median(v) for k, v in times.items()}, sent
 
 
 if __name__ == "__main__":
-    results = distir.launch(measure, 4, pass_context=True, timeout=600)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=16, help="total state dict size in MiB")
+    mb = parser.parse_args().mb
+    results = distir.launch(measure, 4, mb, pass_context=True, timeout=900)
     medians = results[0][0]
     dense_bytes = sum(results[r][1]["dense sync"] for r in example.TRAIN.ranks)
     delta_bytes = sum(results[r][1]["delta sync"] for r in example.TRAIN.ranks)
-    hand = medians["hand-written"]
-    print(f"hand-written batch_isend_irecv: {hand * 1e3:.1f} ms, {dense_bytes} bytes")
+    raw, hand, dense = medians["raw wire"], medians["hand-written sync"], medians["dense sync"]
+    example.configure(mb)
+    plan = ws.plan_weight_sync(*example.declarations(), bucket_bytes=4 << 20)
+    fp8 = ws.plan_weight_sync(
+        *example.declarations(), bucket_bytes=4 << 20, wire=torch.float8_e4m3fn
+    )
+    into = sum(plan.bytes_into(r) for r in example.INFER.ranks)
+    fp8_into = sum(fp8.bytes_into(r) for r in example.INFER.ranks)
+    print(f"state dict: 64 bf16 tensors, {mb} MiB; {dense_bytes} bytes on the wire")
+    print(f"raw wire (bytes only):  {raw * 1e3:7.1f} ms")
+    print(f"hand-written sync:      {hand * 1e3:7.1f} ms")
     print(
-        f"dense sync: {medians['dense sync'] * 1e3:.1f} ms "
-        f"({hand / medians['dense sync']:.2f}x the hand-written throughput)"
+        f"dense sync:             {dense * 1e3:7.1f} ms "
+        f"({raw / dense:.2f}x the raw wire's throughput, {hand / dense:.2f}x the hand-written)"
     )
     print(
-        f"delta sync (1 % changed): {medians['delta sync'] * 1e3:.1f} ms, {delta_bytes} bytes "
+        f"delta sync (1 % changed): {medians['delta sync'] * 1e3:5.1f} ms, {delta_bytes} bytes "
         f"({100 * delta_bytes / dense_bytes:.1f} % of dense, "
-        f"{medians['dense sync'] / medians['delta sync']:.2f}x dense's speed)"
+        f"{dense / medians['delta sync']:.2f}x dense's speed)"
+    )
+    print(
+        f"fp8 sync: {medians['fp8 sync'] * 1e3:.1f} ms, {fp8_into} bytes into the receivers "
+        f"({fp8_into / into:.3f}x dense's {into}; {fp8.wire_bytes} bytes in all with the "
+        "pre-stage of partial addends between trainer ranks)"
     )

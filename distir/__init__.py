@@ -5,7 +5,8 @@
     results = distir.simulate(program, [[x0], [x1]])      # reference, one process
     distir.launch(worker, nproc=4)                         # real gloo ranks
     y = distir.all_reduce(x, "sum")                        # one collective, on a rank
-    y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter
+    y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter,
+    y = distir.shift(x, 1, rotate=True)                    # reduce, gather, scatter
     h = distir.pvary(x); y = distir.psum(h @ w)            # Megatron's f and g
     distir.recover()                 # after a lost rank: agree on who is left, go on
 
@@ -23,9 +24,13 @@ if TYPE_CHECKING:
         all_gather,
         all_reduce,
         broadcast,
+        gather,
         psum,
         pvary,
+        reduce,
         reduce_scatter,
+        scatter,
+        shift,
     )
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
@@ -37,12 +42,16 @@ __all__ = [
     "all_reduce",
     "broadcast",
     "compile",
+    "gather",
     "launch",
     "membership",
     "psum",
     "pvary",
     "recover",
+    "reduce",
     "reduce_scatter",
+    "scatter",
+    "shift",
     "simulate",
 ]
 
@@ -52,7 +61,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import program
 
         return getattr(program, name)
-    if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "pvary", "psum"):
+    if name in (
+        "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "gather", "scatter",
+        "shift", "pvary", "psum",
+    ):  # fmt: skip
         from distir.runtime import eager
 
         return getattr(eager, name)

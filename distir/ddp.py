@@ -4,7 +4,8 @@ PyTorch's `DistributedDataParallel` hands each gradient bucket (a flat
 tensor) to a communication hook, `hook(state, bucket) -> Future[Tensor]`,
 and writes the future's value back into the bucket. Each hook here puts a
 distir program under that call, with distir's rules: the ranks agree on the
-program at every run, every collective has a deadline, a failure poisons the
+program (at every run, or for the sum hook once per bucket layout and then by
+a digest riding in every bucket), every collective has a deadline, a failure poisons the
 hook's process group and ends as a named error on every rank.
 
     state = SumHookState()                       # collective: every rank
@@ -13,7 +14,12 @@ hook's process group and ends as a named error on every rank.
 
 - `sum_hook`: the bucket scaled by 1/world size exactly as DDP's default
   scales it (before the sum) and summed by a native distir all-reduce: bit
-  for bit what DDP computes without a hook, at every world size.
+  for bit what DDP computes without a hook, at every world size. Ranks
+  agree once per bucket layout (each bucket size's program is trusted: its
+  plan is agreed at its first run) and check every bucket of every step
+  with a digest riding in the payload (`riding_words`), which costs no
+  exchange of its own; at 2 ranks and full precision only (elsewhere the
+  ranks agree at every run).
 - `program_hook`: any distir program mapping the bucket to the aggregated
   bucket (`ProgramHookState`), e.g. per-rank clipping then a sum, or
   majority-vote signSGD.
@@ -50,6 +56,7 @@ the model in a new DDP and a new state on `m.group`::
 # against the real `dist.GradBucket` and `Future[Tensor]` objects.
 import concurrent.futures
 import contextlib
+import hashlib
 import threading
 import time
 from collections.abc import Iterator
@@ -60,7 +67,7 @@ import torch
 import torch.distributed as dist
 
 from distir.durations import Duration, seconds
-from distir.errors import DistirError
+from distir.errors import DistirError, ProgramMismatch
 from distir.runtime.program import Program, compile
 
 __all__ = [
@@ -185,6 +192,43 @@ class HookState:
         return future.then(settle)
 
 
+# ------------------------------------------------------ the riding digest
+#
+# A bucket of the sum hook travels with `RIDING` more elements: the digest
+# of what this rank runs (the hook call's position on the state, the
+# bucket's index, size and dtype) as bytes d, each sent as the pair
+# (d, d*d). After the sum every rank holds (sum d_r, sum d_r*d_r), which
+# equal (P*d, P*d*d) for its own d exactly when every rank sent the same d
+# (then sum (d_r - d)^2 = sum d_r^2 - 2 d sum d_r + P d^2 = 0): so every
+# rank sees the same verdict. The sums are integers below 2^24 for P < 256,
+# exact in float32 and float64 in any order of summation; half-precision
+# buckets cannot carry them and keep the agreement at every run.
+#
+# Only at 2 ranks: the longer payload moves the backend's chunk boundaries,
+# so at 3 ranks or more gradients would be summed in another order than
+# DDP's default sums them (an ulp off, measured at 3 and 4 ranks); a sum of
+# two addends is the same in either order, bit for bit. Larger groups keep
+# the agreement at every run.
+
+#: bytes of the digest a bucket carries
+DIGEST_BYTES = 4
+#: elements a bucket carries for its digest
+RIDING = 2 * DIGEST_BYTES
+#: bucket dtypes that carry the digest exactly
+RIDES = (torch.float32, torch.float64)
+
+
+def riding_words(digest: bytes) -> list[int]:
+    """The elements a digest rides as: (d, d*d) per byte d."""
+    return [w for d in digest for w in (d, d * d)]
+
+
+def all_sent(sums: list[float], digest: bytes, world_size: int) -> bool:
+    """Whether `sums` (of every rank's `riding_words`) say that every one
+    of the `world_size` ranks sent `digest`."""
+    return sums == [world_size * w for w in riding_words(digest)]
+
+
 def _sum_program_text(numel: int, element: str) -> str:
     t = f"tensor<{numel}x{element}>"
     return (
@@ -197,10 +241,71 @@ def _sum_program_text(numel: int, element: str) -> str:
 
 @dataclass
 class SumHookState(HookState):
-    """State of `sum_hook`."""
+    """State of `sum_hook`: its programs, the hook calls so far (what the
+    riding digest names) and, per bucket, the buffer its payload and
+    digest travel in (reused every step: DDP has copied the previous
+    step's result out of it before the bucket's next hook call)."""
+
+    calls: int = field(default=0, init=False)
+    _buffers: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(
+        default_factory=dict, init=False
+    )
+
+    def rides(self, dtype: torch.dtype) -> bool:
+        """Whether buckets of `dtype` carry the riding digest (see above)."""
+        return dtype in RIDES and self.world_size == 2
 
     def compile(self, numel: int, dtype: torch.dtype) -> Program:
-        return compile(_sum_program_text(numel, element_type(dtype)), deadline=self.deadline_s)
+        element = element_type(dtype)
+        if self.rides(dtype):  # agreed once (trusted), checked by the riding digest
+            text = _sum_program_text(numel + RIDING, element)
+            return compile(text, deadline=self.deadline_s, agreement=False)
+        return compile(_sum_program_text(numel, element), deadline=self.deadline_s)
+
+    def riding_sum(self, index: int, buffer: torch.Tensor) -> torch.futures.Future:
+        """The sum of `buffer` / world size with the digest riding along;
+        the future completes with the mean, or with `ProgramMismatch` on
+        every rank when ranks sent different digests."""
+        numel, dtype = buffer.numel(), buffer.dtype
+        key = (index, numel, dtype)
+        payload = self._buffers.get(key)
+        if payload is None:
+            payload = self._buffers[key] = torch.empty(numel + RIDING, dtype=dtype)
+        # As DDP's reducer scales without a hook (see `sum_hook`), into the payload.
+        torch.mul(buffer, 1.0 / self.world_size, out=payload[:numel])
+        position = self.calls
+        self.calls += 1
+        digest = hashlib.blake2b(
+            f"{position}:{index}:{numel}:{dtype}".encode(), digest_size=DIGEST_BYTES
+        ).digest()
+        payload[numel:] = torch.tensor(riding_words(digest), dtype=dtype)
+        program = self.program(buffer)
+        future = program.run_async(payload, group=self.group, donate=True)
+
+        # Completed by hand, not with `then`: an error raised in a `then`
+        # callback reaches DDP as a RuntimeError, not as the named error.
+        checked: torch.futures.Future = torch.futures.Future()
+
+        def check(done: torch.futures.Future) -> None:
+            try:
+                total = done.value()
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                checked.set_exception(e)
+                return
+            if all_sent(total[numel:].tolist(), digest, self.world_size):
+                checked.set_result(total[:numel])
+                return
+            error = ProgramMismatch(
+                f"DDP sum hook: ranks summed different buckets at hook call {position} "
+                f"(this rank: bucket {index} of {numel} {dtype} gradients); every rank "
+                "must run the same steps with the same buckets (no_sync on some ranks "
+                "only, or a model that differs between ranks, breaks this)"
+            )
+            program.poison(self.group, error)
+            checked.set_exception(error)
+
+        future.add_done_callback(check)
+        return checked
 
 
 def sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -209,6 +314,8 @@ def sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     mean gradient)."""
     called = time.perf_counter()
     buffer = bucket.buffer()
+    if state.rides(buffer.dtype):
+        return state._track(bucket, called, state.riding_sum(bucket.index(), buffer))
     # As DDP's reducer scales without a hook, before the sum (no overflow in
     # fp16): times 1/world size (a double, rounded to the gradient's type),
     # not a division, which differs by an ulp where 1/world size is inexact
@@ -277,22 +384,31 @@ class _ThresholdKey:
         self.group = group
         self.deadline_s = deadline_s
         size = dist.get_world_size(group)
-        self.parameters = ta.ThresholdParameters(parties=size, threshold=threshold)
+        # The ranks are the receivers of their gradients' sum: decryption to
+        # the ranks, whose risk (a rank's crafted gradient reveals the key)
+        # the README's threat model states, is the point of this hook.
+        self.parameters = ta.ThresholdParameters(
+            parties=size, threshold=threshold, decrypt_to_ranks=True
+        )
         self.share = ta.generate_keys(self.parameters, group=group, deadline=deadline_s)
         self.context = self.share.public_key.context()
         self.slots = self.parameters.poly_modulus_degree // 2
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of `values` (float64, at most `slots`), through
-        one encryption, one committed ciphertext all-reduce and one
-        collective decryption."""
+        """The sum over ranks of `values` (float64, any length), through one
+        ciphertext per `slots` values, one committed and checked sum of
+        them all and one collective decryption (a protocol call has a fixed
+        number of rounds, so a bucket costs the rounds of one ciphertext)."""
         import tenseal as ts
 
         ta = self.ta
-        encrypted = ts.ckks_vector(self.context, values.tolist())
-        total = ta.aggregate([encrypted], self.share, group=self.group, deadline=self.deadline_s)
-        decrypted = ta.decrypt(total, self.share, group=self.group, deadline=self.deadline_s)[0]
-        return torch.tensor(decrypted[: values.numel()], dtype=torch.float64)
+        chunks = values.split(self.slots)
+        encrypted = [ts.ckks_vector(self.context, c.tolist()) for c in chunks]
+        total = ta.aggregate(encrypted, self.share, group=self.group, deadline=self.deadline_s)
+        decrypted = ta.decrypt(total, self.share, group=self.group, deadline=self.deadline_s)
+        return torch.cat(
+            [torch.tensor(d[: c.numel()], dtype=torch.float64) for d, c in zip(decrypted, chunks)]
+        )
 
 
 @dataclass
@@ -312,9 +428,7 @@ class EncryptedHookState(HookState):
 
     def encrypted_mean(self, buffer: torch.Tensor) -> torch.Tensor:
         values = buffer.detach().to(torch.float64).reshape(-1)
-        slots = self.key.slots
-        parts = [self.key.sum(values[i : i + slots]) for i in range(0, values.numel(), slots)]
-        total = torch.cat(parts) if parts else values.clone()
+        total = self.key.sum(values) if values.numel() else values.clone()
         return (total / self.world_size).to(buffer.dtype)
 
     def close(self) -> None:

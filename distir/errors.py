@@ -116,3 +116,13 @@ class Excluded(DistirError):
 class RecoveryFailed(DistirError):
     """The survivors could not agree on a new membership within the deadline
     (the store is unreachable, or every round lost another member)."""
+
+
+class JoinRefused(DistirError):
+    """A process asked to join a running job and the members refused it: its
+    state (the shapes and dtypes it would receive, or its tag) is not theirs."""
+
+
+class JoinFailed(DistirError):
+    """A process that asked to join a running job was not admitted, or did
+    not form the new group with the members, within its deadline."""

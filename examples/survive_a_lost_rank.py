@@ -4,9 +4,10 @@ Four local ranks run a loop of all-reduces of 1 MiB. During all-reduce #10,
 rank 2 kills itself with SIGKILL. Every survivor's run fails with a named
 error; each calls `distir.recover()`, which returns the same membership on
 all three (epoch 1, ranks 0, 1 and 3) and a new process group over them;
-the survivors agree on the earliest step any of them had not finished (the
-all-reduce in flight may have completed on some of them) and the loop goes
-on from there, on that group, and every result is checked. The launcher (`tolerate=1`) returns the survivors'
+the membership also says how many all-reduces completed on every survivor
+(the one in flight may have completed on some of them only), the same
+number on each, and the loop goes on from there, on that group, and every
+result is checked. The launcher (`tolerate=1`) returns the survivors'
 results and reports the lost rank with its cause. Times are seconds since
 the kill.
 
@@ -60,9 +61,11 @@ def worker(ctx) -> dict:
             events["membership agreed"] = time.monotonic()
             # The all-reduce in flight when rank 2 died may have completed on
             # some survivors (all four contributions had reached them) and
-            # failed on others: go on from the earliest survivor's step, or
-            # ranks would pair different steps' inputs.
-            done = int(distir.all_reduce(torch.tensor([done]), "min", group=m.group))
+            # failed on others: the membership says how many runs completed
+            # on every survivor, the same number on each, and the loop goes
+            # on from there (one run per step here: a step made of several
+            # runs passes recover(progress=steps) instead).
+            done = m.completed
             continue
         expected = sum(r + 1 + done for r in m.ranks)
         assert bool((y == expected).all()), f"all-reduce #{done}: wrong result"

@@ -5,7 +5,8 @@ Five local ranks each hold a private model update of 4096 floats. They
 generate a collective CKKS key (every rank's secret share stays with it; the
 Shamir shares that make any 3 of 5 enough travel sealed with X25519 and
 ChaCha20-Poly1305), encrypt their updates under it and sum the ciphertexts
-(the ciphertext all-reduce, after every rank committed to its ciphertext).
+(every rank commits to its ciphertext, then every rank checks each
+ciphertext against its commitment and sums them).
 Then:
 
 - the ranks switch the aggregate to the public key of an outside receiver
@@ -55,7 +56,12 @@ def rank_main(ctx, threshold: int, size: int, receiver_key: torch.Tensor) -> dic
     import distir
     from distir.aggregation import threshold as ta
 
-    params = ta.ThresholdParameters(parties=ctx.world_size, threshold=threshold)
+    # decrypt_to_ranks: the survivors decrypt below, which trusts every
+    # rank's input (a crafted one would reveal the key to them); without it
+    # only switch_key, to the outside receiver, lets the aggregate out.
+    params = ta.ThresholdParameters(
+        parties=ctx.world_size, threshold=threshold, decrypt_to_ranks=True
+    )
     # 1. Collective key generation and thresholdization (3 rounds).
     share = ta.generate_keys(params, deadline=DEADLINE_S)
     context = share.public_key.context()  # public: encrypts, cannot decrypt

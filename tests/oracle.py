@@ -345,17 +345,74 @@ def all_gather(xs: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
     return [[exact(out)] for _ in xs]
 
 
-def reduce_scatter(kind: str, xs: Sequence[torch.Tensor], axis: int) -> list[list[Expected]]:
-    """Rank r's part (rows [r·n/P, (r+1)·n/P) of `axis`) of every
-    alternative the native all-reduce of `xs` may give, by plain indexing."""
+def reduce_scatter(
+    kind: str, xs: Sequence[torch.Tensor], axis: int, counts: Sequence[int] | None = None
+) -> list[list[Expected]]:
+    """Rank r's part (rows [r·n/P, (r+1)·n/P) of `axis`, or the rows the
+    counts give it) of every alternative the native all-reduce of `xs` may
+    give, by plain indexing."""
     (total,) = native_all_reduce(kind, xs)[0]
-    world = len(xs)
-    part = xs[0].shape[axis] // world
-    results = []
+    return scattered(total, len(xs), axis, counts)
+
+
+def scattered(
+    total: Expected, world: int, axis: int, counts: Sequence[int] | None = None
+) -> list[list[Expected]]:
+    """Every rank's part of every alternative of `total` along `axis`: even
+    parts, or `counts[r]` rows for rank r after those of the ranks before."""
+    rows = total.shape[axis]
+    sizes = list(counts) if counts is not None else [rows // world] * world
+    results, start = [], 0
     for r in range(world):
-        index = [slice(None)] * xs[0].dim()
-        index[axis] = slice(r * part, (r + 1) * part)
+        index = [slice(None)] * len(total.shape)
+        index[axis] = slice(start, start + sizes[r])
         results.append([Expected([a[tuple(index)].clone() for a in total.alternatives])])
+        start += sizes[r]
+    return results
+
+
+def gather(xs: Sequence[torch.Tensor], axis: int, root: int) -> list[list[Expected]]:
+    """On the root, the concatenation along `axis` in rank order (built by
+    slice assignment); zeros of its shape on every other rank."""
+    (whole,) = all_gather(xs, axis)[0]
+    (out,) = whole.alternatives
+    return [[exact(out if r == root else torch.zeros_like(out))] for r in range(len(xs))]
+
+
+def scatter(
+    xs: Sequence[torch.Tensor], axis: int, root: int, counts: Sequence[int] | None = None
+) -> list[list[Expected]]:
+    """Rank r's rows of the root's `x`: rows [r·n/P, (r+1)·n/P) along `axis`,
+    or after the counts of the lower ranks, by plain indexing."""
+    x, world = xs[root], len(xs)
+    if counts is None:
+        counts = [x.shape[axis] // world] * world
+    results, offset = [], 0
+    for c in counts:
+        index = [slice(None)] * x.dim()
+        index[axis] = slice(offset, offset + c)
+        results.append([exact(x[tuple(index)].clone())])
+        offset += c
+    return results
+
+
+def reduce(kind: str, xs: Sequence[torch.Tensor], root: int) -> list[list[Expected]]:
+    """On the root, every alternative the native all-reduce of `xs` may give;
+    zeros of its shape on every other rank."""
+    (total,) = native_all_reduce(kind, xs)[0]
+    return [[total if r == root else exact(torch.zeros_like(xs[0]))] for r in range(len(xs))]
+
+
+def shift(xs: Sequence[torch.Tensor], offset: int, rotate: bool) -> list[list[Expected]]:
+    """Rank r gets rank (r - offset)'s input: modulo P with `rotate`, zeros
+    when that rank does not exist without it."""
+    world, results = len(xs), []
+    for r in range(world):
+        source = r - offset
+        if rotate:
+            source %= world
+        inside = 0 <= source < world
+        results.append([exact(xs[source].clone() if inside else torch.zeros_like(xs[r]))])
     return results
 
 

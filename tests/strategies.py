@@ -353,6 +353,182 @@ def reduce_scatter_cases(draw, world: int) -> DrawnCase:
                      [[lay] for lay in layouts])  # fmt: skip
 
 
+#: the reduce-scatter's schedules a case may ask for by name ("" = its choice)
+REDUCE_SCATTER_SCHEDULES = ("", "ring", "direct")
+
+
+def _modular_add_reduce_scatter(t, tq, to, counts, axis) -> str:
+    """A generic reduce-scatter whose region is `lower-ciphertext-add`'s
+    modular add, recorded as `known_combine`, printed by xDSL."""
+    from xdsl.dialects.builtin import StringAttr
+    from xdsl.ir import Block
+
+    from distir.ir.all_reduce import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
+    from distir.ir.reduce_scatter import ReduceScatterOp
+
+    block = Block(arg_types=[t, tq])
+    block.args[0].name_hint, block.args[1].name_hint = "a0", "a1"
+    op = ReduceScatterOp(block.args[0], to, combine=modular_add_region(t, tq),
+                         extras=[block.args[1]], commutative=True, counts=counts, axis=axis)  # fmt: skip
+    op.attributes[KNOWN_COMBINE] = StringAttr(MODULAR_ADD)
+    op.result.name_hint = "y"
+    block.add_op(op)
+    return str(op)
+
+
+@st.composite
+def general_reduce_scatter_cases(draw, world: int) -> DrawnCase:
+    """Native kinds and combine regions (every combine the generic
+    all-reduce is tested with, and the ciphertext modular add), even and
+    uneven counts, any axis, every schedule that computes it exactly."""
+    combine = draw(st.sampled_from(["native", "modular-add", *sorted(oracle.GENERIC_COMBINES)]))
+    uneven = draw(st.booleans())
+    if combine == "modular-add":
+        limbs = draw(st.integers(1, 3))
+        shape = [draw(st.integers(0, 2)), limbs, draw(st.integers(0, 3))]
+        axis = draw(st.sampled_from([0, 2]))
+        shape[axis] *= world
+        element, dtype = "i64", torch.int64
+    else:
+        if combine == "native":
+            kind = draw(st.sampled_from(NATIVE_KINDS))
+            candidates = [e for e in ELEMENT_TYPES if kind not in BITWISE_KINDS or e not in FLOAT_TYPES]
+            element = draw(st.sampled_from(candidates))
+        else:
+            element = draw(st.sampled_from(_COMBINE_TYPES[combine]))
+        dtype = ELEMENT_TYPES[element]
+        shape = list(draw(shapes(1, 3)))
+        axis = draw(st.integers(0, len(shape) - 1))
+        shape[axis] *= world
+    if uneven:
+        counts = draw(st.lists(st.integers(0, 3), min_size=world, max_size=world))
+        shape[axis] = sum(counts)
+    else:
+        counts = None
+    shape_t = tuple(shape)
+    t = tensor_type(shape_t, element)
+    out = list(shape_t)
+    out[axis] = None if uneven else shape[axis] // world
+    to = tensor_type(tuple(out), element)
+    counts_text = f" counts [{', '.join(map(str, counts))}]" if uneven else ""
+    if combine == "modular-add":
+        from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType, i64
+
+        moduli = draw(st.lists(st.sampled_from([2, 3, (1 << 62) - 57]) | st.integers(2, (1 << 62) - 1),
+                               min_size=shape[1], max_size=shape[1]))  # fmt: skip
+        xs = []
+        for _ in range(world):
+            flat = []
+            for index in range(math.prod(shape)):
+                q = moduli[(index // shape[2]) % shape[1]]
+                flat.append(draw(st.sampled_from([0, q - 1]) | st.integers(0, q - 1)))
+            xs.append(torch.tensor(flat, dtype=torch.int64).reshape(shape_t))
+        tq = tensor_type((shape[1],), "i64")
+        op_text = _modular_add_reduce_scatter(
+            TensorType(i64, shape), TensorType(i64, [shape[1]]),
+            TensorType(i64, [DYNAMIC_INDEX if d is None else d for d in out]), counts, axis)
+        body = [*op_text.splitlines(), f"func.return %y : {to}"]
+        total = oracle.ciphertext_sum(xs, moduli)[0][0]
+        q = torch.tensor(moduli, dtype=torch.int64)
+        return DrawnCase(f"reduce_scatter modular-add{counts_text} axis {axis} {t}",
+                         _func([t, tq], [to], body), [[x, q.clone()] for x in xs],
+                         oracle.scattered(total, world, axis, counts))  # fmt: skip
+    xs, layouts = draw(per_rank_inputs(world, dtype, shape_t))
+    if combine == "native":
+        head = f"%y = dist.reduce_scatter {kind} %a0{counts_text} axis {axis}"
+        commutative, region, name = True, [], kind
+        total = oracle.native_all_reduce(kind, xs)[0][0]
+    else:
+        _, commutative_op = oracle.GENERIC_COMBINES[combine]
+        commutative = commutative_op and draw(st.booleans())
+        marker = " commutative" if commutative else ""
+        head = f"%y = dist.reduce_scatter %a0{counts_text} axis {axis}{marker}"
+        if combine in ("first", "last"):
+            region = [f"  dist.yield %{'lhs' if combine == 'first' else 'rhs'} : {t}", "}"]
+        else:
+            region = [f"  %c = arith.{combine} %lhs, %rhs : {t}", f"  dist.yield %c : {t}", "}"]
+        name = f"{combine}{marker}"
+        total = oracle.generic_all_reduce(combine, xs, commutative)[0][0]
+    schedules = REDUCE_SCATTER_SCHEDULES if commutative else ("", "direct")
+    schedule = draw(st.sampled_from(schedules))
+    tail = " combine(%lhs, %rhs) {" if region else ""
+    body = [f"{head} : {t} -> {to}{tail}", *region, f"func.return %y : {to}"]
+    impls = (("dist.reduce_scatter", schedule),) if schedule else ()
+    return DrawnCase(
+        f"reduce_scatter {name}{counts_text} axis {axis} {t} [{schedule or 'default'}]",
+        _func([t], [to], body), [[x] for x in xs], oracle.scattered(total, world, axis, counts),
+        [[lay] for lay in layouts], implementations=impls,
+    )  # fmt: skip
+
+
+@st.composite
+def gather_scatter_cases(draw, world: int) -> DrawnCase:
+    """`dist.gather` or `dist.scatter`, even along any axis or uneven (counts
+    with zeros) along axis 0, to or from any root."""
+    op = draw(st.sampled_from(["gather", "scatter"]))
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    dtype = ELEMENT_TYPES[element]
+    root = draw(st.integers(0, world - 1))
+    if draw(st.booleans()):
+        shape = list(draw(shapes(1, 3)))
+        axis = draw(st.integers(0, len(shape) - 1))
+        whole = list(shape)
+        whole[axis] *= world
+        t_in, t_out = (shape, whole) if op == "gather" else (whole, shape)
+        xs, layouts = draw(per_rank_inputs(world, dtype, tuple(t_in)))
+        t, to = tensor_type(tuple(t_in), element), tensor_type(tuple(t_out), element)
+        expected = oracle.gather(xs, axis, root) if op == "gather" else oracle.scatter(xs, axis, root)
+        body = [f"%y = dist.{op} %a0 axis {axis} root {root} : {t} -> {to}",
+                f"func.return %y : {to}"]  # fmt: skip
+        return DrawnCase(f"{op} axis {axis} root {root} {t}", _func([t], [to], body),
+                         [[x] for x in xs], expected, [[lay] for lay in layouts])  # fmt: skip
+    width = draw(st.integers(0, 2))
+    counts = draw(st.lists(st.integers(0, 3), min_size=world, max_size=world))
+    xs, layouts = [], []
+    for r in range(world):
+        rows = counts[r] if op == "gather" else sum(counts)
+        x, layout = draw(laid_out(draw(tensors(dtype, (rows, width)))))
+        xs.append(x)
+        layouts.append(layout)
+    t = tensor_type((None, width), element)
+    tc = tensor_type((world,), "i64")
+    c = torch.tensor(counts, dtype=torch.int64)
+    expected = oracle.gather(xs, 0, root) if op == "gather" else oracle.scatter(xs, 0, root, counts)
+    body = [f"%y = dist.{op} %a0 counts(%a1 : {tc}) axis 0 root {root} : {t} -> {t}",
+            f"func.return %y : {t}"]  # fmt: skip
+    return DrawnCase(f"{op} counts {counts} root {root} {t}", _func([t, tc], [t], body),
+                     [[x, c.clone()] for x in xs], expected,
+                     [[lay, "contiguous"] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def reduce_cases(draw, world: int) -> DrawnCase:
+    kind = draw(st.sampled_from(NATIVE_KINDS))
+    candidates = [e for e in ELEMENT_TYPES if kind not in BITWISE_KINDS or e not in FLOAT_TYPES]
+    element = draw(st.sampled_from(candidates))
+    shape = draw(shapes())
+    root = draw(st.integers(0, world - 1))
+    xs, layouts = draw(per_rank_inputs(world, ELEMENT_TYPES[element], shape))
+    t = tensor_type(shape, element)
+    body = [f"%y = dist.reduce {kind} %a0 root {root} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"reduce {kind} root {root} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.reduce(kind, xs, root), [[lay] for lay in layouts])  # fmt: skip
+
+
+@st.composite
+def shift_cases(draw, world: int) -> DrawnCase:
+    element = draw(st.sampled_from(list(ELEMENT_TYPES)))
+    shape = draw(shapes(0, 2))
+    offset = draw(st.integers(-world - 1, world + 1))
+    rotate = draw(st.booleans())
+    xs, layouts = draw(per_rank_inputs(world, ELEMENT_TYPES[element], shape))
+    t = tensor_type(shape, element)
+    ring = " rotate" if rotate else ""
+    body = [f"%y = dist.shift %a0 offset {offset}{ring} : {t}", f"func.return %y : {t}"]
+    return DrawnCase(f"shift {offset}{ring} {t}", _func([t], [t], body), [[x] for x in xs],
+                     oracle.shift(xs, offset, rotate), [[lay] for lay in layouts])  # fmt: skip
+
+
 @st.composite
 def all_to_all_cases(draw, world: int) -> DrawnCase:
     element = draw(st.sampled_from(list(ELEMENT_TYPES)))
@@ -462,6 +638,10 @@ FAMILIES = {
     "ciphertext": ciphertext_cases,
     "all_gather": all_gather_cases,
     "reduce_scatter": reduce_scatter_cases,
+    "reduce_scatter_general": general_reduce_scatter_cases,
+    "gather_scatter": gather_scatter_cases,
+    "reduce": reduce_cases,
+    "shift": shift_cases,
     "all_to_all": all_to_all_cases,
     "p2p": p2p_cases,
     "wave": wave_cases,

@@ -233,13 +233,15 @@ def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:
     """Each op (each form of it: a native and a generic all-reduce) is run by
     exactly one implementation of `distributed_operation_contributions()`
     besides the algorithms, the named alternatives a program or the runtime
-    may choose instead (`backends.all_reduce.algorithm_contributions`)."""
+    may choose instead (`backends.all_reduce.algorithm_contributions`, the
+    reduce-scatter's `schedule_contributions`)."""
     from distir.backends.all_reduce import algorithm_contributions
     from distir.backends.collectives import distributed_operation_contributions
+    from distir.backends.reduce_scatter import schedule_contributions
     from distir.interpreters.semantics import SEMANTICS, semantics_of
     from distir.ir.parsing import parse_module
 
-    algorithms = {type(a) for a in algorithm_contributions()}
+    algorithms = {type(a) for a in [*algorithm_contributions(), *schedule_contributions()]}
     defaults = [i for i in distributed_operation_contributions() if type(i) not in algorithms]
     seen = set()
     for name, text in _roundtrip_programs().items():
@@ -315,6 +317,8 @@ OPTIMISATION_PASSES = {
 NOT_THE_OP = OPTIMISATION_PASSES | {
     "ir.dialect",  # the dialect's op list
     "bench.dispatch",  # a stand-in implementation that measures the runtime's dispatch
+    "ir.shard",  # MLIR's shard dialect: op classes of its own that share dist's names
+    "passes.convert_shard_to_dist",  # a conversion a user selects: builds dist ops
 }
 
 
@@ -378,6 +382,26 @@ def _places_naming(op_name: str) -> set[str]:
                 "ir.builder",
             },
         ),
+        *[
+            (
+                op_name,
+                {
+                    "ir.gather_scatter",
+                    "interpreters.semantics.gather_scatter",
+                    "backends.gather_scatter",
+                    "ir.builder",
+                },
+            )
+            for op_name in ("GatherOp", "ScatterOp")
+        ],
+        (
+            "ShiftOp",
+            {"ir.shift", "interpreters.semantics.shift", "backends.shift", "ir.builder"},
+        ),
+        (
+            "ReduceToRootOp",
+            {"ir.reduce", "interpreters.semantics.reduce", "backends.reduce", "ir.builder"},
+        ),
         (
             "TransferOp",
             {"ir.mesh", "interpreters.semantics.mesh", "backends.mesh", "ir.builder"},
@@ -419,12 +443,16 @@ def test_transpose_rules_are_declared_with_the_dist_ops() -> None:
         "dist.all_reduce",
         "dist.assert_uniform",
         "dist.broadcast",
+        "dist.gather",
         "dist.psum",
         "dist.pvary",
         "dist.recv",
+        "dist.reduce",
         "dist.reduce_scatter",
+        "dist.scatter",
         "dist.send",
         "dist.sendrecv",
+        "dist.shift",
         "dist.transfer",
         "dist.variable_all_to_all",
     ]

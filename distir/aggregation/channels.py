@@ -1,12 +1,16 @@
 """Pairwise authenticated, encrypted channels for the secrets a threshold
-protocol hands from rank to rank (Shamir shares of secret keys).
+protocol hands from rank to rank (Shamir shares of secret keys) and for
+its secret-dependent values (decryption and key-switch shares).
 
 gloo's TCP is clear text, so a secret never travels through a plain
 collective.  Every rank draws a fresh X25519 key pair per session and
 publishes its public key through a distir all-gather; the pair ``(i, j)``
 derives, with HKDF-SHA256 over the X25519 shared secret, one key per
-direction bound to both ranks, both public keys and the session (the
-collective public key's digest); each message is sealed once with
+direction bound to both ranks, both public keys, and a transcript: the
+session (the parameters and public seed), every rank's public key as this
+rank received them, and what the caller binds (:meth:`Channels.bind`: key
+generation binds the collective public key), so that two ranks with
+different views of any of it cannot talk; each message is sealed once with
 ChaCha20-Poly1305 under its own key (so a fixed nonce never repeats), with
 the sender, the receiver and the purpose as associated data.  Every
 primitive is the ``cryptography`` package's.
@@ -20,6 +24,7 @@ X25519 keys to the ranks with a PKI.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from cryptography.exceptions import InvalidTag
@@ -52,6 +57,7 @@ class Channels:
         self._private = X25519PrivateKey.generate()
         self.public_key = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         self._peers: list[bytes] | None = None
+        self._salt = self._session
         self._sealed: set[tuple[int, bytes]] = set()
 
     def __repr__(self) -> str:
@@ -62,6 +68,13 @@ class Channels:
         if public_keys[self.rank] != self.public_key:
             raise ChannelError(f"rank {self.rank}'s public key came back altered")
         self._peers = [bytes(k) for k in public_keys]
+        self._salt = hashlib.sha256(self._session + b"".join(self._peers)).digest()
+
+    def bind(self, transcript: bytes) -> None:
+        """Bind every later key to ``transcript`` too (before any message)."""
+        if self._peers is None or self._sealed:
+            raise ChannelError("bind() goes after connect() and before any message")
+        self._salt = hashlib.sha256(self._salt + bytes(transcript)).digest()
 
     def _key(self, sender: int, receiver: int) -> ChaCha20Poly1305:
         if self._peers is None:
@@ -75,9 +88,7 @@ class Channels:
             + self._peers[sender]
             + self._peers[receiver]
         )
-        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=self._session, info=info).derive(
-            shared
-        )
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=self._salt, info=info).derive(shared)
         return ChaCha20Poly1305(key)
 
     @staticmethod

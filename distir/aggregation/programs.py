@@ -17,7 +17,13 @@ from torch import Tensor
 
 import distir
 
-__all__ = ["agree_max", "gather_and_sum", "gather_rows", "sum_agreed"]
+__all__ = [
+    "agree_max",
+    "exchange",
+    "gather_and_sum",
+    "gather_committed",
+    "gather_rows",
+]
 
 
 def _ty(shape: tuple[int, ...]) -> str:
@@ -81,19 +87,34 @@ def gather_and_sum(
     return _compiled(text, deadline_s).run(rows, limbs, moduli, group=group)
 
 
-def sum_agreed(
-    limbs: Tensor, moduli: Tensor, uniform: Tensor, *, group: Any, deadline_s: float
-) -> Tensor:
-    """``sum_i limbs_i mod q`` after a ``dist.assert_uniform`` of ``uniform``
-    (the ranks' digest of what the sum belongs to)."""
-    lty, qty, uty = _ty(tuple(limbs.shape)), _ty(tuple(moduli.shape)), _ty(tuple(uniform.shape))
-    text = f"""func.func @main(%c: {lty}, %q: {qty}, %u: {uty}) -> {lty} {{
-  dist.assert_uniform %u : {uty}
-  %s = dist.all_reduce_add_ciphertext %c, %q max_modulus_bits 60 : {lty}, {qty}
-  func.return %s : {lty}
+def gather_committed(
+    rows: Tensor, limbs: Tensor, *, group: Any, deadline_s: float
+) -> tuple[Tensor, Tensor]:
+    """``(every rank's rows, every rank's limbs)``, each concatenated in rank
+    order along axis 0: the commitments (``rows``) travel first, so a
+    rank's commitment is sent before any rank's ciphertexts."""
+    ty, lty = _ty(tuple(rows.shape)), _ty(tuple(limbs.shape))
+    gty = "tensor<?x" + "x".join(str(d) for d in limbs.shape[1:]) + "xi64>"
+    text = f"""func.func @main(%x: {ty}, %c: {lty}) -> (tensor<?xi64>, {gty}) {{
+  %g = dist.all_gather %x axis 0 : {ty} -> tensor<?xi64>
+  %a = dist.all_gather %c axis 0 : {lty} -> {gty}
+  func.return %g, %a : tensor<?xi64>, {gty}
 }}
 """
-    return _compiled(text, deadline_s).run(limbs, moduli, uniform, group=group)
+    return _compiled(text, deadline_s).run(rows, limbs, group=group)
+
+
+def exchange(words: Tensor, counts: Tensor, *, group: Any, deadline_s: float) -> Tensor:
+    """Point to point: ``counts[j]`` consecutive words of ``words`` (int64
+    ``[sum(counts)]``) go to rank ``j``; returns what every rank sent this
+    one, in rank order (one ``dist.variable_all_to_all``)."""
+    cty = _ty(tuple(counts.shape))
+    text = f"""func.func @main(%x: tensor<?xi64>, %c: {cty}) -> tensor<?xi64> {{
+  %y, %rc = dist.variable_all_to_all %x, %c axis 0 : tensor<?xi64>, {cty} -> tensor<?xi64>
+  func.return %y : tensor<?xi64>
+}}
+"""
+    return _compiled(text, deadline_s).run(words, counts, group=group)
 
 
 def words(data: bytes) -> Tensor:

@@ -8,22 +8,50 @@ outside receiver's key, and fewer learn nothing (see
     keys = generate_keys(ThresholdParameters(parties=5, threshold=3))  # every rank
     context = keys.public_key.context()        # public: encrypts, cannot decrypt
     total = aggregate([ts.ckks_vector(context, update)], keys)
+    blobs = switch_key(total, keys, receiver_key)    # any >= 3 ranks, for a receiver
+    # only with ThresholdParameters(..., decrypt_to_ranks=True):
     values = decrypt(total, keys, group=survivors)   # any >= 3 ranks
-    blobs = switch_key(total, keys, receiver_key)    # for an outside receiver
+
+Inputs are not verified, so by default no rank sees a decryption
+---------------------------------------------------------------
+A rank controls its input, and nothing here proves that an input is a
+well-formed fresh encryption with bounded noise.  A crafted one breaks any
+party that sees its decryption: from the public collective key ``(b, a)``
+(``b = e - a*s``) a rank submits ``2^k * (b, a)``, which decrypts to
+``2^k * e`` (the key's noise) for ``2^k`` above the other inputs, so
+whoever reads that plaintext computes ``s = (e - b) / a`` and decrypts every
+rank's individual ciphertext (a rank receives them in the sum).  The
+default protocol therefore never hands the ranks a decryption: the
+aggregate leaves only through :func:`switch_key`, re-encrypted under an
+outside receiver's key; the ranks see a ciphertext under a key they do not
+hold (plus shares smudged for that receiver), so a crafted input gains a
+rank nothing.  :func:`decrypt` is refused
+(:class:`RankDecryptionRefused`, on every rank) unless the keys were
+generated with ``decrypt_to_ranks=True``, an explicit opt-in that trusts
+every rank's input.  What stays: the receiver sees the decryption, so a
+receiver colluding with a lying rank recovers ``s`` the same way; the
+receiver must not be a rank nor collude with one.  (Closing that needs
+proofs that each input is well formed, e.g. lattice proofs of plaintext
+knowledge amortised as in TopGear/Overdrive, which this package does not
+have.)
 
 Every step is collective over its ``group`` (default: the world), checks
 first that the ranks agree (parameters, group size, the aggregate, the
 budget) and raises the same named error on every rank when they do not:
-:class:`ThresholdMismatch`, :class:`DecryptionBudgetExhausted`, or distir's
+:class:`ThresholdMismatch`, :class:`DecryptionBudgetExhausted`,
+:class:`RankDecryptionRefused`, or distir's
 ``DeadlineExceeded``/``CollectiveFailed``/``Poisoned`` for a rank that
 fails or is late; nothing partial is returned.
 
 Rounds: key generation 3 (parameters and the public seed of ``a``; key
 shares summed with the X25519 keys gathered; the key's digest agreed with
-the encrypted Shamir shares gathered), aggregation 2 (parameters and
-ciphertext counts; commitments gathered, then the ciphertexts summed),
-decryption and key switch 3 (the aggregate, parameters and active parties;
-budgets; the agreed aggregate's shares summed).
+the encrypted Shamir shares gathered), aggregation 3 (parameters and
+ciphertext counts; commitments gathered, then the ciphertexts, each
+checked against its commitment and summed by every rank; the verdict and
+the sum's digest agreed),
+decryption and key switch 5 (the aggregate, parameters and active parties;
+budgets; fresh X25519 keys gathered after the aggregate's digest is
+agreed; the shares exchanged sealed, pairwise; their opening agreed).
 """
 
 from __future__ import annotations
@@ -41,31 +69,47 @@ import torch.distributed as torch_dist
 from torch import Tensor
 
 from distir.aggregation import programs
-from distir.aggregation.channels import TAG_BYTES, Channels
+from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
+from distir.he.rns import TorchRNSBackend
 from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
     DecryptionBudgetExhausted,
+    RankDecryptionRefused,
     ThresholdMismatch,
     ThresholdParameters,
     ThresholdShare,
+    UnsafeReceiverKey,
 )
 from distir.runtime.ownership import plain_inputs
 
 __all__ = [
     "Aggregate",
+    "CommitmentMismatch",
     "DecryptionBudgetExhausted",
+    "RankDecryptionRefused",
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
+    "UnsafeReceiverKey",
     "aggregate",
     "decrypt",
     "generate_keys",
+    "reshare",
     "switch_key",
 ]
 
-_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL = 0, 1, 2, 4, 8
+_OK, _BAD_GROUP, _BUDGET, _BAD_AGGREGATE, _BAD_LEVEL, _REFUSED, _BAD_RECEIVER, _BAD_SEAL = (
+    0,
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+)
 _SHAMIR = b"shamir-share"
 
 
@@ -101,6 +145,12 @@ def _check_agreed(
     k = len(values)
     same = agreed[1 : 1 + k] == list(values) and agreed[1 + k : 1 + 2 * k] == [-v for v in values]
     # every rank computes the same verdict from the same agreed row
+    if codes & _BAD_SEAL:
+        raise ChannelError(messages[_BAD_SEAL])
+    if codes & _REFUSED:
+        raise RankDecryptionRefused(messages[_REFUSED])
+    if codes & _BAD_RECEIVER:
+        raise UnsafeReceiverKey(messages[_BAD_RECEIVER])
     if codes & _BUDGET:
         raise DecryptionBudgetExhausted(messages[_BUDGET])
     for bit in (_BAD_GROUP, _BAD_AGGREGATE, _BAD_LEVEL):
@@ -159,6 +209,7 @@ def generate_keys(
     raw = gathered.numpy().tobytes()
     channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
     key = th.collective_public_key_from_sum(parameters, b, crp)
+    channels.bind(key.digest())  # the Shamir shares open only under the same key
     shares = th.shamir_shares(secret)
     del secret
     blob = b"".join(
@@ -186,6 +237,12 @@ def generate_keys(
 
 
 # ---------------------------------------------------------------------- aggregation
+class CommitmentMismatch(ThresholdMismatch):
+    """A rank's ciphertexts differ from the commitment it published before
+    them (or their limbs are not reduced): raised on every rank, naming the
+    rank, and nothing is summed."""
+
+
 @dataclass(frozen=True, eq=False)
 class Aggregate:
     """The agreed sum of every rank's committed ciphertexts: only
@@ -193,10 +250,18 @@ class Aggregate:
 
     ``count`` fresh encryptions per slot were summed (the group's size);
     ``commitments`` are the SHA-256 of every rank's ciphertexts, gathered
-    before the sum; ``digest`` binds them to the sum; ``_tag`` is this
-    rank's MAC over it, checked before any decryption.  ``limbs`` are the
+    before the ciphertexts, each checked by every rank against the
+    ciphertexts that rank received before they entered the sum; ``digest``
+    binds them to the sum and was agreed by every rank.  ``limbs`` are the
     summed ciphertexts (int64 ``[n, 2, L, N]``); ``templates`` this rank's
-    own ciphertexts, whose metadata (level, scale, size) the sums share."""
+    own ciphertexts, whose metadata (level, scale, size) the sums share.
+
+    ``_tag`` is a MAC under this rank's private noise key, checked before
+    any decryption: it guards this rank against its own caller (an
+    ``Aggregate`` built or altered by hand).  Against another rank it is
+    not the tag that binds -- a lying rank forges its own at will -- but
+    the agreement: every honest rank decrypts only the aggregate it summed
+    and checked itself, and every decryption first agrees on the digest."""
 
     def ciphertexts(self) -> list[Any]:
         """The summed ciphertexts as ``CKKSVector``s (public: they encrypt
@@ -225,6 +290,11 @@ def _aggregate_digest(commitments: Sequence[bytes], limbs: Tensor, count: int) -
     return h.digest()
 
 
+def _commitment(limbs: Tensor) -> bytes:
+    """A rank's commitment to its ciphertexts (int64 ``[n, 2, L, N]``)."""
+    return hashlib.sha256(limbs.contiguous().numpy().tobytes()).digest()
+
+
 def aggregate(
     ciphertexts: Sequence[Any],
     share: ThresholdShare,
@@ -235,9 +305,17 @@ def aggregate(
     """The homomorphic sum of every rank's ``CKKSVector``s (collective; every
     rank passes the same number, encrypted under ``share.public_key``).
 
-    One distir program: every rank's SHA-256 commitment to its ciphertexts
-    is gathered, then the ciphertexts are summed
-    (``dist.all_reduce_add_ciphertext``, bit for bit SEAL's addition)."""
+    One distir program gathers every rank's SHA-256 commitment to its
+    ciphertexts, then the ciphertexts themselves; every rank checks each
+    rank's ciphertexts against its commitment (and that their limbs are
+    reduced) and sums them (modular addition per limb, bit for bit SEAL's);
+    one all-reduce agrees on the verdict and the sum's digest.  A rank whose
+    ciphertexts differ from its commitment is :class:`CommitmentMismatch`
+    on every rank, naming it, with nothing summed.  Every rank receives
+    every rank's (encrypted) ciphertexts: that is what checking them takes,
+    and no rank holds the key.  The commitment binds a rank to what it sends
+    before it sees any other rank's ciphertext; it proves nothing about
+    what it committed to (see the module docstring)."""
     deadline_s = seconds(deadline, "deadline")
     _rank, size = _group_shape(group)
     parameters = share.parameters
@@ -274,16 +352,43 @@ def aggregate(
         },
     )
     limbs = torch.stack([p[0] for p in pairs])
-    commitment = hashlib.sha256(limbs.numpy().tobytes()).digest()
+    commitment = _commitment(limbs)
     q = torch.tensor(moduli, dtype=torch.int64)
-    gathered, total = programs.gather_and_sum(
-        programs.words(commitment), limbs, q, group=group, deadline_s=deadline_s
+    gathered, received = programs.gather_committed(
+        programs.words(commitment), limbs, group=group, deadline_s=deadline_s
     )
     raw = gathered.numpy().tobytes()
     commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
-    if commitments[_rank] != commitment:
-        raise ThresholdMismatch(f"rank {_rank}'s commitment came back altered")
+    per_rank = received.view(size, *limbs.shape)
+    backend = TorchRNSBackend()
+    liars = []
+    for i in range(size):
+        honest = hashlib.sha256(per_rank[i].contiguous().numpy().tobytes()).digest()
+        try:
+            backend.check_reduced(per_rank[i], q)
+        except ValueError:
+            honest = b""
+        if honest != commitments[i]:
+            liars.append(i)
+    total = per_rank[0].clone()
+    for i in range(1, size):
+        backend.add_mod_(total, per_rank[i], q)
     digest = _aggregate_digest(commitments, total, size)
+    # One all-reduce agrees on the verdict (the lowest rank found lying, as
+    # size - rank so that the max picks it; whatever the liar itself says)
+    # and on the sum's digest.
+    words = _digest_words(digest)
+    verdict = [size - min(liars) if liars else 0, *words, *(-w for w in words)]
+    agreed = programs.agree_max(
+        torch.tensor(verdict, dtype=torch.int64), group=group, deadline_s=deadline_s
+    ).tolist()
+    if agreed[0]:
+        raise CommitmentMismatch(
+            f"aggregate: the ciphertexts of rank {size - agreed[0]} are not those it committed "
+            "to; nothing was summed"
+        )
+    if agreed[1:] != verdict[1:]:
+        raise ThresholdMismatch("ranks of the group computed different ciphertext sums")
     return Aggregate(
         parameters,
         tuple(ciphertexts),
@@ -297,9 +402,19 @@ def aggregate(
 
 
 # -------------------------------------------------------- decryption and key switch
-def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: float) -> list[int]:
+def _prepare(
+    total: Aggregate,
+    share: ThresholdShare,
+    group: Any,
+    deadline_s: float,
+    *,
+    to_ranks: bool,
+    receiver_problem: str | None = None,
+) -> list[int]:
     """Round 1: ``total`` valid on every rank and the same, the group's size
-    against the threshold, and the set of active parties."""
+    against the threshold, decryption to the ranks allowed (``to_ranks``),
+    the receiver key safe (``receiver_problem``: this rank's objection),
+    and the set of active parties."""
     if not isinstance(total, Aggregate):
         raise TypeError(f"only an Aggregate from aggregate() decrypts, got {type(total).__name__}")
     parameters = share.parameters
@@ -313,6 +428,10 @@ def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: fl
     code = (_OK if valid else _BAD_AGGREGATE) | (
         _OK if parameters.threshold <= size <= parameters.parties else _BAD_GROUP
     )
+    if to_ranks and not parameters.decrypt_to_ranks:
+        code |= _REFUSED
+    if receiver_problem is not None:
+        code |= _BAD_RECEIVER
     # The active parties ride in the same all-reduce, as a one-hot row.
     present = [1 if p == share.party else 0 for p in range(parameters.parties)]
     present = _check_agreed(
@@ -326,6 +445,13 @@ def _prepare(total: Aggregate, share: ThresholdShare, group: Any, deadline_s: fl
             "(altered, or a sum of more fresh encryptions than parties)",
             _BAD_GROUP: f"a group of {size} ranks cannot decrypt: it needs between "
             f"{parameters.threshold} and {parameters.parties} parties",
+            _REFUSED: "decrypt: these keys do not allow decryption to the ranks "
+            "(ThresholdParameters.decrypt_to_ranks is False): an aggregate may hold a crafted "
+            "input whose decryption reveals the collective secret key; use switch_key to an "
+            "outside receiver, or generate keys with decrypt_to_ranks=True, which trusts every "
+            "rank's input; nothing was published",
+            _BAD_RECEIVER: "switch_key: a rank's receiver key is one the ranks may decrypt "
+            f"under ({receiver_problem or 'seen on another rank'}); nothing was published",
         },
         extra=present,
     )
@@ -358,23 +484,100 @@ def _spend_agreed(
     share._spend(tags)
 
 
+def _sealed_sum(
+    shares: Tensor,
+    moduli: Sequence[int],
+    agreed: Sequence[int],
+    *,
+    purpose: bytes,
+    group: Any,
+    deadline_s: float,
+) -> Tensor:
+    """``sum_j shares_j mod q`` over the ranks of ``group``, with no share
+    in the clear on the wire: every rank draws a fresh X25519 key pair for
+    this call and the keys are gathered after a ``dist.assert_uniform`` of
+    ``agreed`` (the digests the shares belong to, which also salt the
+    channel keys); each rank seals its share for every other rank
+    (:class:`~distir.aggregation.channels.Channels`: ChaCha20-Poly1305,
+    one key per direction) and one ``dist.variable_all_to_all`` delivers
+    them; every rank opens what it received and adds it.  A blob that fails
+    authentication, or does not hold reduced limbs, is
+    :class:`~distir.aggregation.channels.ChannelError` on every rank (one
+    last all-reduce agrees on it)."""
+    rank, size = _group_shape(group)
+    uniform = torch.tensor(list(agreed), dtype=torch.int64)
+    session = hashlib.sha256(purpose + uniform.numpy().tobytes()).digest()
+    channels = Channels(rank, session)
+    raw = (
+        programs.gather_rows(
+            programs.words(channels.public_key),
+            group=group,
+            deadline_s=deadline_s,
+            uniform=uniform,
+        )
+        .numpy()
+        .tobytes()
+    )
+    channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
+    plain = shares.contiguous().numpy().tobytes()
+    sealed = [channels.seal(j, plain, purpose) for j in range(size) if j != rank]
+    width = (len(plain) + TAG_BYTES) // 8
+    counts = torch.tensor([0 if j == rank else width for j in range(size)], dtype=torch.int64)
+    received = programs.exchange(
+        programs.words(b"".join(sealed)), counts, group=group, deadline_s=deadline_s
+    )
+    data = received.numpy().tobytes()
+    q = torch.tensor(list(moduli), dtype=torch.int64)
+    backend = TorchRNSBackend()
+    total = shares.clone()
+    problem = None
+    senders = [j for j in range(size) if j != rank]
+    if len(data) != 8 * width * len(senders):
+        problem = f"rank {rank} received {len(data)} bytes of sealed shares"
+    else:
+        for k, j in enumerate(senders):
+            try:
+                opened = channels.open(j, data[8 * width * k : 8 * width * (k + 1)], purpose)
+                other = torch.frombuffer(bytearray(opened), dtype=torch.int64).view_as(shares)
+                backend.check_reduced(other, q)
+            except (ChannelError, ValueError) as e:
+                problem = f"rank {rank}: the sealed share of rank {j} is unusable ({e})"
+                break
+            backend.add_mod_(total, other, q)
+    _check_agreed(
+        _OK if problem is None else _BAD_SEAL,
+        [],
+        group=group,
+        deadline_s=deadline_s,
+        what="sealed shares",
+        messages={
+            _BAD_SEAL: f"a sealed {purpose.decode()} failed authentication or held no reduced "
+            f"limbs ({problem or 'seen on another rank'}); nothing was returned"
+        },
+    )
+    return total
+
+
 def decrypt(
     total: Aggregate, share: ThresholdShare, *, group: Any = None, deadline: Duration = 60.0
 ) -> list[list[float]]:
     """The values of every ciphertext of ``total`` (collective over
     ``group``: any ``threshold`` to ``parties`` ranks holding distinct
-    shares, e.g. the survivors of a failure).  Every rank of the group gets
-    them; each publishes smudged decryption shares, summed by one distir
-    program after a ``dist.assert_uniform`` of the aggregate's digest."""
+    shares, e.g. the survivors of a failure), only under keys generated
+    with ``decrypt_to_ranks=True`` (else :class:`RankDecryptionRefused` on
+    every rank: see the module docstring for why).  Every rank of the group gets
+    them; each computes smudged decryption shares, summed sealed
+    (:func:`_sealed_sum`: no share travels in the clear) after a
+    ``dist.assert_uniform`` of the aggregate's digest."""
     deadline_s = seconds(deadline, "deadline")
-    active = _prepare(total, share, group, deadline_s)
+    active = _prepare(total, share, group, deadline_s, to_ranks=True)
     shares, tags = th.decryption_shares(share, total.limbs, total.moduli, active)
     _spend_agreed(share, tags, group, deadline_s)
-    q = torch.tensor(total.moduli, dtype=torch.int64)
-    summed = programs.sum_agreed(
+    summed = _sealed_sum(
         shares,
-        q,
-        torch.tensor(_digest_words(total.digest), dtype=torch.int64),
+        total.moduli,
+        _digest_words(total.digest),
+        purpose=b"decryption share",
         group=group,
         deadline_s=deadline_s,
     )
@@ -398,23 +601,28 @@ def switch_key(
     of the receiver's context), as serialized ``CKKSVector``s the receiver
     loads with ``ts.ckks_vector_from(its_context, blob)``.
 
-    Collective over any ``threshold`` to ``parties`` ranks; one distir sum
+    Collective over any ``threshold`` to ``parties`` ranks; one sealed sum
     of smudged key-switch shares (after agreeing on the aggregate and the
-    receiver key).  The ranks get only the switched ciphertexts, which they
-    cannot decrypt."""
+    receiver key, which must not be one the ranks can decrypt under:
+    :class:`UnsafeReceiverKey` on every rank otherwise).  The ranks get
+    only the switched ciphertexts, which they cannot decrypt."""
     deadline_s = seconds(deadline, "deadline")
     # The key's value, in memory of its own: its bytes are digested and
     # agreed on (a negation view's memory holds -key).
     (receiver_key,) = plain_inputs([receiver_key], "switch_key: receiver key")
-    active = _prepare(total, share, group, deadline_s)
+    try:
+        problem = th.check_receiver_key(receiver_key, share.public_key)
+    except (TypeError, ValueError) as e:  # malformed: agreed like an unsafe key
+        problem = str(e)
+    active = _prepare(total, share, group, deadline_s, to_ranks=False, receiver_problem=problem)
     shares, tags = th.key_switch_shares(share, total.limbs, total.moduli, active, receiver_key)
     _spend_agreed(share, tags, group, deadline_s)
     key_digest = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
-    q = torch.tensor(total.moduli, dtype=torch.int64)
-    summed = programs.sum_agreed(
+    summed = _sealed_sum(
         shares,
-        q,
-        torch.tensor(_digest_words(total.digest) + _digest_words(key_digest), dtype=torch.int64),
+        total.moduli,
+        _digest_words(total.digest) + _digest_words(key_digest),
+        purpose=b"key-switch share",
         group=group,
         deadline_s=deadline_s,
     )
@@ -423,3 +631,137 @@ def switch_key(
         c0 = th.add_shares(total.limbs[k, 0], [summed[k, 0]], total.moduli)
         out.append(limbs_to_ckks(torch.stack([c0, summed[k, 1]]), c).serialize())
     return out
+
+
+# ------------------------------------------------------------------- re-sharing
+_RESHARE = b"reshare"
+
+
+def reshare(
+    share: ThresholdShare,
+    parameters: ThresholdParameters,
+    *,
+    group: Any = None,
+    deadline: Duration = 60.0,
+) -> ThresholdShare:
+    """Fresh Shamir shares of the same collective key for the ranks of
+    ``group`` (collective; every rank holds a share of the key, e.g. the
+    survivors that ``distir.recover()`` regrouped), under ``parameters``:
+    ``parties`` = the group's size, any new ``threshold``, the same ring.
+
+    The first ``threshold`` (old) parties present each deal, sealed over
+    fresh pairwise channels, Shamir shares of ``lambda_j * sk_j`` under a
+    fresh polynomial; rank ``k`` of ``group`` becomes party ``k`` with the
+    sum of what it received.  The key, and every ciphertext under it, stay
+    the same; the new shares are independent of the old ones beyond the
+    key, so a coalition needs ``threshold`` shares *of one generation*
+    (proactive security holds once every old share, and its files, are
+    erased: that is the caller's part).  Each new share gets a fresh noise
+    key and carries the largest spent count of the old shares present.
+    Aggregates made before do not decrypt under the new shares (their
+    parameters differ): aggregate again."""
+    deadline_s = seconds(deadline, "deadline")
+    rank, size = _group_shape(group)
+    old = share.parameters
+    same_ring = (
+        parameters.poly_modulus_degree == old.poly_modulus_degree
+        and parameters.coeff_mod_bit_sizes == old.coeff_mod_bit_sizes
+        and parameters.scale == old.scale
+    )
+    code = _OK if parameters.parties == size and same_ring and old.threshold <= size else _BAD_GROUP
+    row = [
+        share.party,
+        len(share._spent),
+        *_digest_words(parameters.digest()),
+        *_digest_words(old.digest()),
+        *_digest_words(share.public_key.digest()),
+    ]
+    agreed = _check_agreed(
+        code,
+        row[2:],
+        group=group,
+        deadline_s=deadline_s,
+        what=[("new parameters", 3), ("old parameters", 3), ("collective keys", 3)],
+        messages={
+            _BAD_GROUP: f"a rank cannot re-share to a group of {size} ranks: the new parameters "
+            f"must be for parties={size}, in the same ring, and the old threshold "
+            f"({old.threshold}) must be present"
+        },
+        extra=[*(1 if p == share.party else 0 for p in range(old.parties)), len(share._spent)],
+    )
+    present, carried = agreed[: old.parties], agreed[-1]
+    if sum(present) != size:
+        raise ThresholdMismatch(
+            f"the {size} ranks of the group hold only {sum(present)} distinct shares"
+        )
+    parties = programs.gather_rows(
+        torch.tensor([share.party], dtype=torch.int64), group=group, deadline_s=deadline_s
+    ).tolist()
+    active = sorted(parties)[: old.threshold]
+    dealers = [parties.index(p) for p in active]  # their ranks in the group
+    key_words = _digest_words(share.public_key.digest())
+    uniform = torch.tensor(_digest_words(parameters.digest()) + key_words, dtype=torch.int64)
+    channels = Channels(rank, hashlib.sha256(_RESHARE + uniform.numpy().tobytes()).digest())
+    raw = (
+        programs.gather_rows(
+            programs.words(channels.public_key), group=group, deadline_s=deadline_s, uniform=uniform
+        )
+        .numpy()
+        .tobytes()
+    )
+    channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
+    channels.bind(share.public_key.digest())
+    shape = tuple(share._limbs.shape)
+    width = (share._limbs.numel() * 8 + TAG_BYTES) // 8
+    own = None
+    blob = b""
+    if rank in dealers:
+        dealt = th.reshare_shares(share, active, parameters)
+        own = dealt[rank]
+        blob = b"".join(
+            channels.seal(k, dealt[k].contiguous().numpy().tobytes(), _RESHARE)
+            for k in range(size)
+            if k != rank
+        )
+        del dealt
+    counts = torch.tensor(
+        [width if rank in dealers and k != rank else 0 for k in range(size)], dtype=torch.int64
+    )
+    data = (
+        programs.exchange(programs.words(blob), counts, group=group, deadline_s=deadline_s)
+        .numpy()
+        .tobytes()
+    )
+    received = [] if own is None else [own]
+    senders = [d for d in dealers if d != rank]
+    problem = None
+    if len(data) != 8 * width * len(senders):
+        problem = f"rank {rank} received {len(data)} bytes of sealed shares"
+    else:
+        for k, j in enumerate(senders):
+            try:
+                plain = channels.open(j, data[8 * width * k : 8 * width * (k + 1)], _RESHARE)
+                received.append(torch.frombuffer(bytearray(plain), dtype=torch.int64).view(shape))
+            except ChannelError as e:
+                problem = str(e)
+                break
+    _check_agreed(
+        _OK if problem is None else _BAD_SEAL,
+        [],
+        group=group,
+        deadline_s=deadline_s,
+        what="re-shared shares",
+        messages={
+            _BAD_SEAL: f"a sealed re-shared share failed authentication "
+            f"({problem or 'seen on another rank'}); nothing was returned"
+        },
+    )
+    key = th.CollectivePublicKey(parameters, share.public_key.limbs)
+    fresh = th._new_threshold_share(parameters, rank, key, received)
+    # The budget is the key's: carry the largest count, as records that
+    # no real decryption's record equals.
+    fresh._spent = {
+        hashlib.sha256(b"distir/carried/" + i.to_bytes(8, "little")).digest()
+        for i in range(carried)
+    }
+    return fresh

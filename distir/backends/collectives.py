@@ -212,10 +212,16 @@ def distributed_operation_contributions(
     specialised ciphertext implementation; without it the automatic
     ciphertext sum is used.
     """
+    from distir.backends.gather_scatter import GatherImplementation, ScatterImplementation
     from distir.backends.mesh import TransferImplementation
     from distir.backends.p2p import p2p_contributions
-    from distir.backends.reduce_scatter import NativeReduceScatterImplementation
+    from distir.backends.reduce import NativeReduceImplementation
+    from distir.backends.reduce_scatter import (
+        ReduceScatterImplementation,
+        schedule_contributions,
+    )
     from distir.backends.replication import PsumImplementation, PvaryImplementation
+    from distir.backends.shift import ShiftImplementation
 
     contributions: list[Implementation] = [
         GroupQueryImplementation(),
@@ -225,7 +231,12 @@ def distributed_operation_contributions(
         ExactCiphertextAddImplementation(),
         AssertUniformImplementation(),
         AllGatherImplementation(),
-        NativeReduceScatterImplementation(),
+        ReduceScatterImplementation(),
+        *schedule_contributions(),
+        GatherImplementation(),
+        ScatterImplementation(),
+        NativeReduceImplementation(),
+        ShiftImplementation(),
         PvaryImplementation(),
         PsumImplementation(),
         VariableAllToAllImplementation(),

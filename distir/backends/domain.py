@@ -98,6 +98,9 @@ class ExecutionDomain:
         #: the first failure, when it must be raised again as itself (a
         #: fenced rank keeps hearing that it was excluded)
         self.sticky: DistirError | None = None
+        #: runs that completed on this rank (`distir.recover` agrees on the
+        #: position to resume from with it; one run at a time per domain)
+        self.completed = 0
         self._lock = threading.Lock()
 
     def check(self, what: str) -> None:

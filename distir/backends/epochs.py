@@ -29,13 +29,28 @@ class Membership:
 
     `ranks` are global ranks (sorted); `group` is the process group over
     them (the default group at epoch 0); `rank` is this process's
-    rank in `group`; `lost` the ranks of the previous membership left out."""
+    rank in `group`; `lost` the ranks of the previous membership left out.
+
+    `completed` is where every member resumes: the number of positions
+    completed on every member when the previous membership failed, agreed
+    in the same decision as `ranks` (so every member reads the same number).
+    Positions are runs of programs (counted from 0 at epoch 0, and from
+    `completed` on each later membership's group), or the application's
+    own steps when every member passed `progress=` to `recover`. The run
+    in flight when a rank died may have completed on some members only: a
+    member that is further along goes back to `completed`.
+
+    `joined` are the ranks this membership admitted (`distir.grow`): new
+    processes that take no part in `completed` and receive their state from
+    a member that was there before."""
 
     epoch: int
     ranks: tuple[int, ...]
     group: Any = field(repr=False, compare=False)
     rank: int
     lost: tuple[int, ...] = ()
+    completed: int = 0
+    joined: tuple[int, ...] = ()
 
     @property
     def size(self) -> int:
@@ -74,8 +89,30 @@ def decision_key(epoch: int) -> str:
     return f"{STORE_PREFIX}decision/{epoch}"
 
 
+#: what positions count: runs of programs, or the application's own steps
+RUNS, STEPS = "runs", "steps"
+
+
 def parse_members(value: bytes) -> tuple[int, ...]:
-    return tuple(int(r) for r in value.decode().split(",") if r)
+    """The members of a decision (`format_decision`)."""
+    return tuple(int(r) for r in value.decode().split("|")[0].split(",") if r)
+
+
+def format_decision(
+    members: tuple[int, ...], kinds: set[str], completed: int, joined: tuple[int, ...] = ()
+) -> str:
+    """A decision as the store holds it: members, what positions count
+    ("runs", "steps", or "mixed" when the members disagree), the positions
+    completed on every member and the members admitted by it."""
+    kind = kinds.pop() if len(kinds) == 1 else "mixed"
+    return f"{','.join(map(str, members))}|{kind}|{completed}|{','.join(map(str, joined))}"
+
+
+def parse_outcome(value: bytes) -> tuple[str, int, tuple[int, ...]]:
+    """What positions count in a decision, how many completed on every
+    member, and the members it admitted."""
+    _, kind, completed, joined = value.decode().split("|")
+    return kind, int(completed), tuple(int(r) for r in joined.split(",") if r)
 
 
 def read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:

@@ -315,6 +315,37 @@ class ProcessGroupResource:
         opts = self._options(dist.ReduceScatterOptions, invocation, wait, ("reduceOp", op))
         return self._run(self.pg._reduce_scatter_base, (out, tensor), opts, invocation, wait)
 
+    def gather(
+        self, parts: Sequence[torch.Tensor], tensor: torch.Tensor, root: int, invocation: Any,
+        wait: bool = False,
+    ) -> Any:
+        """Every rank's contiguous `tensor` (one shape everywhere) into the
+        root's `parts` (P buffers; empty on the other ranks)."""
+        opts = self._options(dist.GatherOptions, invocation, wait, ("rootRank", root))
+        outs = [as_bytes(p, written=True) for p in parts]
+        return self._run(self.pg.gather, ([outs] if outs else [], [as_bytes(tensor)]), opts,
+                         invocation, wait)  # fmt: skip
+
+    def scatter(
+        self, out: torch.Tensor, parts: Sequence[torch.Tensor], root: int, invocation: Any,
+        wait: bool = False,
+    ) -> Any:
+        """The root's `parts[rank]` (P contiguous buffers of `out`'s shape;
+        none on the other ranks) into every rank's `out`."""
+        opts = self._options(dist.ScatterOptions, invocation, wait, ("rootRank", root))
+        ins = [as_bytes(p) for p in parts]
+        return self._run(self.pg.scatter, ([as_bytes(out, written=True)], [ins] if ins else []),
+                         opts, invocation, wait)  # fmt: skip
+
+    def reduce(
+        self, tensor: torch.Tensor, op: Any, root: int, invocation: Any, wait: bool = False
+    ) -> Any:
+        """The reduction of every rank's contiguous `tensor` into the root's
+        (the other ranks' `tensor` may be overwritten)."""
+        opts = self._options(dist.ReduceOptions, invocation, wait, ("reduceOp", op),
+                             ("rootRank", root), ("rootTensor", 0))  # fmt: skip
+        return self._run(self.pg.reduce, ([tensor],), opts, invocation, wait)
+
     def all_to_all(
         self, out: torch.Tensor, tensor: torch.Tensor, out_splits: Sequence[int],
         in_splits: Sequence[int], invocation: Any, wait: bool = False,

@@ -56,14 +56,17 @@ import torch.distributed.distributed_c10d as c10d
 
 from distir.backends.domain import StoreUnavailable, call_bounded, resolve_group
 from distir.backends.epochs import (
+    RUNS,
+    STEPS,
     STORE_PREFIX,
     Membership,
     decision_key,
     default_store,
     excluded,
+    format_decision,
     membership,
     parse_members,
-    read_decision,
+    parse_outcome,
     set_membership,
 )
 from distir.durations import Duration, seconds
@@ -95,7 +98,11 @@ def _join_key(epoch: int, rank: int) -> str:
 
 
 def recover(
-    group: Any = None, *, deadline: Duration = 30.0, join_window: Duration | None = None
+    group: Any = None,
+    *,
+    deadline: Duration = 30.0,
+    join_window: Duration | None = None,
+    progress: int | None = None,
 ) -> Membership:
     """Agrees with the other survivors on who is left and forms a new group.
 
@@ -109,6 +116,15 @@ def recover(
     launcher reports gone are not waited for. Programs run on
     `membership.group` afterwards; the old group is destroyed.
 
+    Where to resume is agreed in the same decision: `membership.completed`
+    is the number of positions completed on every member, the same on
+    every member. Positions are this rank's completed program runs (since
+    epoch 0, restarting from `completed` on each new group), or
+    `progress`, the application's own count of completed steps, when every
+    member passes it (ranks that disagree on which they count get
+    `RecoveryFailed`). A step made of several runs, or of local work after
+    them (an optimizer step), is one position with `progress=`.
+
     Give it a deadline longer than the collectives' deadline plus the time
     to form a group: a survivor may still be inside a collective of the old
     group, and gloo does not always wake it when a peer dies (nor can one
@@ -117,8 +133,10 @@ def recover(
 
         try:
             y = program.run(x, group=m.group)
+            step += 1
         except distir.errors.DistirError:
-            m = distir.recover()
+            m = distir.recover(progress=step)
+            step = m.completed  # the same on every member
     """
     deadline = seconds(deadline, "deadline")
     start = time.monotonic()
@@ -133,23 +151,60 @@ def recover(
             f"{current.epoch}, ranks {list(current.ranks)}); pass the group that "
             "recover returned last, or None"
         )
+    return agree(current, _position(current, progress), end, window, "recover")
+
+
+def agree(
+    current: Membership,
+    position: str,
+    end: float,
+    window: float,
+    what: str,
+    admit: tuple[int, ...] = (),
+    decision: bytes | None = None,
+) -> Membership:
+    """The next membership after `current`, decided and formed before
+    `end` (`time.monotonic()`): the members of `current` that join within
+    `window` seconds, and the ranks in `admit` (`distir.grow`). A joiner
+    passes the `decision` that admitted it and starts at forming."""
     me = dist.get_rank()
     store = default_store()
     previous = current
+    start = time.monotonic()
     failures: list[str] = []
     while True:
         epoch = current.epoch + 1
-        members = _decide(store, current, epoch, me, min(end, time.monotonic() + window), end)
+        if decision is None:
+            decision = _decide(
+                store, current, epoch, me, position, min(end, time.monotonic() + window), end,
+                admit,
+            )  # fmt: skip
+        members = parse_members(decision)
         if me not in members:
             _fence(previous, epoch, members)
             raise excluded(me, epoch, members)
+        kind, completed, joined = parse_outcome(decision)
+        decision = None
+        if kind not in (RUNS, STEPS):
+            raise RecoveryFailed(
+                f"{what}: the members of epoch {epoch} (ranks {list(members)}) count "
+                "different positions: some passed progress= and some did not; pass it on "
+                "every rank or on none"
+            )
+        if joined:  # tells each joiner which decision admitted it
+            _bounded(
+                lambda e=epoch, js=joined: [store.set(admitted_key(r), str(e)) for r in js],
+                max(0.5, end - time.monotonic()),
+                "admitting",
+            )
         formed = _form(members, epoch, me, end)
         if isinstance(formed, str):
             failures.append(f"epoch {epoch} over ranks {list(members)}: {formed}")
-            current = Membership(epoch, members, None, members.index(me))
+            current = Membership(epoch, members, None, members.index(me), (), completed)
+            admit = ()
             if time.monotonic() >= end:
                 raise RecoveryFailed(
-                    f"recover: no membership agreed within {deadline:g} s ("
+                    f"{what}: no membership agreed within {end - start:.3g} s ("
                     + "; ".join(failures)
                     + ")"
                 )
@@ -160,10 +215,35 @@ def recover(
             formed,
             members.index(me),
             tuple(r for r in previous.ranks if r not in members),
+            completed,
+            tuple(r for r in members if r not in previous.ranks),
         )
         set_membership(result)
         _release(previous.group)
         return result
+
+
+def admitted_key(rank: int) -> str:
+    """Where the decision that admitted `rank` is named (its epoch)."""
+    return f"{STORE_PREFIX}admitted/{rank}"
+
+
+def _position(current: Membership, progress: int | None) -> str:
+    """This rank's position as its join record holds it: "steps:<n>" (the
+    application's), or "runs:<n>" (runs completed on the current group)."""
+    if progress is not None:
+        if isinstance(progress, bool) or not isinstance(progress, int) or progress < 0:
+            raise DistirError(
+                f"recover: progress must be a count of completed steps (an int >= 0), "
+                f"not {progress!r}"
+            )
+        return f"{STEPS}:{progress}"
+    from distir.backends.domain import domain_for
+
+    runs = 0
+    if current.group is not None:
+        runs = domain_for(current.group).completed
+    return f"{RUNS}:{current.completed + runs}"
 
 
 def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
@@ -179,18 +259,31 @@ def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
             pass
 
 
+def _read(store: Any, key: str) -> bytes | None:
+    return store.get(key) if store.check([key]) else None
+
+
 def _decide(
-    store: Any, current: Membership, epoch: int, me: int, close: float, end: float
-) -> tuple[int, ...]:
-    """The members of `epoch`: read, or proposed once every member of the
-    current epoch joined or is gone, or the window closed."""
+    store: Any,
+    current: Membership,
+    epoch: int,
+    me: int,
+    position: str,
+    close: float,
+    end: float,
+    admit: tuple[int, ...] = (),
+) -> bytes:
+    """The decision of `epoch` (`format_decision`): read, or proposed once
+    every member of the current epoch joined or is gone, or the window
+    closed. A rank joins with its position; the proposal carries the
+    members that joined and the least of their positions."""
     key = decision_key(epoch)
     bound = max(0.5, end - time.monotonic())
 
-    def first_look() -> tuple[int, ...] | None:
-        decided = read_decision(store, epoch)
+    def first_look() -> bytes | None:
+        decided = _read(store, key)
         if decided is None:
-            store.set(_join_key(epoch, me), "1")
+            store.set(_join_key(epoch, me), position)
         return decided
 
     decided = _bounded(first_look, bound, "joining")
@@ -198,8 +291,8 @@ def _decide(
         return decided
     pending = [r for r in current.ranks if r != me]
 
-    def look() -> tuple[tuple[int, ...] | None, list[int]]:
-        decided = read_decision(store, epoch)
+    def look() -> tuple[bytes | None, list[int]]:
+        decided = _read(store, key)
         if decided is not None:
             return decided, []
         joined = [r for r in current.ranks if store.check([_join_key(epoch, r)])]
@@ -218,9 +311,16 @@ def _decide(
             break
         time.sleep(_POLL_S)
 
-    def propose() -> tuple[int, ...]:
-        joined = sorted(r for r in current.ranks if store.check([_join_key(epoch, r)]))
-        return parse_members(store.compare_set(key, "", ",".join(map(str, joined))))
+    def propose() -> bytes:
+        joined = {r: _read(store, _join_key(epoch, r)) for r in current.ranks}
+        records = {r: v.decode().split(":") for r, v in joined.items() if v is not None}
+        members = tuple(sorted(records))
+        kinds = {kind for kind, _ in records.values()}
+        completed = min(int(n) for _, n in records.values())
+        grown = tuple(sorted(set(members) | set(admit)))
+        return store.compare_set(
+            key, "", format_decision(grown, kinds, completed, tuple(sorted(admit)))
+        )
 
     return _bounded(propose, max(0.5, end - time.monotonic()), "proposing")
 

@@ -104,7 +104,8 @@ class Setup:
     `clone_op` is the `raw clone+op` row (the least an out-of-place result
     costs over raw torch.distributed); `reference` returns the exact expected
     results when they are not the raw call's outputs (it runs untimed and may
-    communicate).
+    communicate); `step`, when given, is what a variant's row times, called
+    with the variant's compiled program.
     """
 
     program: str
@@ -115,6 +116,9 @@ class Setup:
     clone_op: Callable[[], tuple[Any, ...]] | None = None
     reference: Callable[[], tuple[Any, ...]] | None = None
     baselines: tuple[Baseline, ...] = ()
+    #: a family that times user code around its program (a training step):
+    #: each variant's row calls `step(compiled program)` instead of its run
+    step: Callable[[Any], tuple[Any, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -386,7 +390,84 @@ def reduce_scatter_setup(case: Case) -> Setup:
 
 register(Family(
     "reduce_scatter", "`dist.reduce_scatter sum` vs reduce_scatter_tensor", reduce_scatter_setup,
-    variants=(DISTIR,), bus="reduce_scatter", dtypes=NATIVE_DTYPES,
+    variants=(
+        DISTIR,
+        Variant("ring", implementations={"dist.reduce_scatter": "ring"}),
+        Variant("direct", implementations={"dist.reduce_scatter": "direct"}),
+    ),
+    bus="reduce_scatter", dtypes=NATIVE_DTYPES,
+))  # fmt: skip
+
+
+###############################################################################
+# fsdp_step: one FSDP/ZeRO-3 training step (examples/fsdp_mlp.py's) vs the
+# same step written with raw torch.distributed (S = the parameters)
+###############################################################################
+
+FSDP_WIDTH, FSDP_BATCH = 256, 32
+FSDP_GATHER = """
+func.func @main(%shard: tensor<?xf32>) -> tensor<?xf32> {
+  %full = dist.all_gather %shard axis 0 : tensor<?xf32> -> tensor<?xf32>
+  func.return %full : tensor<?xf32>
+}"""
+
+
+def fsdp_step_setup(case: Case) -> Setup:
+    """`y = relu(x @ W1) @ W2`, W1 [d, h] and W2 [h, d] of S bytes together,
+    each flattened and sharded over the P ranks. A step gathers each
+    layer's weight, runs forward and backward of this rank's batch, and
+    leaves every shard's gradient summed over the ranks. distir: one run of
+    the all-gather program per layer, its backward (a reduce-scatter) run
+    by autograd. Raw: all_gather_into_tensor per layer, backward on the
+    full weights, reduce_scatter_tensor of each weight's gradient. Both
+    return the shard gradients."""
+    import torch
+    import torch.distributed as dist
+
+    p, rank = case.world_size, case.rank
+    d = FSDP_WIDTH
+    h = max(p, case.nbytes // 4 // (2 * d) // p * p)
+    shapes = ((d, h), (h, d))
+    gen = torch.Generator().manual_seed(99)
+    weights = [torch.randn(*shape, generator=gen) * 0.05 for shape in shapes]
+    x = case.data(FSDP_BATCH * d).view(FSDP_BATCH, d)
+    target = case.data(FSDP_BATCH * d, salt=1).view(FSDP_BATCH, d)
+    raw_shards = [w.flatten().chunk(p)[rank].clone() for w in weights]
+    shards = [s.clone().requires_grad_(True) for s in raw_shards]
+    gather = _all_gather_single()
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def loss_of(w1, w2):
+        return ((torch.relu(x @ w1) @ w2 - target) ** 2).mean() / p
+
+    def raw():
+        full = []
+        for s, shape in zip(raw_shards, shapes):
+            w = torch.empty(s.numel() * p)
+            gather(w, s)
+            full.append(w.view(shape).requires_grad_(True))
+        loss_of(*full).backward()
+        grads = []
+        for s, w in zip(raw_shards, full):
+            g = torch.empty_like(s)
+            scatter(g, w.grad.flatten())
+            grads.append(g)
+        return tuple(grads)
+
+    def step(program):
+        w1, w2 = (program.run(s).view(shape) for s, shape in zip(shards, shapes))
+        loss_of(w1, w2).backward()
+        grads = tuple(s.grad for s in shards)
+        for s in shards:
+            s.grad = None
+        return grads
+
+    return Setup(FSDP_GATHER, (), raw, sum(w.nbytes for w in weights), step=step)
+
+
+register(Family(
+    "fsdp_step", "FSDP MLP step (all-gather, backward reduce-scatter) vs raw torch.distributed",
+    fsdp_step_setup, variants=(DISTIR,), bus="all_gather", dtypes=("float32",),
 ))  # fmt: skip
 
 

@@ -112,6 +112,10 @@ TARGETS = (
     Target("combine", "ring, donated", RAW, 1.20, _MIB),
     Target("ciphertext", "auto, donated", RAW, 1.15, 16 * _MIB, 16 * _MIB, (2,)),
     Target("ciphertext", "auto, donated", RAW, 1.35, 16 * _MIB, 16 * _MIB, (4,)),
+    # gloo's reduce_scatter_tensor all-reduces the whole input: N·(P-1)/P
+    # bytes per rank should take at most 0.7 of its time
+    Target("reduce_scatter", "distir", RAW, 0.70, 16 * _MIB, 16 * _MIB, (2, 4)),
+    Target("fsdp_step", "distir", RAW, 1.30, 16 * _MIB, 16 * _MIB),
 )
 
 

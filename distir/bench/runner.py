@@ -82,7 +82,11 @@ class Call:
     donated: tuple[int, ...] = ()
 
 
-def _variant_call(variant: Variant, program: Any, inputs: tuple[Any, ...]) -> Call:
+def _variant_call(
+    variant: Variant, program: Any, inputs: tuple[Any, ...], step: Callable[[Any], Any] | None
+) -> Call:
+    if step is not None:  # user code around the program (the family's `step`)
+        return Call(variant.name, lambda: step(program), None, program)
     donated = variant.donated(len(inputs))
     # A donated variant gets its own copy of the inputs it may overwrite,
     # restored from the family's inputs before every call.
@@ -114,7 +118,7 @@ def make_calls(family: Family, setup: Setup, world_size: int) -> list[Call]:
         program = distir.compile(setup.program, variant.pipeline_for(world_size),
                                  implementations=variant.implementations,
                                  agreement=variant.agreement)  # fmt: skip
-        calls.append(_variant_call(variant, program, setup.inputs))
+        calls.append(_variant_call(variant, program, setup.inputs, setup.step))
     return calls
 
 

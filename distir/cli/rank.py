@@ -37,6 +37,8 @@ class RunRequest:
     keep_results: bool = False
     #: with --tolerate: survivors recover and finish their runs on the new group
     tolerate: int | None = None
+    #: with --replace: a lost rank is restarted, joins, and runs the rest
+    replace: bool = False
 
 
 # Reading the program ------------------------------------------------------------------
@@ -172,26 +174,38 @@ def _agree_on_inputs(error: str | None, world_size: int) -> None:
         raise DistirError(f"not run: rank{'s' if len(failed) > 1 else ''} {who} had no inputs")
 
 
-def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
+def run_rank(request: RunRequest, rank: int, world_size: int, joining: bool = False) -> dict:
     """Body of one rank: make inputs (synthesised from the program as
     written, before any pass), compile with the pipeline, run (timed),
-    summarise."""
+    summarise. A replacement (`joining`) joins the running ranks first and
+    runs from the position they agreed on."""
     import torch
 
     import distir
     from distir.errors import DistirError, one_line
+    from distir.runtime import elastic
     from distir.runtime.planning import entry_function
 
     module = parse_program(request.source, request.filename)
-    error = None
+    recovered: list[str] = []
     inputs: list = []
-    try:
-        inputs = _rank_inputs(request, entry_function(module, request.entry), rank, world_size)
-    except DistirError as e:
-        error = str(e)
-    except Exception as e:
-        error = one_line(e)
-    _agree_on_inputs(error, world_size)
+    if joining:
+        m = elastic.join([], deadline=request.deadline + 60.0)
+        recovered.append(
+            f"joined: epoch {m.epoch}, rank {m.rank} of {m.size} ({rank_list(m.ranks)}), "
+            f"from run #{m.completed}"
+        )
+        inputs = _rank_inputs(request, entry_function(module, request.entry), m.rank, m.size)
+    else:
+        m = distir.membership()
+        error = None
+        try:
+            inputs = _rank_inputs(request, entry_function(module, request.entry), rank, world_size)
+        except DistirError as e:
+            error = str(e)
+        except Exception as e:
+            error = one_line(e)
+        _agree_on_inputs(error, world_size)
     program = distir.compile(
         module, request.pipeline, entry=request.entry, deadline=request.deadline
     )
@@ -199,28 +213,44 @@ def run_rank(request: RunRequest, rank: int, world_size: int) -> dict:
         inputs = [x.cuda() for x in inputs]
     times = []
     results: Any = None
-    group = None
-    recovered: list[str] = []
-    while len(times) < request.repeat:
+    group = m.group if m.epoch else None
+    done = m.completed  # runs done on every rank (the agreed position)
+    while done < request.repeat:
         try:
             torch.distributed.barrier(group=group)
             start = time.perf_counter()
             results = program.run(*inputs, group=group)
+            if request.backend == "nccl":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+            done += 1
+            if request.replace and done < request.repeat:
+                grown = elastic.grow([], deadline=request.deadline + 10.0, progress=done)
+                if grown.epoch != m.epoch:
+                    m, group = grown, grown.group
+                    fn = entry_function(module, request.entry)
+                    inputs = _rank_inputs(request, fn, m.rank, m.size)
+                    recovered.append(
+                        f"grown: epoch {m.epoch}, rank {m.rank} of {m.size} "
+                        f"({rank_list(m.ranks)}; joined {rank_list(m.joined)})"
+                    )
         except (DistirError, RuntimeError):
             if request.tolerate is None:
                 raise
-            # A peer was lost: agree on the survivors and finish the runs on them.
-            m = distir.recover(deadline=request.deadline + 10.0)
-            group = m.group
+            # A peer was lost: agree on the survivors and where they are, and
+            # finish the runs on them.
+            m = distir.recover(deadline=request.deadline + 10.0, progress=done)
+            group, done = m.group, m.completed
             inputs = _rank_inputs(request, entry_function(module, request.entry), m.rank, m.size)
             recovered.append(
                 f"recovered: epoch {m.epoch}, rank {m.rank} of {m.size} "
                 f"({rank_list(m.ranks)}; lost {rank_list(m.lost)})"
             )
+            if request.replace:  # its replacement is starting: give it time to ask
+                until = time.monotonic() + request.deadline + 30.0
+                while not elastic.requests() and time.monotonic() < until:
+                    time.sleep(0.02)
             continue
-        if request.backend == "nccl":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
     if not isinstance(results, tuple):
         results = (results,)
     report = {
@@ -240,7 +270,7 @@ def launched_rank(ctx: Any, request: RunRequest) -> dict:
     from distir.errors import DistirError, one_line
 
     try:
-        return run_rank(request, ctx.rank, ctx.world_size)
+        return run_rank(request, ctx.rank, ctx.world_size, getattr(ctx, "joining", False))
     except DistirError:
         raise
     except Exception as e:

@@ -190,6 +190,13 @@ exit status: 0 success, 1 a bad program, input or a failed rank, 2 bad flags,
         "each lost rank's cause (default: any lost rank ends the run)",
     )
     parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="with --tolerate: start a new process in place of each lost rank; it joins "
+        "the running ranks (distir.runtime.elastic), which admit it after their next run, "
+        "and runs the rest of the --repeat runs with them",
+    )
+    parser.add_argument(
         "--output",
         "-o",
         metavar="FILE.pt",
@@ -248,6 +255,8 @@ def _run(args: argparse.Namespace) -> int:
     nproc = int(os.environ["WORLD_SIZE"]) if torchrun else (args.nproc or DEFAULT_NPROC)
     if args.tolerate is not None and args.tolerate >= nproc:
         raise DistirError(f"--tolerate {args.tolerate} must be smaller than the {nproc} ranks")
+    if args.replace and args.tolerate is None:
+        raise DistirError("--replace needs --tolerate K: how many ranks may be lost and replaced")
 
     text, filename = read_program(args.program)
     request = RunRequest(
@@ -263,6 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         deadline=args.deadline,
         keep_results=args.output is not None,
         tolerate=args.tolerate,
+        replace=args.replace,
     )
     if args.output is not None:
         _check_output_path(args.output)
@@ -296,6 +306,7 @@ def _run(args: argparse.Namespace) -> int:
         collective_timeout=max(60.0, args.deadline),
         pass_context=True,
         tolerate=args.tolerate,
+        replace=args.replace,
     )
     lost: dict[int, str] = {}
     if args.tolerate is not None:

@@ -64,6 +64,7 @@ aggregation needs no multiplicative depth.
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import secrets
@@ -76,20 +77,27 @@ from typing import Any
 
 import numpy as np
 import torch
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from torch import Tensor
 
 from distir.errors import DistirError
-from distir.he.ntt import mul_mod, sub_mod, to_ntt
+from distir.he.ntt import from_ntt, mul_mod, sub_mod, to_ntt
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import context_from_key_limbs, import_tenseal, limbs_to_ckks
 
 __all__ = [
     "CollectivePublicKey",
     "DecryptionBudgetExhausted",
+    "InsecureParameters",
+    "RankDecryptionRefused",
+    "ShareFileRefused",
     "ThresholdMismatch",
     "ThresholdParameters",
     "ThresholdShare",
+    "UnsafeReceiverKey",
     "add_shares",
+    "check_receiver_key",
     "collective_public_key_from_sum",
     "common_random_polynomial",
     "decode",
@@ -103,6 +111,7 @@ __all__ = [
     "new_threshold_share",
     "public_key_share",
     "receiver_context",
+    "reshare_shares",
     "shamir_point",
     "shamir_shares",
 ]
@@ -111,6 +120,7 @@ __all__ = [
 _LABEL = b"distir/threshold/v1/"
 SEED_BYTES = 32
 _SHARE_FORMAT = "distir-threshold-share/v1"
+_SEALED = b"distir-threshold-share/v1+chacha20-poly1305\n"  # header of an encrypted file
 
 
 class ThresholdMismatch(DistirError):
@@ -118,6 +128,29 @@ class ThresholdMismatch(DistirError):
     the same everywhere (the parameters, the group size, the public key, the
     aggregate being decrypted) or a step was called with a group it cannot
     serve; raised on every rank, and nothing is returned."""
+
+
+class InsecureParameters(DistirError, ValueError):
+    """Threshold parameters that give no protection: ``threshold=1`` (every
+    rank would hold the whole key, a decryption of anything by itself)."""
+
+
+class UnsafeReceiverKey(DistirError, ValueError):
+    """A receiver public key that the ranks can decrypt under (zero, small
+    or structured polynomials, or the collective key itself): a key switch
+    to it would hand them the aggregate in the clear."""
+
+
+class ShareFileRefused(DistirError, PermissionError):
+    """A share file that is a symbolic link, or that does not decrypt under
+    the key given (or was given none and is encrypted, or the reverse)."""
+
+
+class RankDecryptionRefused(DistirError):
+    """``decrypt`` under a key whose parameters do not allow decryption to
+    the ranks (``decrypt_to_ranks=False``, the default): a rank's crafted
+    input would make that decryption reveal the collective secret key.
+    Raised on every rank, before anything secret-dependent is published."""
 
 
 class DecryptionBudgetExhausted(DistirError):
@@ -135,7 +168,17 @@ class ThresholdParameters:
     ``statistical_security`` is the ``lambda`` and ``max_decryptions`` the
     ``D`` of the smudging bound (see the module docstring).  Raises
     ``ValueError`` when the smudging noise would drown the message at this
-    scale."""
+    scale.
+
+    ``decrypt_to_ranks`` (default False) allows the ranks themselves to
+    decrypt an aggregate.  Nothing checks that a rank's input is a
+    well-formed fresh encryption, and a crafted one (``2^k * (b, a)`` from
+    the public key ``(b, a)``) decrypts to ``2^k * e``, the key's noise,
+    from which ``s = (e - b) / a``: whoever sees that decryption holds the
+    collective key and decrypts every rank's individual ciphertext.  By
+    default an aggregate therefore leaves only through ``switch_key`` to an
+    outside receiver; set it True only where every rank is trusted with
+    its input (or the receiver of the decryption is)."""
 
     parties: int
     threshold: int | None = None
@@ -144,6 +187,7 @@ class ThresholdParameters:
     scale: float = 2.0**120
     statistical_security: int = 40
     max_decryptions: int = 2**16
+    decrypt_to_ranks: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "coeff_mod_bit_sizes", tuple(self.coeff_mod_bit_sizes))
@@ -154,6 +198,12 @@ class ThresholdParameters:
         if not 1 <= self.threshold <= self.parties:
             raise ValueError(
                 f"threshold must be between 1 and parties ({self.parties}), got {self.threshold}"
+            )
+        if self.threshold < 2:
+            raise InsecureParameters(
+                f"threshold=1 for {self.parties} parties: every rank would hold the whole "
+                "collective key and decrypt any rank's ciphertext alone; use threshold >= 2 "
+                "(input privacy needs max(2, parties - threshold + 1) honest ranks)"
             )
         n = self.poly_modulus_degree
         if n < 1024 or n & (n - 1):
@@ -178,6 +228,15 @@ class ThresholdParameters:
                 f"scale 2^{math.log2(self.scale):.0f} leaves less than 20 bits of the "
                 f"{data_bits}-bit data modulus for the values"
             )
+
+    @property
+    def minimum_honest_ranks(self) -> int:
+        """``max(2, parties - threshold + 1)``: the honest ranks each rank's
+        input privacy needs.  A coalition of ``threshold`` ranks decrypts any
+        individual ciphertext, so fewer than ``threshold`` may collude; and a
+        sum minus the inputs of all ranks but one is that rank's input, so
+        at least two must be honest."""
+        return max(2, self.parties - self.threshold + 1)
 
     @cached_property
     def key_moduli(self) -> tuple[int, ...]:
@@ -335,13 +394,26 @@ def _uniform_signed(label: str, seed: bytes, bits: int, count: int) -> np.ndarra
     little-endian chunks of ``ceil((bits + 1) / 8)`` bytes, masked to
     ``bits + 1`` bits, minus ``2^bits`` (object array of Python ints)."""
     width = (bits + 8) // 8
-    raw = _stream(label, seed, width * count)
-    mask = (1 << (bits + 1)) - 1
-    values = [
-        (int.from_bytes(raw[k * width : (k + 1) * width], "little") & mask) - (1 << bits)
-        for k in range(count)
-    ]
-    return np.array(values, dtype=object)
+    if width > 16:  # wider than two words: one Python int per chunk
+        raw = _stream(label, seed, width * count)
+        mask = (1 << (bits + 1)) - 1
+        chunks = [raw[k * width : (k + 1) * width] for k in range(count)]
+        values = [(int.from_bytes(c, "little") & mask) - (1 << bits) for c in chunks]
+        return np.array(values, dtype=object)
+    raw = np.frombuffer(_stream(label, seed, width * count), dtype=np.uint8).reshape(count, width)
+    # Whole chunks as (high, low) 64-bit words, combined once as Python
+    # ints (no per-coefficient Python loop); the mask keeps bits + 1 bits.
+    padded = np.zeros((count, 16), dtype=np.uint8)
+    padded[:, :width] = raw
+    words = padded.view("<u8")
+    low, high = words[:, 0].copy(), words[:, 1].copy()
+    if bits + 1 <= 64:
+        low &= np.uint64((1 << (bits + 1)) - 1)
+        high[:] = 0
+    else:
+        high &= np.uint64((1 << (bits + 1 - 64)) - 1)
+    values = high.astype(object) * (1 << 64) + low.astype(object)
+    return values - (1 << bits)
 
 
 def _moduli_tensor(moduli: Sequence[int]) -> Tensor:
@@ -508,7 +580,19 @@ class ThresholdShare:
 
     It never leaves its rank: its repr shows neither, :meth:`save` writes a
     file only its owner can read (mode 0600), :meth:`load` refuses a file
-    others can read."""
+    others can read.
+
+    The budget sticks to the file: once saved or loaded, the share is bound
+    to its path, and every spending rewrites that file (a new file, synced,
+    renamed over the old one, the folder synced) *before* the share's
+    decryption shares are published, so a crash at any point leaves a file
+    whose count covers everything published, and loading the file again
+    keeps the count.  What software cannot stop: a holder who copies the
+    file and later restores the copy gets the copy's count back.  That
+    rank alone gains nothing -- every decryption first agrees on every
+    active rank's budget, so the others still refuse -- but if every rank
+    of a decrypting group restores old copies, their shares exceed the
+    budget the smudging bound assumes."""
 
     def __init__(
         self,
@@ -525,6 +609,8 @@ class ThresholdShare:
         self._limbs = limbs
         self._noise_key = bytes(noise_key)
         self._spent = set(spent)
+        self._path: Path | None = None  # where spending is persisted, once saved or loaded
+        self._file_key: bytes | None = None  # the caller's key for that file, if encrypted
 
     def __repr__(self) -> str:
         p = self.parameters
@@ -555,10 +641,31 @@ class ThresholdShare:
                 f"share of party {self.party} has {self.decryptions_left} of "
                 f"{self.parameters.max_decryptions} decryptions left, {len(new)} requested"
             )
+        if new and self._path is not None:
+            # persisted first: a failed write raises with nothing spent or published
+            self._write(self._path, self._spent | new)
         self._spent |= new
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the share to ``path`` (created or truncated, mode 0600)."""
+    def save(self, path: str | os.PathLike, *, key: bytes | None = None) -> None:
+        """Write the share to ``path`` (mode 0600, atomically: a new file
+        renamed over the old one) and bind the share to it: every later
+        spending is written there before it is published.  ``path`` must not
+        be a symbolic link (:class:`ShareFileRefused`).
+
+        With ``key`` (32 bytes of the caller's, e.g. from a key manager) the
+        file is encrypted at rest with ChaCha20-Poly1305 (``cryptography``'s),
+        and :meth:`load` needs the same key; the share keeps the key in
+        memory to rewrite the file as it spends."""
+        if key is not None and (not isinstance(key, bytes) or len(key) != 32):
+            raise TypeError("a share file's key must be 32 bytes")
+        path = Path(path)
+        if path.is_symlink():
+            raise ShareFileRefused(f"{path}: a threshold share is not saved through a symlink")
+        self._file_key = key
+        self._write(path, self._spent)
+        self._path = path
+
+    def _write(self, path: Path, spent: set[bytes]) -> None:
         record = {
             "format": _SHARE_FORMAT,
             "parameters": {k: v for k, v in asdict(self.parameters).items()},
@@ -566,24 +673,71 @@ class ThresholdShare:
             "public_key": self.public_key.limbs,
             "share": self._limbs,
             "noise_key": torch.frombuffer(bytearray(self._noise_key), dtype=torch.uint8),
-            "spent": sorted(t.hex() for t in self._spent),
+            "spent": sorted(t.hex() for t in spent),
         }
         record["parameters"]["coeff_mod_bit_sizes"] = list(self.parameters.coeff_mod_bit_sizes)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            torch.save(record, f)
+        buffer = io.BytesIO()
+        torch.save(record, buffer)
+        data = buffer.getvalue()
+        if self._file_key is not None:
+            nonce = secrets.token_bytes(12)
+            data = _SEALED + nonce + ChaCha20Poly1305(self._file_key).encrypt(nonce, data, _SEALED)
+        folder = path.parent
+        temporary = folder / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        folder_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(folder_fd)
+        finally:
+            os.close(folder_fd)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ThresholdShare:
-        """Read a share :meth:`save` wrote; the file must not be readable by
-        group or others."""
-        mode = Path(path).stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise PermissionError(
-                f"{path}: a threshold share file must be private (mode 0600), got {oct(mode & 0o777)}"
+    def load(cls, path: str | os.PathLike, *, key: bytes | None = None) -> ThresholdShare:
+        """Read a share :meth:`save` wrote, bound to ``path`` as :meth:`save`
+        binds it (its spending goes on being written there); the file must
+        not be readable by group or others, nor a symbolic link, and
+        ``key`` is the one it was saved with (None: saved unencrypted)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            if Path(path).is_symlink():
+                raise ShareFileRefused(
+                    f"{path}: a threshold share is not loaded through a symlink"
+                ) from None
+            raise e
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise PermissionError(
+                    f"{path}: a threshold share file must be private (mode 0600), got "
+                    f"{oct(mode & 0o777)}"
+                )
+            data = f.read()
+        if data.startswith(_SEALED) != (key is not None):
+            raise ShareFileRefused(
+                f"{path}: the share file is {'' if data.startswith(_SEALED) else 'not '}"
+                f"encrypted but load was given {'a' if key is not None else 'no'} key"
             )
-        record = torch.load(path, weights_only=True)
+        if key is not None:
+            nonce, sealed = data[len(_SEALED) : len(_SEALED) + 12], data[len(_SEALED) + 12 :]
+            try:
+                data = ChaCha20Poly1305(key).decrypt(nonce, sealed, _SEALED)
+            except InvalidTag:
+                raise ShareFileRefused(
+                    f"{path}: the share file does not decrypt under this key (wrong key, or "
+                    "altered)"
+                ) from None
+        record = torch.load(io.BytesIO(data), weights_only=True)
         if not isinstance(record, dict) or record.get("format") != _SHARE_FORMAT:
             raise ValueError(f"{path} is not a {_SHARE_FORMAT} file")
         fields = dict(record["parameters"])
@@ -593,15 +747,18 @@ class ThresholdShare:
         shape = (len(moduli), parameters.poly_modulus_degree)
         _check_limbs(record["share"], shape, moduli, f"{path}: share")
         _check_limbs(record["public_key"][0], shape, moduli, f"{path}: public key")
-        key = CollectivePublicKey(parameters, record["public_key"])
-        return cls(
+        public_key = CollectivePublicKey(parameters, record["public_key"])
+        share = cls(
             parameters,
             int(record["party"]),
-            key,
+            public_key,
             record["share"],
             bytes(record["noise_key"].tolist()),
             [bytes.fromhex(t) for t in record["spent"]],
         )
+        share._path = Path(path)
+        share._file_key = key
+        return share
 
 
 def _new_threshold_share(
@@ -643,6 +800,23 @@ def _active_weight(share: ThresholdShare, active: Sequence[int], moduli: Sequenc
         raise ValueError(f"active parties {sorted(active)} outside 0..{parameters.parties - 1}")
     weights = lagrange_coefficients(sorted(active), moduli)[share.party]
     return _scalar_mul(share._limbs[: len(moduli)], weights, moduli)
+
+
+def reshare_shares(
+    share: ThresholdShare, active: Sequence[int], parameters: ThresholdParameters
+) -> list[Tensor]:
+    """Party ``share.party``'s part of a re-sharing by the set ``active`` (at
+    least ``share.parameters.threshold`` old parties): Shamir shares, for
+    the ``parameters.parties`` new parties with the new threshold, of
+    ``lambda_j * sk_j`` (int64 ``[K, N]`` each).  Summed over the active
+    set, new party ``k`` gets a fresh Shamir share of the same key ``s``;
+    the new polynomial's coefficients are fresh, so the new shares say
+    nothing about the old ones beyond ``s`` itself."""
+    moduli = share.parameters.key_moduli
+    if parameters.key_moduli != moduli:
+        raise ValueError("re-sharing keeps the key's ring: the new parameters' moduli differ")
+    weight = _active_weight(share, active, moduli)
+    return _shamir_shares(_AdditiveSecret(parameters, weight))
 
 
 def _check_level(parameters: ThresholdParameters, limbs: Tensor, moduli: Sequence[int]) -> None:
@@ -746,6 +920,40 @@ def key_switch_share(
     """:func:`key_switch_shares` of one ciphertext ``limbs`` (``[2, L, N]``)."""
     h, tags = key_switch_shares(share, limbs.unsqueeze(0), moduli, active, receiver_key)
     return h[0], tags[0]
+
+
+def check_receiver_key(receiver_key: Tensor, public_key: CollectivePublicKey) -> str | None:
+    """Why ``receiver_key`` (int64 ``[2, K, N]``, NTT form) is not a key to
+    switch to, or None.  A public key ``(p0, p1) = (-p1*s' + e', p1)`` has
+    both halves uniform modulo every prime; one that is zero, small or
+    otherwise far from uniform in coefficient form (more than half of its
+    coefficients within ``q/8`` of 0, where a uniform one has a quarter) is
+    one whose secret the ranks may know, and the collective key (or its
+    ``a``) is one the ranks can decrypt under.  A key that the ranks
+    generated themselves looks like any other: it must reach them
+    authenticated from the receiver."""
+    parameters = public_key.parameters
+    moduli = parameters.key_moduli
+    n = parameters.poly_modulus_degree
+    _check_limbs(receiver_key, (2, len(moduli), n), moduli, "receiver public key")
+    a = public_key.limbs[1]
+    if torch.equal(receiver_key, public_key.limbs):
+        return "it is the collective public key (any threshold of ranks decrypts under it)"
+    negated_a = sub_mod(torch.zeros_like(a), a, moduli)
+    if torch.equal(receiver_key[1], a) or torch.equal(receiver_key[1], negated_a):
+        return "it reuses the collective key's public polynomial a"
+    for half, name in ((0, "p0"), (1, "p1")):
+        coefficients = from_ntt(receiver_key[half], moduli)
+        for limb, q in enumerate(moduli):
+            row = np.asarray(coefficients[limb], dtype=object)
+            far = int(np.count_nonzero(np.minimum(row, q - row) > q // 8))
+            if far < n // 2:
+                return (
+                    f"its {name} is not uniform modulo the prime {q} ({far} of {n} "
+                    "coefficients far from 0): a zero, small or structured key the ranks may "
+                    "decrypt under"
+                )
+    return None
 
 
 def decoder(template: Any) -> Any:

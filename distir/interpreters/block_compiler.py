@@ -237,6 +237,34 @@ class CompiledBlock:
         return (env[self.returned[0]],) if self.returned else ()
 
 
+    def specialised(
+        self, donated: Sequence[frozenset[int]]
+    ) -> Callable[[Sequence[torch.Tensor], frozenset[int]], tuple[torch.Tensor, ...]]:
+        """`block(*args, donated=d)` as `call(args, d)`, specialised for a
+        run whose donated sets are among `donated`: a block that is one
+        collective over its arguments calls that kernel directly, its
+        writable operands resolved now (one layer less per run)."""
+        direct = self._direct
+        if direct is None:
+            return lambda args, d: self(*args, donated=d)
+        kernel = direct.kernel
+        writable = {d: direct.writable_when(d) for d in donated}
+        n_args = self.n_args
+
+        def call(args: Sequence[torch.Tensor], d: frozenset[int]) -> tuple[torch.Tensor, ...]:
+            if len(args) != n_args:
+                return self(*args, donated=d)
+            w = writable.get(d)
+            try:
+                return kernel(args, direct.writable_when(d) if w is None else w)
+            except DistirError:
+                raise
+            except Exception as e:
+                raise _op_error(direct, e) from e
+
+        return call
+
+
 class BlockCompiler:
     """Compiles blocks of one module; `bind_dist_op` supplies dist kernels."""
 
@@ -357,6 +385,8 @@ class BlockCompiler:
         if type(op) in NO_KERNEL_OPS:
             raise UnsupportedOpError(op, NO_KERNEL)
         hint = _SHAPE_HINTS.get(op.name, "")
+        if op.dialect_name() == "shard":
+            hint = "; convert shard programs to dist first: the pass convert-shard-to-dist"
         raise UnsupportedOpError(op, f"no kernel for this op{hint} (supported: {_SUPPORTED})")
 
     def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:

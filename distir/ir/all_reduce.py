@@ -360,6 +360,55 @@ def known_combine_error(op: Operation) -> str | None:
     return None
 
 
+def verify_combine(op: Operation, value_type: Attribute) -> None:
+    """The rules of a combine region on `value_type` operands, shared by the
+    generic all-reduce and the generic reduce-scatter: one block taking
+    (lhs, rhs, extra...) and yielding one value of `value_type`, a
+    `commutative` marker that holds, and a recorded known combine that is
+    the region."""
+    combine, extras = op.regions[0], op.extras  # type: ignore[attr-defined]
+    if len(combine.blocks) != 1:
+        raise VerifyException(
+            f"'{op.name}' needs a reduction kind or a single-block combine region"
+        )
+    block = combine.block
+    expected = [value_type, value_type, *(e.type for e in extras)]
+    got = [a.type for a in block.args]
+    if len(got) != len(expected):
+        raise VerifyException(
+            f"'{op.name}' combine region must take {len(expected)} "
+            f"arguments (lhs, rhs, {len(extras)} extra), got {len(got)}"
+        )
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g != e:
+            raise VerifyException(
+                f"'{op.name}' combine argument #{i} has type {g}, expected {e}"
+            )
+    last = block.last_op
+    if not isinstance(last, YieldOp):
+        raise VerifyException(f"'{op.name}' combine region must end in `dist.yield`")
+    yielded = [v.type for v in last.arguments]
+    if yielded != [value_type]:
+        raise VerifyException(
+            f"'{op.name}' combine must yield one value of type "
+            f"{value_type}, got ({', '.join(str(t) for t in yielded)})"
+        )
+    if op.properties.get("commutative") is not None:
+        witness = non_commutative_witness(block)
+        if witness is not None:
+            a, b, forward, backward = witness
+            raise VerifyException(
+                f"'{op.name}' is marked commutative but its combine is not: "
+                f"combine({a}, {b}) = {forward} while combine({b}, {a}) = {backward} "
+                f"(a reordered fold, e.g. the ring's, would give another result)"
+            )
+    # Backends run a recorded combine instead of the region: hold the
+    # region to it.
+    error = known_combine_error(op)
+    if error is not None:
+        raise VerifyException(error)
+
+
 ###############################################################################
 # The op
 ###############################################################################
@@ -504,46 +553,7 @@ class AllReduceOp(CollectiveOp, ChoosesAlgorithm, Transposable):
             )
 
     def _verify_generic(self) -> None:
-        if len(self.combine.blocks) != 1:
-            raise VerifyException(
-                "'dist.all_reduce' needs a reduction kind or a single-block combine region"
-            )
-        block = self.combine.block
-        expected = [self.input.type, self.input.type, *(e.type for e in self.extras)]
-        got = [a.type for a in block.args]
-        if len(got) != len(expected):
-            raise VerifyException(
-                f"'dist.all_reduce' combine region must take {len(expected)} "
-                f"arguments (lhs, rhs, {len(self.extras)} extra), got {len(got)}"
-            )
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if g != e:
-                raise VerifyException(
-                    f"'dist.all_reduce' combine argument #{i} has type {g}, expected {e}"
-                )
-        last = block.last_op
-        if not isinstance(last, YieldOp):
-            raise VerifyException("'dist.all_reduce' combine region must end in `dist.yield`")
-        yielded = [v.type for v in last.arguments]
-        if yielded != [self.result.type]:
-            raise VerifyException(
-                "'dist.all_reduce' combine must yield one value of type "
-                f"{self.result.type}, got ({', '.join(str(t) for t in yielded)})"
-            )
-        if self.commutative is not None:
-            witness = non_commutative_witness(block)
-            if witness is not None:
-                a, b, forward, backward = witness
-                raise VerifyException(
-                    f"'dist.all_reduce' is marked commutative but its combine is not: "
-                    f"combine({a}, {b}) = {forward} while combine({b}, {a}) = {backward} "
-                    f"(a reordered fold, e.g. the ring's, would give another result)"
-                )
-        # Backends run a recorded combine instead of the region: hold the
-        # region to it.
-        error = known_combine_error(self)
-        if error is not None:
-            raise VerifyException(error)
+        verify_combine(self, self.result.type)
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
         """A sum (native, or a combine recognised as one) transposes to the

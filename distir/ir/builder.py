@@ -79,12 +79,15 @@ from distir.ir.collectives import (
     WaveOp,
     YieldOp,
 )
+from distir.ir.gather_scatter import GatherOp, ScatterOp
 from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
+from distir.ir.reduce import ReduceToRootOp
 from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.replication import PsumOp, PvaryOp
+from distir.ir.shift import ShiftOp
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -608,17 +611,79 @@ def all_gather(
 @_located
 def reduce_scatter(
     x: Value,
-    kind: ReductionKind | str = "sum",
+    kind: ReductionKind | str | None = "sum",
     *,
     axis: int = 0,
+    counts: Sequence[int] | None = None,
+    combine: Body | None = None,
+    extras: Sequence[Value] = (),
+    commutative: bool = False,
     result_type: TensorType | None = None,
     group: GroupRef = None,
 ) -> SSAValue:
-    """Native reduce-scatter: rank r gets part r of the reduction of every
-    rank's `x`, split evenly along `axis`; that axis is dynamic unless
-    `result_type` says otherwise."""
+    """Reduce-scatter: rank r gets part r of the reduction of every rank's
+    `x` along `axis`, split evenly or, with `counts`, `counts[r]` rows. The
+    reduction is a native `kind`, or, with `combine` (then no kind), a
+    callback on `(lhs, rhs, *extras)` as for `all_reduce`. The axis is
+    dynamic unless `result_type` says otherwise."""
     t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    return ReduceScatterOp(x, t, kind=_native_kind(kind), axis=axis, group=group).result
+    if combine is None:
+        if kind is None:
+            raise ValueError("reduce_scatter needs a `kind` or a `combine`")
+        native = _native_kind(kind, "or pass combine= for your own")
+        return ReduceScatterOp(x, t, kind=native, counts=counts, axis=axis, group=group).result
+    x_type = SSAValue.get(x).type
+    region = make_combine_region([x_type, x_type, *(SSAValue.get(e).type for e in extras)], combine)
+    return ReduceScatterOp(x, t, combine=region, extras=extras, commutative=commutative,
+                           counts=counts, axis=axis, group=group).result  # fmt: skip
+
+
+@_located
+def gather(
+    x: Value,
+    root: int = 0,
+    *,
+    axis: int = 0,
+    counts: Value | None = None,
+    result_type: TensorType | None = None,
+    group: GroupRef = None,
+) -> SSAValue:
+    """Even (or, with `counts`, uneven) gather to `root` (zeros on the other
+    ranks); the gathered axis is dynamic unless `result_type` says otherwise."""
+    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
+    return GatherOp(x, t, root=root, axis=axis, counts=counts, group=group).result
+
+
+@_located
+def scatter(
+    x: Value,
+    root: int = 0,
+    *,
+    axis: int = 0,
+    counts: Value | None = None,
+    result_type: TensorType | None = None,
+    group: GroupRef = None,
+) -> SSAValue:
+    """Even (or, with `counts`, uneven) scatter of `root`'s `x`: rank r gets
+    part r; the split axis is dynamic unless `result_type` says otherwise."""
+    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
+    return ScatterOp(x, t, root=root, axis=axis, counts=counts, group=group).result
+
+
+@_located
+def reduce(
+    x: Value, kind: ReductionKind | str = "sum", root: int = 0, *, group: GroupRef = None
+) -> SSAValue:
+    """Native reduce: `root` gets the reduction of every rank's `x` (the other
+    ranks get zeros)."""
+    return ReduceToRootOp(x, kind=_native_kind(kind), root=root, group=group).result
+
+
+@_located
+def shift(x: Value, offset: int = 1, *, rotate: bool = False, group: GroupRef = None) -> SSAValue:
+    """Neighbour exchange: rank r gets rank r-offset's `x` (modulo the group
+    size with `rotate`; zeros where there is no such rank otherwise)."""
+    return ShiftOp(x, offset=offset, rotate=rotate, group=group).result
 
 
 @_located
@@ -804,6 +869,10 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {
     AssertUniformOp: assert_uniform,
     AllGatherOp: all_gather,
     ReduceScatterOp: reduce_scatter,
+    GatherOp: gather,
+    ScatterOp: scatter,
+    ReduceToRootOp: reduce,
+    ShiftOp: shift,
     VariableAllToAllOp: variable_all_to_all,
     WaveOp: wave,
     SendOp: send,

@@ -136,9 +136,13 @@ class BroadcastOp(CollectiveOp, Transposable):
             self.verify_static_rank("root", self.root.value.data)
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
-        """The summed cotangent, kept on the root (zeros elsewhere)."""
+        """The summed cotangent, kept on the root (zeros elsewhere): a sum
+        `dist.reduce` to a static root (the sum reaches the root only), an
+        all-reduce kept on the root for a dynamic one."""
         (ct,) = cotangents
         assert ct is not None
+        if self.root is not None:
+            return [t.reduce_sum(ct, self.root.value.data, self.group), None]
         total = t.all_reduce_sum(ct, self.group)
         root = t.index(self.root.value.data) if self.root is not None else t.primal(self.root_value)  # type: ignore[arg-type]
         return [t.on_rank(self.group, root, total), None]
@@ -632,4 +636,4 @@ class YieldOp(AbstractYieldOperation[Attribute]):
 
     name = "dist.yield"
 
-    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.wave")), Pure())
+    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.reduce_scatter", "dist.wave")), Pure())

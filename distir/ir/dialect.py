@@ -43,6 +43,7 @@ from distir.ir.collectives import (
     WaveOp,
     YieldOp,
 )
+from distir.ir.gather_scatter import GatherOp, ScatterOp
 from distir.ir.groups import (
     GroupMemberOp,
     GroupOp,
@@ -53,8 +54,10 @@ from distir.ir.groups import (
 )
 from distir.ir.mesh import MeshOp, TransferOp
 from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ir.reduce import ReduceToRootOp
 from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.replication import PsumOp, PvaryOp
+from distir.ir.shift import ShiftOp
 from distir.ir.syntax import REPLICATED
 
 COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
@@ -66,6 +69,10 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
     VariableAllToAllOp,
     PsumOp,
     PvaryOp,
+    GatherOp,
+    ScatterOp,
+    ReduceToRootOp,
+    ShiftOp,
 )
 
 _OPS: tuple[type[IRDLOperation], ...] = (
@@ -107,6 +114,7 @@ __all__ = [
     "CollectiveOp",
     "CombineIsolatedFromAbove",
     "Dist",
+    "GatherOp",
     "GroupMemberOp",
     "GroupOp",
     "GroupSizeOp",
@@ -115,14 +123,17 @@ __all__ = [
     "PsumOp",
     "PvaryOp",
     "RaisesEffect",
+    "ReduceToRootOp",
     "ReduceScatterOp",
     "RankOp",
     "RecvOp",
     "ReductionKind",
     "ReductionKindAttr",
     "ReductionKindFacts",
+    "ScatterOp",
     "SendOp",
     "SendRecvOp",
+    "ShiftOp",
     "TransferOp",
     "VariableAllToAllOp",
     "WaveOp",

@@ -52,6 +52,9 @@ class OperandRole(StrEnum):
     #: per-rank row counts `[P]`, the same on every rank; rank r's payload
     #: has `counts[r]` rows along the op's axis
     GATHER_COUNTS = auto()
+    #: per-rank row counts `[P]`, the same on every rank; the payload has
+    #: `sum(counts)` rows along the op's axis and rank r's result `counts[r]`
+    SCATTER_COUNTS = auto()
     #: per-peer row counts `[P]`, different on every rank; the payload has
     #: `sum(counts)` rows along the op's axis
     SEND_COUNTS = auto()
@@ -61,7 +64,13 @@ class OperandRole(StrEnum):
 
 #: roles whose values every rank of the group must agree on
 AGREED_ROLES = frozenset(
-    {OperandRole.UNIFORM, OperandRole.ROOT, OperandRole.MODULI, OperandRole.GATHER_COUNTS}
+    {
+        OperandRole.UNIFORM,
+        OperandRole.ROOT,
+        OperandRole.MODULI,
+        OperandRole.GATHER_COUNTS,
+        OperandRole.SCATTER_COUNTS,
+    }
 )
 
 

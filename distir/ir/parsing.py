@@ -65,6 +65,7 @@ from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ir.dialect import Dist
+from distir.ir.shard import Shard
 from distir.ir.tensor_arith import TENSOR_ARITH_OPS
 
 MAX_NESTING_DEPTH = 100
@@ -444,7 +445,7 @@ def unsupported_op(root: Operation) -> Operation | None:
 def make_context(*, allow_unregistered: bool = False) -> Context:
     """A context with every dialect a dist program may use."""
     ctx = Context(allow_unregistered=allow_unregistered)
-    for dialect in (Builtin, Func, ARITH, Math, Tensor, Scf, Linalg, Dist):
+    for dialect in (Builtin, Func, ARITH, Math, Tensor, Scf, Linalg, Dist, Shard):
         ctx.load_dialect(dialect)
     return ctx
 

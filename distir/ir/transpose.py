@@ -68,6 +68,11 @@ class Transposer(Protocol):
         ranks of `group` (a native sum reduce-scatter)."""
         ...
 
+    def reduce_sum(self, value: SSAValue, root: int, group: Attribute | None) -> SSAValue:
+        """The sum of `value` over the ranks of `group` on group rank `root`,
+        zeros elsewhere (a native sum reduce)."""
+        ...
+
 
 class Transposable(ABC):
     """A dist op with a derivative: a linear map of its float operands (or

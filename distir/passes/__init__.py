@@ -49,6 +49,7 @@ PassFactory = Callable[[], type[ModulePass]]
 #: imported only when a pipeline asks for the pass (tests/test_layers.py
 #: reads this table as imports of `distir.passes`)
 PASS_CLASSES: dict[str, tuple[str, str]] = {
+    "convert-shard-to-dist": ("convert_shard_to_dist", "ConvertShardToDistPass"),
     "lower-ciphertext-add": ("lower_ciphertext_add", "LowerCiphertextAddPass"),
     "defer-modular-reduction": ("defer_modular_reduction", "DeferModularReductionPass"),
     "recognize-native-reductions": ("recognize_native_reductions", "RecognizeNativeReductionsPass"),

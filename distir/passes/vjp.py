@@ -22,7 +22,11 @@ Collective rules (JAX's transposes, written with distir's own ops):
                               then all_reduce sum dy kept where that lowest
                               holder is this rank (ties: the lowest rank
                               gets it all)
-    broadcast x root k    ->  all_reduce sum dy, kept on rank k (others get 0)
+    broadcast x root k    ->  reduce sum dy root k (others get 0); a dynamic
+                              root: all_reduce sum dy, kept on rank k
+    reduce sum x root k   ->  broadcast dy root k
+    gather x root k       ->  scatter dy root k (with the counts, if any)
+    scatter x root k      ->  gather dy root k (with the counts, if any)
     all_gather x          ->  reduce_scatter sum dy (this rank's part)
     all_gather x counts   ->  all_reduce sum dy, then this rank's slice
                               (offset the sum of the counts of lower ranks)
@@ -101,6 +105,7 @@ from distir.ir.dialect import AssertUniformOp, CollectiveOp, PeerOp, RankOp, Wav
 from distir.ir.facts import UniformResults
 from distir.ir.groups import group_declarations
 from distir.ir.parsing import describe_op, function_named
+from distir.ir.reduce import sum_reduce
 from distir.ir.reduce_scatter import sum_reduce_scatter
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable
 from distir.passes._rewrite_utils import with_location
@@ -646,6 +651,9 @@ class _Transposer:
 
     def reduce_scatter_sum(self, value: SSAValue, result_type, axis: int, group) -> SSAValue:
         return self.emit(sum_reduce_scatter(value, result_type, axis, group)).results[0]
+
+    def reduce_sum(self, value: SSAValue, root: int, group) -> SSAValue:
+        return self.emit(sum_reduce(value, root, group)).results[0]
 
 
 # -- local ops ----------------------------------------------------------------

@@ -53,7 +53,7 @@ is told within its deadline + 2 s.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,6 +91,17 @@ def records_gradient(inputs: Sequence[Any]) -> bool:
         if isinstance(x, torch.Tensor) and x.requires_grad:
             return True
     return False
+
+
+def gradient_guard(dtypes: Sequence[torch.dtype]) -> Callable[[Sequence[Any]], bool] | None:
+    """`records_gradient` specialised for a binding whose inputs have
+    `dtypes` (checked before this guard runs): None when no input can
+    require grad (torch allows it on floating and complex tensors only), so
+    a run never records; else `records_gradient` itself, whose True sends
+    the run to the general path."""
+    if not any(dtype.is_floating_point or dtype.is_complex for dtype in dtypes):
+        return None
+    return records_gradient
 
 
 @dataclass(frozen=True)

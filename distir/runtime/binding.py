@@ -108,6 +108,9 @@ class Binding:
         self.gate = gate_for(self.base.domain)
         #: the deadline every resource holds (None: not yet set)
         self.configured: float | None = None
+        #: donate (True/False) -> this binding's specialised run
+        #: (`distir.runtime.specialised`), made after a general run
+        self.specialised: dict[bool, Callable[[Sequence[Any]], Any]] = {}
 
     @property
     def alive(self) -> bool:

@@ -1,5 +1,6 @@
 """One collective without writing a program: `distir.all_reduce(x, ...)`,
-`distir.broadcast`, `distir.all_gather` and `distir.reduce_scatter`, and
+`distir.broadcast`, `distir.all_gather`, `distir.reduce_scatter`,
+`distir.reduce`, `distir.gather`, `distir.scatter` and `distir.shift`, and
 Megatron's f and g, `distir.pvary` and `distir.psum`.
 
     y = distir.all_reduce(x, "sum")                                  # native
@@ -343,6 +344,207 @@ def reduce_scatter(
         return builder.reduce_scatter(v, kind, axis=axis)
 
     return _run("reduce_scatter", x, (kind, axis), build, group, deadline)
+
+
+def _checked_root(op: str, root: int, group: Any) -> None:
+    size = _group_size(group)
+    if not isinstance(root, int) or not 0 <= root < size:
+        raise _refuse(op, f"root {root} is outside the group (size {size})")
+
+
+def _checked_counts(op: str, counts: Sequence[int], group: Any) -> tuple[int, ...]:
+    size = _group_size(group)
+    if len(counts) != size or any(not isinstance(c, int) or c < 0 for c in counts):
+        raise _refuse(op, f"counts {list(counts)} is not {size} sizes >= 0 (one per group rank)")
+    return tuple(counts)
+
+
+def reduce(
+    x: torch.Tensor,
+    kind: str = "sum",
+    root: int = 0,
+    *,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Reduce every rank's `x` with `kind` onto group rank `root`; the other
+    ranks get zeros of `x`'s shape (a new tensor; `x` is not modified).
+    Differentiable for "sum": the gradient of `x` on every rank is the
+    root's cotangent.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank.
+        kind: a native reduction: "sum", "prod", "min", "max", ...
+        root: the group rank that gets the reduction.
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        total = distir.reduce(torch.ones(4), "sum", root=0)  # rank 0: all 3.0
+    """
+    _require("reduce", x)
+    kinds = [k.value for k in ReductionKind]
+    if kind not in kinds:
+        raise _refuse("reduce", f"no native reduction {kind!r}; they are {', '.join(kinds)}")
+    _checked_root("reduce", root, group)
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.reduce(v, kind, root)
+
+    return _run("reduce", x, (kind, root), build, group, deadline)
+
+
+def gather(
+    x: torch.Tensor,
+    root: int = 0,
+    axis: int = 0,
+    *,
+    counts: Sequence[int] | None = None,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Concatenate every rank's `x` along `axis`, in group rank order, on
+    group rank `root`; the other ranks get zeros of that shape.
+    Differentiable: the gradient of rank r's `x` is part r of the root's
+    cotangent.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank (but along `axis` when `counts` is given).
+        root: the group rank that gets the concatenation.
+        axis: the axis to concatenate along (negative counts from the end).
+        counts: for an uneven gather, how many rows along `axis` each group
+            rank contributes (the same list on every rank).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        rows = distir.gather(torch.full((2, 4), rank), root=0)  # rank 0: [6, 4]
+    """
+    _require("gather", x)
+    _checked_root("gather", root, group)
+    axis = _checked_axis("gather", x, axis)
+    from distir.ir import builder
+
+    if counts is None:
+
+        def build(v: Any) -> Any:
+            return builder.gather(v, root, axis=axis)
+
+        return _run("gather", x, (root, axis), build, group, deadline)
+    import torch.distributed as dist
+
+    parts = _checked_counts("gather", counts, group)
+    mine = parts[dist.get_rank(group)]
+    if x.shape[axis] != mine:
+        raise _refuse(
+            "gather", f"this rank's x has {x.shape[axis]} rows along axis {axis}, counts say {mine}"
+        )
+
+    def build_uneven(v: Any) -> Any:
+        return builder.gather(v, root, axis=axis, counts=builder.constant_tensor(list(parts)))
+
+    return _run("gather", x, (root, axis, parts), build_uneven, group, deadline, dynamic_axis=axis)
+
+
+def scatter(
+    x: torch.Tensor,
+    root: int = 0,
+    axis: int = 0,
+    *,
+    counts: Sequence[int] | None = None,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Split group rank `root`'s `x` along `axis` into one part per rank
+    (equal parts, or `counts[r]` rows for rank r) and return part r on rank
+    r. Differentiable: the root's gradient is every rank's cotangent,
+    concatenated; the other ranks' is zero.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank; only the root's values are used.
+        root: the group rank whose `x` is split.
+        axis: the axis to split (negative counts from the end).
+        counts: for an uneven scatter, the rows each group rank gets (the
+            same list on every rank, summing to `x.shape[axis]`).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        part = distir.scatter(torch.arange(6.0), root=0)  # rank r: [2r, 2r+1]
+    """
+    _require("scatter", x)
+    _checked_root("scatter", root, group)
+    axis = _checked_axis("scatter", x, axis)
+    from distir.ir import builder
+
+    if counts is None:
+        size = _group_size(group)
+        if x.shape[axis] % size:
+            raise _refuse(
+                "scatter",
+                f"axis {axis} has {x.shape[axis]} elements, not a multiple of the group size "
+                f"{size}",
+            )
+
+        def build(v: Any) -> Any:
+            return builder.scatter(v, root, axis=axis)
+
+        return _run("scatter", x, (root, axis), build, group, deadline)
+    parts = _checked_counts("scatter", counts, group)
+    if sum(parts) != x.shape[axis]:
+        raise _refuse(
+            "scatter", f"counts {list(parts)} sum to {sum(parts)}, but x has {x.shape[axis]} "
+            f"rows along axis {axis}",
+        )  # fmt: skip
+
+    def build_uneven(v: Any) -> Any:
+        return builder.scatter(v, root, axis=axis, counts=builder.constant_tensor(list(parts)))
+
+    return _run("scatter", x, (root, axis, parts), build_uneven, group, deadline)
+
+
+def shift(
+    x: torch.Tensor,
+    offset: int = 1,
+    *,
+    rotate: bool = False,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor:
+    """Return group rank `r - offset`'s `x` on rank r: a neighbour exchange.
+    With `rotate` the ranks form a ring (modulo the group size); without it
+    a rank with no such neighbour gets zeros. Differentiable: the gradient
+    travels back by `-offset`.
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank.
+        offset: how many ranks along the group each `x` moves.
+        rotate: wrap around (ring attention, a ring pipeline) instead of
+            open ends (pipeline stages, halos).
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        previous = distir.shift(torch.full((2,), rank), 1, rotate=True)  # rank 0: 2s
+    """
+    _require("shift", x)
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise _refuse("shift", f"offset must be an integer, got {offset!r}")
+    from distir.ir import builder
+
+    def build(v: Any) -> Any:
+        return builder.shift(v, offset, rotate=rotate)
+
+    return _run("shift", x, (offset, bool(rotate)), build, group, deadline)
 
 
 def pvary(x: torch.Tensor, *, group: Any = None, deadline: float = 60.0) -> torch.Tensor:

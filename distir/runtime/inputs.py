@@ -12,6 +12,8 @@ are to the ops that use them: the operand roles each op declares
 - `SHARD` (the source of a `dist.transfer`): the rank's local shard of the
   source layout (on ranks outside the source mesh an empty tensor, size 0
   along the dynamic dims);
+- `SCATTER_COUNTS` (uneven `dist.scatter`): `counts[r] = r + 1` on every
+  rank, and the op's payload argument gets their sum of rows on its axis;
 - `SEND_COUNTS` (`dist.variable_all_to_all`): `(rank + peer) % 3`, and the
   op's payload argument gets as many rows as that sums to;
 - `UNIFORM` (extra operands of a generic `dist.all_reduce`): the same values
@@ -111,6 +113,11 @@ def synthesize_inputs(
                     fixed[arg] = torch.arange(1, world_size + 1).to(element_dtype(types[arg]))
                 for payload in _payload_args(op):
                     set_rows(payload, _axis(op), rank + 1)
+            elif role == OperandRole.SCATTER_COUNTS:
+                if arg is not None:
+                    fixed[arg] = torch.arange(1, world_size + 1).to(element_dtype(types[arg]))
+                for payload in _payload_args(op):
+                    set_rows(payload, _axis(op), world_size * (world_size + 1) // 2)
             elif role == OperandRole.SEND_COUNTS:
                 sends = [(rank + peer) % 3 for peer in range(world_size)]
                 if arg is not None:

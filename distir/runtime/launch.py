@@ -151,6 +151,9 @@ class RankContext:
     rank: int
     world_size: int
     backend: str
+    #: a replacement started by `launch(..., replace=True)`: it joins the
+    #: running job (`distir.runtime.elastic.join`) instead of starting it
+    joining: bool = False
 
 
 def free_port() -> int:
@@ -398,6 +401,7 @@ def _rank_entry(
     parent_pid: int,
     environment: dict[str, str],
     launcher_output: None = None,  # applied when unpickled (_attach_output)
+    joining: bool = False,
 ) -> None:
     _follow_parent(parent_pid, rank)
     if os.environ != environment:  # a forked rank: the server's environment
@@ -428,6 +432,11 @@ def _rank_entry(
             "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=collective_timeout)
         )
         set_job_store(store)
+        if joining:
+            # The members' default group connected long ago and will never
+            # connect again: this rank's stays unconnected (it only ever
+            # talks on the groups distir.grow forms).
+            os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
         dist.init_process_group(
             backend,
             store=store,
@@ -435,9 +444,10 @@ def _rank_entry(
             world_size=world_size,
             timeout=timedelta(seconds=collective_timeout),
         )
+        os.environ.pop("TORCH_GLOO_LAZY_INIT", None)
         initialised = True
         _wait_for_every_rank(store, rank, world_size, collective_timeout)
-        context = RankContext(rank, world_size, backend)
+        context = RankContext(rank, world_size, backend, joining)
         value = fn(context, *args) if pass_context else fn(*args)
         report: tuple[bool, Any] = (True, _serialize(value))
     except BaseException as e:  # the parent reports it, naming this rank
@@ -655,6 +665,7 @@ def launch(
     threads_per_rank: int | None = 1,
     pass_context: bool = False,
     tolerate: int | None = None,
+    replace: bool = False,
 ) -> Any:
     """Runs `fn(*args)` (or `fn(RankContext, *args)`) on `nproc` local ranks
     and returns their results in rank order.
@@ -682,6 +693,11 @@ def launch(
             raises `LaunchError` only when more than `tolerate` are lost.
             None (the default): any failure ends the launch, as a
             `LaunchError`, and the results are a list.
+        replace: with `tolerate`, start a new process in place of each lost
+            one (at most `tolerate` in all), with `RankContext.joining` set:
+            it joins the running job (`distir.runtime.elastic.join`) and
+            its result is the rank's; `LaunchOutcome.lost` still names each
+            loss, with "(replaced)".
 
     Each rank is a process forked from a server that has imported torch and
     distir (multiprocessing's `forkserver`, started by the first launch; a
@@ -712,6 +728,8 @@ def launch(
         isinstance(tolerate, bool) or not isinstance(tolerate, int) or not 0 <= tolerate < nproc
     ):
         raise ValueError(f"tolerate must be an integer in [0, {nproc}), got {tolerate!r}")
+    if replace and tolerate is None:
+        raise ValueError("replace=True needs tolerate=k: how many ranks may be lost and replaced")
     timeout_s = seconds(timeout, "timeout")
     collective_timeout_s = seconds(collective_timeout, "collective_timeout")
     _check_launchable(fn)
@@ -722,6 +740,10 @@ def launch(
     # result is seen at once (end of file), and no semaphore is left behind.
     pipes = [mp.Pipe(duplex=False) for _ in range(nproc)]
     procs: list[Any] = []
+    #: rank -> its process now (a replacement's, after a loss)
+    by_rank: dict[int, Any] = {}
+    #: rank -> why each earlier process of it was lost (replace=True)
+    replaced: dict[int, list[str]] = {}
     outcomes: dict[int, tuple[bool, Any]] = {}
     exited_without_result: set[int] = set()
     stopped: set[int] = set()
@@ -737,16 +759,21 @@ def launch(
                 environment = dict(os.environ)
                 forked = ctx.get_start_method() == "forkserver"
                 output = _LauncherOutput() if forked and _outputs_open() else None
-                for r in range(nproc):
+
+                def start(r: int, writer: Any, joining: bool = False) -> None:
                     procs.append(ctx.Process(
                         target=_rank_entry,
                         args=(r, nproc, port, backend, threads_per_rank, collective_timeout_s,
-                              fn, args, pass_context, pipes[r][1], parent_pid, environment,
-                              output),
+                              fn, args, pass_context, writer, parent_pid, environment,
+                              output, joining),
                         name=f"distir-rank-{r}",
                         daemon=True,
                     ))
+                    by_rank[r] = procs[-1]
                     procs[-1].start()
+
+                for r in range(nproc):
+                    start(r, pipes[r][1])
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(f"launch cannot send the arguments of {fn!r} to its ranks: {e}") from e
         finally:
@@ -776,11 +803,19 @@ def launch(
                 lost = rank in exited_without_result or not outcomes[rank][0]
                 if tolerate is not None:
                     # Evidence for the survivors' recovery: this rank is gone.
-                    _report_gone(store, rank, procs[rank], outcomes.get(rank))
-                    losses = len(exited_without_result) + sum(
-                        not ok for ok, _ in outcomes.values()
+                    _report_gone(store, rank, by_rank[rank], outcomes.get(rank))
+                    losses = (
+                        len(exited_without_result)
+                        + sum(not ok for ok, _ in outcomes.values())
+                        + sum(map(len, replaced.values()))
                     )
                     if losses <= tolerate:
+                        if lost and replace:
+                            reader = _replace_rank(rank, start, by_rank, outcomes,
+                                                   exited_without_result, replaced)
+                            pending[reader] = rank
+                            reports[rank] = _ReportReader(reader)
+                            pipes.append((reader, None))
                         continue
                 if lost:
                     # The group is broken: others will fail or time out on their
@@ -812,9 +847,10 @@ def launch(
     if any(p.exitcode == _NO_MAIN_GUARD_EXIT for p in procs):
         raise LaunchError(NO_MAIN_GUARD, {r: NO_MAIN_GUARD for r in range(nproc)}, {})
     failures: dict[int, str] = {}
+    stopped_procs = [procs[i] for i in stopped]
     for r in range(nproc):
-        if r in exited_without_result or (r not in outcomes and r not in stopped):
-            failures[r] = f"{_exit_cause(procs[r].exitcode)} without a result"
+        if r in exited_without_result or (r not in outcomes and by_rank[r] not in stopped_procs):
+            failures[r] = f"{_exit_cause(by_rank[r].exitcode)} without a result"
         elif r not in outcomes:
             failures[r] = (
                 f"did not finish in time (still running {grace:g} s after another rank "
@@ -824,6 +860,9 @@ def launch(
             )
         elif not outcomes[r][0]:
             failures[r] = outcomes[r][1]
+    for r, causes in replaced.items():
+        last = [failures[r]] if r in failures else []
+        failures[r] = "; ".join([*(f"{c} (replaced)" for c in causes), *last])
     if tolerate is not None and len(failures) <= tolerate:
         return LaunchOutcome(_finished(outcomes), failures)
     if failures:
@@ -888,6 +927,30 @@ def _report_gone(store: Any, rank: int, proc: Any, outcome: tuple[bool, Any] | N
         store.set(GONE_KEY.format(rank=rank), cause)
     except Exception:  # the launcher's own store: only at shutdown
         pass
+
+
+def _replace_rank(
+    rank: int,
+    start: Callable[..., None],
+    by_rank: dict[int, Any],
+    outcomes: dict[int, tuple[bool, Any]],
+    exited_without_result: set[int],
+    replaced: dict[int, list[str]],
+) -> Connection:
+    """Starts a new process for lost `rank`, joining the running job;
+    returns the reading end of its report pipe. The lost process's cause
+    moves to `replaced`."""
+    if rank in exited_without_result:
+        exited_without_result.discard(rank)
+        cause = f"{_exit_cause(by_rank[rank].exitcode)} without a result"
+    else:
+        cause = str(outcomes.pop(rank)[1]).splitlines()[-1]
+    replaced.setdefault(rank, []).append(cause)
+    reader, writer = mp.Pipe(duplex=False)
+    with _signals_blocked():
+        start(rank, writer, True)
+    writer.close()
+    return reader
 
 
 def _finished(outcomes: Mapping[int, tuple[bool, Any]]) -> dict[int, Any]:

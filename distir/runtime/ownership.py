@@ -39,7 +39,7 @@ are all caught, while disjoint slices of one buffer are not.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -176,6 +176,62 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
         if _dense(inputs[i])
         and not any(overlap(spans[i], spans[j]) for j in range(len(inputs)) if j != i)
     )
+
+
+def donation_for(
+    donate: bool, count: int
+) -> frozenset[int] | Callable[[Sequence[Any]], frozenset[int]]:
+    """`writable_inputs` specialised for a binding's runs with `donate`
+    (True or False) on `count` inputs (`distir.runtime.specialised`):
+    nothing donated is the constant empty set; one donated input is
+    writable when it is contiguous (nothing else to overlap); otherwise the
+    full check on every run."""
+    if donate is False or count == 0:
+        return _NONE
+    if count == 1:
+        everything = _all_of(1)
+
+        def one(inputs: Sequence[Any]) -> frozenset[int]:
+            return everything if inputs[0].is_contiguous() else _NONE
+
+        return one
+    return functools.partial(writable_inputs, donate=donate)
+
+
+def mark_written_for(count: int) -> Callable[[Sequence[Any], frozenset[int]], None]:
+    """`mark_written` specialised for a binding of `count` inputs: with one
+    input, the written set is all of them, and its counter advances
+    directly (what `increment_version` does after wrapping a tensor)."""
+    if count != 1:
+        return mark_written
+    advance = torch._C._increment_version
+
+    def one(inputs: Sequence[Any], writable: frozenset[int]) -> None:
+        if writable:
+            advance(inputs)
+
+    return one
+
+
+def owned_results_for(
+    count: int, maybe_shared: frozenset[int]
+) -> Callable[[tuple[torch.Tensor, ...], Sequence[Any], frozenset[int]], tuple[torch.Tensor, ...]]:
+    """`owned_results` specialised for a binding of `count` inputs and the
+    result positions `maybe_shared` (`distir.runtime.specialised`): when no
+    result may be program state, a run whose every input is writable has
+    nothing to copy (a result may share only a writable input's memory);
+    otherwise the full check."""
+    if maybe_shared:
+        return functools.partial(owned_results, maybe_shared=maybe_shared)
+
+    def owned(
+        results: tuple[torch.Tensor, ...], inputs: Sequence[Any], writable: frozenset[int]
+    ) -> tuple[torch.Tensor, ...]:
+        if len(writable) == count:
+            return results
+        return owned_results(results, inputs, writable, maybe_shared)
+
+    return owned
 
 
 def input_versions(inputs: Sequence[Any]) -> tuple[int | None, ...]:

@@ -18,7 +18,7 @@ first such variable all-to-all also sends its counts in that exchange).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -301,6 +301,49 @@ class Plan:
         inputs = plain_inputs(inputs, f"@{self.entry}")
         check_inputs(inputs, self.function)
         return inputs
+
+    def input_guard(self) -> Callable[[Sequence[Any]], bool] | None:
+        """`check_inputs` specialised for a binding's runs
+        (`distir.runtime.specialised`): for a fully static signature, a
+        guard that is True when a run's inputs are accepted exactly as they
+        are (the common case of `check_inputs`: each a tensor of its
+        declared dtype and shape whose memory is its value), so a False
+        sends the run to the general path, which copies or names the input;
+        None when the signature has a dynamic dim (the full check runs)."""
+        if not self._static_inputs:
+            return None
+        specs = tuple(self._input_specs)
+        if len(specs) == 1:
+            ((dtype, size),) = specs
+
+            def one(inputs: Sequence[Any]) -> bool:
+                if len(inputs) != 1:
+                    return False
+                x = inputs[0]
+                return (
+                    isinstance(x, torch.Tensor)
+                    and x.dtype == dtype
+                    and x.shape == size
+                    and is_plain(x)
+                )
+
+            return one
+        count = len(specs)
+
+        def every(inputs: Sequence[Any]) -> bool:
+            if len(inputs) != count:
+                return False
+            for x, (dtype, size) in zip(inputs, specs):
+                if not (
+                    isinstance(x, torch.Tensor)
+                    and x.dtype == dtype
+                    and x.shape == size
+                    and is_plain(x)
+                ):
+                    return False
+            return True
+
+        return every
 
     def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A hoisted op's operands: entry arguments, taken from the run's inputs."""

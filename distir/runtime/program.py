@@ -51,6 +51,7 @@ from distir.runtime.ownership import (
     writable_inputs,
 )
 from distir.runtime.planning import Plan
+from distir.runtime.specialised import GENERAL, specialised_run
 
 ProgramSource = ModuleOp | str | Path
 
@@ -106,6 +107,10 @@ class Program:
         self._maybe_shared = results_maybe_shared(self.plan.function)
         self._bindings: dict[Any, Binding] = {}
         self._what = f"@{entry}"
+        #: whether runs take their binding's specialised path
+        #: (`distir.runtime.specialised`) once it exists; False: every run
+        #: takes the general path, which defines what a run does
+        self.specialise = True
 
     # -- inspection -----------------------------------------------------------
 
@@ -172,10 +177,16 @@ class Program:
 
             y = program.run(x, donate=True)   # x's memory may now hold y
         """
-        # The hot path of every run: one binding lookup, no closure (a
+        # The hot path of every run: the binding's specialised run (a
         # trusted 4 KiB all-reduce is 12 us of c10d, and a microsecond of
         # Python here costs about five at P=2: benchmarks/README.md).
         binding = self._bindings.get(group)
+        if binding is not None and deadline is None and (donate is True or donate is False):
+            fast = binding.specialised.get(donate)
+            if fast is not None:
+                result = fast(inputs)
+                if result is not GENERAL:
+                    return result
         if binding is None or not group_alive(binding.base.pg):
             binding = self._binding(group)
         gate = binding.gate
@@ -183,9 +194,19 @@ class Program:
         if who is None:  # this thread's queued async runs go first
             return self.run_async(*inputs, group=group, deadline=deadline, donate=donate).wait()
         try:
-            return self._run_bound(binding, inputs, deadline, donate, who)
+            result = self._run_bound(binding, inputs, deadline, donate, who)
         finally:
             gate.leave()
+        if (
+            self.specialise
+            and deadline is None
+            and (donate is True or donate is False)
+            and donate not in binding.specialised
+        ):
+            fast = specialised_run(self, binding, donate)
+            if fast is not None:
+                binding.specialised[donate] = fast
+        return result
 
     def run_async(
         self,
@@ -225,7 +246,10 @@ class Program:
         binding = self._bindings.get(group)
         if binding is None or not binding.alive:
             for key in [k for k, b in self._bindings.items() if not b.alive]:
-                del self._bindings[key]
+                # Its specialised run refers back to it: clear that cycle so
+                # the binding (its group's threads and sockets) goes now,
+                # not at the next garbage collection.
+                self._bindings.pop(key).specialised.clear()
             binding = self._bindings[group] = Binding(self.plan, group)
         return binding
 
@@ -272,6 +296,7 @@ class Program:
             results = owned_results(
                 compiled(*inputs, donated=writable), inputs, writable, self._maybe_shared
             )
+            base.domain.completed += 1  # the position `distir.recover` agrees on
         except BaseException as e:
             # Peers may be waiting in a collective this rank will not enter:
             # poison the domain so that nothing here enters one again.

@@ -7,8 +7,8 @@ A program's IR often pins down how many ranks it needs:
 - an op on the world group whose per-rank counts have a static length
   (`dist.variable_all_to_all` send counts `tensor<4xi64>`, uneven
   `dist.all_gather` counts `tensor<4xi64>`: operands whose role in
-  `distir.ir.facts` is `SEND_COUNTS` or `GATHER_COUNTS`) needs exactly that
-  many ranks, and so does an even `dist.all_gather` whose input and result
+  `distir.ir.facts` is `SEND_COUNTS`, `GATHER_COUNTS` or
+  `SCATTER_COUNTS`) needs exactly that many ranks, and so does an even `dist.all_gather` whose input and result
   rows along its axis are both static (result rows = P x input rows);
 - an op on a declared group that every rank executes (it sits in the entry
   function, outside control flow) needs every rank to be in one of the
@@ -42,6 +42,7 @@ from distir.ir.parsing import describe_op, function_named, reachable_functions
 _COUNT_ROLES = {
     OperandRole.SEND_COUNTS: "send counts",
     OperandRole.GATHER_COUNTS: "gather counts",
+    OperandRole.SCATTER_COUNTS: "scatter counts",
 }
 
 

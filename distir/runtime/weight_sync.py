@@ -23,14 +23,19 @@ Ranks named in a mesh are global ranks of the default group.
 from __future__ import annotations
 
 import hashlib
+import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from distir.errors import DistirError
+from distir.backends.domain import domain_for
+from distir.backends.epochs import membership
+from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError, Excluded
 from distir.ir.layouts import Box, Layout, Mesh, local_box
 from distir.ir.mesh import Transfer, transfer_map
 
@@ -38,7 +43,11 @@ __all__ = [
     "WIRE_DTYPES",
     "TensorLayout",
     "WeightSyncError",
+    "WeightSyncCorrupted",
     "WeightSyncFailed",
+    "WeightSyncPeerLost",
+    "WeightSyncRefused",
+    "WeightSyncTimeout",
     "WeightSyncPlan",
     "WeightSyncSpecError",
     "WeightVersions",
@@ -56,7 +65,6 @@ DEFAULT_BUCKET_BYTES = 16 << 20
 
 
 _ALIGN = 8
-_DIGEST_BYTES = 16
 
 
 class WeightSyncError(DistirError):
@@ -68,8 +76,36 @@ class WeightSyncSpecError(WeightSyncError, ValueError):
 
 
 class WeightSyncFailed(WeightSyncError):
-    """A sync did not complete: a rank's inputs were refused, a peer failed,
-    or a message missed its deadline. Raised on every rank that took part."""
+    """A sync did not complete and published nothing: raised on every rank
+    that took part, as one of the subclasses below, which say whether the
+    group still works (`group_broken`)."""
+
+    #: whether the process group can run no more collectives: its execution
+    #: domain is poisoned and the survivors call `distir.recover()`
+    group_broken = False
+
+
+class WeightSyncRefused(WeightSyncFailed):
+    """Refused before any byte moved (a rank's shards, the plan, the
+    versions or the mode differ); every rank saw it, the group still works."""
+
+
+class WeightSyncCorrupted(WeightSyncFailed):
+    """A message arrived with another digest than it was sent with; every
+    rank saw it in the vote, the group still works."""
+
+
+class WeightSyncTimeout(WeightSyncFailed):
+    """A wait ran past the sync's deadline (a peer frozen, late or gone)."""
+
+    group_broken = True
+
+
+class WeightSyncPeerLost(WeightSyncFailed):
+    """The backend failed (a peer exited, a connection broke), or a peer
+    reported that its part failed."""
+
+    group_broken = True
 
 
 @dataclass(frozen=True)
@@ -101,6 +137,21 @@ class Piece:
     #: byte offset inside the (src, dst) message of its bucket
     offset: int
     nbytes: int
+    #: the `Reduction` whose sum it carries (-1: a piece of a source shard)
+    slot: int = -1
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Partial addends of one destination box summed on a source rank (the
+    reducer) before the sum is quantised for the wire: ``addends`` are the
+    plan's transfers of that box, in source-rank order; the reducer receives
+    the others' in full precision in the pre-stage."""
+
+    name: str
+    reducer: int
+    dst_rank: int
+    addends: tuple[Transfer, ...]
 
 
 @dataclass(frozen=True)
@@ -157,7 +208,7 @@ def _tensor_transfers(name: str, src: TensorLayout, dst: TensorLayout) -> list[T
         raise _spec_error(name, str(e)) from None
 
 
-def _buckets(pieces: Iterable[tuple[str, Transfer, int]], limit: int) -> list[Bucket]:
+def _buckets(pieces: Iterable[tuple[str, Transfer, int, int]], limit: int) -> list[Bucket]:
     """Cut the remote pieces, in plan order, into buckets of at most ``limit``
     bytes (a larger piece travels alone)."""
     buckets: list[Bucket] = []
@@ -181,16 +232,57 @@ def _buckets(pieces: Iterable[tuple[str, Transfer, int]], limit: int) -> list[Bu
         offset = -(-end // _ALIGN) * _ALIGN
         return offset, offset - end + nbytes
 
-    for name, t, nbytes in pieces:
+    for name, t, nbytes, slot in pieces:
         pair = (t.src_rank, t.dst_rank)
         offset, cost = placed(pair, nbytes)
         if used and used + cost > limit:
             close()
             offset, cost = placed(pair, nbytes)
-        current.setdefault(pair, []).append(Piece(name, t, offset, nbytes))
+        current.setdefault(pair, []).append(Piece(name, t, offset, nbytes, slot))
         used += cost
     close()
     return buckets
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    """A message this rank packs: message index ``k`` of the plan, its
+    receiver and size, its pieces as (name, source slices, byte offset,
+    bytes, box sizes) and the padding byte ranges between them."""
+
+    k: int
+    dst: int
+    nbytes: int
+    #: (name, source slices, byte offset, bytes, box sizes, reduction slot, quantised)
+    pieces: tuple[tuple[str, tuple[slice, ...], int, int, tuple[int, ...], int, bool], ...]
+    gaps: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class _Incoming:
+    """A message this rank receives: its pieces as (name, destination
+    slices, byte offset, bytes, box sizes, partial, plan order)."""
+
+    k: int
+    src: int
+    nbytes: int
+    pieces: tuple[
+        tuple[str, tuple[slice, ...], int, int, tuple[int, ...], bool, tuple[int, int], bool], ...
+    ]
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """One rank's part of a sync, per bucket, worked out once."""
+
+    #: the source shard shape of every tensor this rank holds
+    shapes: dict[str, tuple[int, ...]]
+    outgoing: tuple[tuple[_Outgoing, ...], ...]
+    incoming: tuple[tuple[_Incoming, ...], ...]
+    #: (name, source slices, destination slices, partial, plan order, reduction slot)
+    local: tuple[tuple[str, tuple[slice, ...], tuple[slice, ...], bool, tuple[int, int], int], ...]
+    #: per destination tensor: (sizes, staging dtype, zero-filled)
+    staged: dict[str, tuple[tuple[int, ...], torch.dtype, bool]]
 
 
 def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
@@ -210,6 +302,104 @@ class WeightSyncPlan:
     buckets: tuple[Bucket, ...]
     local: tuple[tuple[str, Transfer], ...]
     bucket_bytes: int
+    #: the wire format of floating tensors (None: their own dtype)
+    wire: torch.dtype | None = None
+    #: partial sums formed on a source rank before quantising (`Reduction`)
+    reductions: tuple[Reduction, ...] = ()
+    #: local copies of those sums (reducer == destination): (name, transfer, slot)
+    local_reduced: tuple[tuple[str, Transfer, int], ...] = ()
+    #: per rank, what it does in a sync (`_schedule`), worked out at its first
+    _schedules: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def quantised(self, name: str) -> bool:
+        """Whether ``name`` travels in the wire format (block-scaled fp8)."""
+        return self.wire is not None and self.source[name].dtype.is_floating_point
+
+    @property
+    def local_pieces(self) -> tuple[tuple[str, Transfer, int], ...]:
+        """Every local copy: (name, transfer, reduction slot or -1)."""
+        return tuple((name, t, -1) for name, t in self.local) + self.local_reduced
+
+    @property
+    def pre_messages(
+        self,
+    ) -> tuple[tuple[tuple[int, int], tuple[tuple[int, int, Transfer], ...]], ...]:
+        """The pre-stage: per (source rank, reducer) pair, the addends it
+        carries as (reduction slot, position in the sum, transfer)."""
+        by_pair: dict[tuple[int, int], list[tuple[int, int, Transfer]]] = {}
+        for slot, red in enumerate(self.reductions):
+            for j, t in enumerate(red.addends):
+                if t.src_rank != red.reducer:
+                    by_pair.setdefault((t.src_rank, red.reducer), []).append((slot, j, t))
+        return tuple((pair, tuple(v)) for pair, v in sorted(by_pair.items()))
+
+    def _pre_part_bytes(self, slot: int, t: Transfer) -> int:
+        nbytes = t.numel * self.source[self.reductions[slot].name].dtype.itemsize
+        return -(-nbytes // _ALIGN) * _ALIGN
+
+    def _reduce(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        me: int,
+        end: float,
+        group: Any,
+        sent: torch.Tensor,
+        got: torch.Tensor,
+        buffers: _Pinned | None,
+    ) -> dict[int, torch.Tensor]:
+        """The pre-stage: every partial sum of a quantised tensor formed on
+        its reducer, in the source dtype, in source-rank order, so that a
+        block is quantised once, from the sum. Its messages (one per pair)
+        are digested into the vote after the buckets' (index n + i)."""
+        if not self.reductions:
+            return {}
+        n = len(self.messages)
+        ops, incoming = [], []
+        for i, ((src, dst), addends) in enumerate(self.pre_messages):
+            if src == me:
+                buffer = torch.zeros(
+                    sum(self._pre_part_bytes(slot, t) for slot, _, t in addends), dtype=torch.uint8
+                )
+                at = 0
+                for slot, _, t in addends:
+                    x = shards[self.reductions[slot].name][_slices(t.src_offsets, t.box.sizes)]
+                    buffer[at : at + t.numel * x.dtype.itemsize].view(x.dtype).view(
+                        t.box.sizes
+                    ).copy_(x)
+                    at += self._pre_part_bytes(slot, t)
+                sent[n + i] = _digest(buffer)
+                if buffers is not None:
+                    buffers.wire_bytes += buffer.numel()
+                ops.append(dist.P2POp(dist.isend, buffer, dst, group))
+            elif dst == me:
+                size = sum(self._pre_part_bytes(slot, t) for slot, _, t in addends)
+                buffer = torch.empty(size, dtype=torch.uint8)
+                ops.append(dist.P2POp(dist.irecv, buffer, src, group))
+                incoming.append((i, addends, buffer))
+        for work in _post(ops, "the pre-stage"):
+            _wait(work, end, "the pre-stage")
+        parts: dict[int, dict[int, torch.Tensor]] = {}
+        for slot, red in enumerate(self.reductions):
+            for j, t in enumerate(red.addends):
+                if red.reducer == me and t.src_rank == me:
+                    parts.setdefault(slot, {})[j] = shards[red.name][
+                        _slices(t.src_offsets, t.box.sizes)
+                    ]
+        for i, addends, buffer in incoming:
+            got[n + i] = _digest(buffer)
+            at = 0
+            for slot, j, t in addends:
+                dtype = self.source[self.reductions[slot].name].dtype
+                raw = buffer[at : at + t.numel * dtype.itemsize]
+                parts.setdefault(slot, {})[j] = raw.view(dtype).view(t.box.sizes)
+                at += self._pre_part_bytes(slot, t)
+        reduced = {}
+        for slot, addends in parts.items():
+            total = addends[0].clone()
+            for j in range(1, len(addends)):
+                total += addends[j]
+            reduced[slot] = total
+        return reduced
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -218,8 +408,27 @@ class WeightSyncPlan:
 
     @property
     def wire_bytes(self) -> int:
-        """Tensor bytes sent between ranks by one sync (alignment padding left out)."""
-        return sum(b.payload_bytes(pair) for b in self.buckets for pair in b.messages)
+        """Tensor bytes sent between ranks by one sync (alignment padding left
+        out), the pre-stage's (full-precision partial addends) included."""
+        pre = sum(
+            t.numel * self.source[self.reductions[slot].name].dtype.itemsize
+            for _, addends in self.pre_messages
+            for slot, _, t in addends
+        )
+        return pre + sum(b.payload_bytes(pair) for b in self.buckets for pair in b.messages)
+
+    def bytes_into(self, rank: int) -> int:
+        """Bytes ``rank`` receives in one sync (buckets and pre-stage): the
+        busiest receiver's, over its NIC's bandwidth, bounds a sync from below."""
+        pre = sum(
+            t.numel * self.source[self.reductions[slot].name].dtype.itemsize
+            for (_, dst), addends in self.pre_messages
+            if dst == rank
+            for slot, _, t in addends
+        )
+        return pre + sum(
+            b.payload_bytes(pair) for b in self.buckets for pair in b.messages if pair[1] == rank
+        )
 
     def source_shape(self, name: str, rank: int) -> tuple[int, ...] | None:
         """The local shard shape ``rank`` holds of ``name`` (None: not a source rank)."""
@@ -259,25 +468,101 @@ class WeightSyncPlan:
             ).rstrip()
 
         local_bytes = sum(t.numel * self.source[name].dtype.itemsize for name, t in self.local)
+        wire = "" if self.wire is None else f", {str(self.wire).removeprefix('torch.')} on the wire"
         lines = [
             f"weight sync: {len(self.names)} tensors, {len(self.buckets)} buckets "
-            f"(limit {self.bucket_bytes} bytes)",
+            f"(limit {self.bucket_bytes} bytes){wire}",
             line(header),
             "-+-".join("-" * w for w in widths),
             *(line(r) for r in rows),
             f"{sum(len(b.messages) for b in self.buckets)} messages, {self.wire_bytes} bytes "
             f"on the wire; {len(self.local)} local copies, {local_bytes} bytes",
         ]
+        if self.pre_messages:
+            lines.insert(
+                -1,
+                f"pre-stage: {len(self.pre_messages)} messages of partial addends, summed on "
+                f"{len({r.reducer for r in self.reductions})} source rank(s) before quantising",
+            )
         return "\n".join(lines)
 
     # -- execution -----------------------------------------------------------
 
-    def _check_local(self, shards: Mapping[str, torch.Tensor], me: int) -> str | None:
-        """Why this rank's shards do not fit the plan, or None."""
+    def _schedule(self, me: int) -> _Schedule:
+        """What rank ``me`` packs, sends, receives and applies, worked out
+        once per rank (a sync then does no planning and no per-element work
+        in Python: one strided copy per piece on each side)."""
+        cached = self._schedules.get(me)
+        if cached is not None:
+            return cached
+        order = {
+            (name, id(t)): (i, k)
+            for i, name in enumerate(self.names)
+            for k, t in enumerate(self.transfers[name])
+        }
+        shapes = {}
         for name in self.names:
             shape = self.source_shape(name, me)
-            if shape is None:
-                continue
+            if shape is not None:
+                shapes[name] = shape
+        outgoing, incoming = [], []
+        k = 0
+        for bucket in self.buckets:
+            outs, ins = [], []
+            for (src, dst), pieces in bucket.messages.items():
+                size = bucket.message_bytes((src, dst))
+                if src == me:
+                    placed, gaps, end = [], [], 0
+                    for p in pieces:
+                        if p.offset > end:
+                            gaps.append((end, p.offset))
+                        t = p.transfer
+                        placed.append(
+                            (p.name, _slices(t.src_offsets, t.box.sizes), p.offset, p.nbytes,
+                             t.box.sizes, p.slot, self.quantised(p.name))
+                        )  # fmt: skip
+                        end = p.offset + p.nbytes
+                    if size > end:
+                        gaps.append((end, size))
+                    outs.append(_Outgoing(k, dst, size, tuple(placed), tuple(gaps)))
+                if dst == me:
+                    placed = []
+                    for p in pieces:
+                        t = p.transfer
+                        placed.append(
+                            (p.name, _slices(t.dst_offsets, t.box.sizes), p.offset, p.nbytes,
+                             t.box.sizes, t.partial, order.get((p.name, id(t)), (0, 0)),
+                             self.quantised(p.name))
+                        )  # fmt: skip
+                    ins.append(_Incoming(k, src, size, tuple(placed)))
+                k += 1
+            outgoing.append(tuple(outs))
+            incoming.append(tuple(ins))
+        local = tuple(
+            (name, _slices(t.src_offsets, t.box.sizes), _slices(t.dst_offsets, t.box.sizes),
+             t.partial, order.get((name, id(t)), (0, 0)), slot)
+            for name, t, slot in self.local_pieces
+            if t.dst_rank == me
+        )  # fmt: skip
+        staged = {}
+        for name in self.names:
+            box = self.dest_box(name, me)
+            if box is not None:
+                # Partial addends are added onto zeros; every other element is
+                # written by exactly one piece, so it needs no zero fill. A
+                # quantised tensor arrives summed, decoded in its destination dtype.
+                if self.quantised(name):
+                    staged[name] = (box.sizes, self.dest[name].dtype, False)
+                else:
+                    zero = bool(self.source[name].partial)
+                    staged[name] = (box.sizes, self.source[name].dtype, zero)
+        schedule = _Schedule(shapes, tuple(outgoing), tuple(incoming), local, staged)
+        self._schedules[me] = schedule
+        return schedule
+
+    def _check_local(self, shards: Mapping[str, torch.Tensor], me: int) -> str | None:
+        """Why this rank's shards do not fit the plan, or None."""
+        for name, shape in self._schedule(me).shapes.items():
             if name not in shards:
                 return f"rank {me}: tensor {name!r} is missing from its source shards"
             x = shards[name]
@@ -287,54 +572,101 @@ class WeightSyncPlan:
                     f"rank {me}: tensor {name!r} shard is {list(x.shape)} {x.dtype}, "
                     f"the plan needs {list(shape)} {want}"
                 )
+            if self.quantised(name) and not bool(torch.isfinite(x).all()):
+                # Refused whatever the layout (a local copy would carry it).
+                return (
+                    f"rank {me}: tensor {name!r} holds NaN or infinite values; "
+                    f"{str(self.wire).removeprefix('torch.')} cannot carry them"
+                )
         return None
 
-    def _agree_inputs(
-        self, problem: str | None, me: int, timeout: timedelta, version: int = 0
-    ) -> None:
-        """Every rank learns whether any rank's shards are refused, or the
-        ranks hold different published versions, before any byte moves."""
-        flag = torch.tensor([0 if problem is None else me + 1, version, -version])
-        work = _call(
-            lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True),
-            "agreeing the inputs",
-        )
-        _wait(work, timeout, "agreeing the inputs")
+    @property
+    def fingerprint(self) -> int:
+        """A 62-bit hash of the plan (declarations, transfers, buckets): ranks
+        agree on it before any byte moves."""
+        cached = self._schedules.get("fingerprint")
+        if cached is None:
+            text = repr(
+                (self.source, self.dest, self.transfers, self.buckets, self.local_pieces,
+                 self.wire, self.reductions)
+            )  # fmt: skip
+            digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+            cached = self._schedules["fingerprint"] = int.from_bytes(digest, "little") >> 2
+        return cached
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank a sync involves (the ranks of every mesh, sorted)."""
+        meshes = [d.mesh for d in (*self.source.values(), *self.dest.values())]
+        return tuple(sorted({r for m in meshes for r in m.ranks}))
+
+    def _agree(
+        self, problem: str | None, me: int, end: float, group: Any, mine: tuple[int, int, int]
+    ) -> bool:
+        """Every rank learns, before any byte moves, whether any rank's shards
+        are refused or the ranks differ in the plan, the published version or
+        the mode; returns whether every rank can take a delta (``mine``:
+        this rank's version, delta asked, delta possible)."""
+        version, delta, pinned = mine
+        words = [0 if problem is None else me + 1]
+        for value in (self.fingerprint, version, delta, pinned):
+            words += [value, -value]  # MAX of both: the max and the min
+        flag = torch.tensor(words, dtype=torch.int64)
+        _all_reduce(flag, dist.ReduceOp.MAX, group, end, "agreeing the inputs")
+        high = {
+            k: int(flag[1 + 2 * i]) for i, k in enumerate(("plan", "version", "delta", "pinned"))
+        }
+        low = {
+            k: -int(flag[2 + 2 * i]) for i, k in enumerate(("plan", "version", "delta", "pinned"))
+        }
+        refused = "weight sync refused before any byte moved: "
         if problem is not None:
-            raise WeightSyncFailed(f"weight sync refused before any byte moved: {problem}")
-        if int(flag[1]) != -int(flag[2]):
-            raise WeightSyncFailed(
-                "weight sync refused before any byte moved: the ranks hold different "
-                f"published versions (from {-int(flag[2])} to {int(flag[1])})"
-            )
+            raise WeightSyncRefused(refused + problem)
         if int(flag[0]) != 0:
-            raise WeightSyncFailed(
-                f"weight sync refused before any byte moved: rank {int(flag[0]) - 1}'s "
-                "source shards do not fit the plan"
+            raise WeightSyncRefused(
+                f"{refused}rank {int(flag[0]) - 1}'s source shards do not fit the plan"
             )
+        if high["plan"] != low["plan"]:
+            raise WeightSyncRefused(refused + "the ranks run different plans")
+        if high["version"] != low["version"]:
+            raise WeightSyncRefused(
+                f"{refused}the ranks hold different published versions "
+                f"(from {low['version']} to {high['version']})"
+            )
+        if high["delta"] != low["delta"]:
+            raise WeightSyncRefused(refused + "some ranks asked for a delta sync, some not")
+        # A delta needs the last version's messages of this very plan on every rank.
+        return bool(low["delta"] and low["pinned"])
 
     def _pack(
-        self, bucket: Bucket, shards: Mapping[str, torch.Tensor], me: int
-    ) -> list[tuple[int, torch.Tensor]]:
-        out = []
-        for (src, dst), pieces in bucket.messages.items():
-            if src != me:
-                continue
-            # zeros: the alignment padding must not differ between versions (delta)
-            buffer = torch.zeros(bucket.message_bytes((src, dst)), dtype=torch.uint8)
-            for p in pieces:
-                t = p.transfer
-                part = shards[p.name][_slices(t.src_offsets, t.box.sizes)].contiguous()
-                buffer[p.offset : p.offset + p.nbytes].copy_(part.reshape(-1).view(torch.uint8))
-            out.append((dst, buffer))
-        return out
+        self,
+        out: _Outgoing,
+        shards: Mapping[str, torch.Tensor],
+        reduced: Mapping[int, torch.Tensor],
+        nonfinite: list[str] | None = None,
+    ) -> torch.Tensor:
+        """One message: every piece copied once, straight from its (strided)
+        shard into its place; the alignment padding zeroed so that it never
+        differs between versions (delta)."""
+        buffer = torch.empty(out.nbytes, dtype=torch.uint8)
+        for name, slices, offset, nbytes, sizes, slot, quantised in out.pieces:
+            x = shards[name][slices] if slot < 0 else reduced[slot]
+            if quantised:
+                if not _quantise(x, buffer[offset : offset + nbytes]) and nonfinite is not None:
+                    nonfinite.append(name)
+            else:
+                dtype = self.source[name].dtype
+                buffer[offset : offset + nbytes].view(dtype).view(sizes).copy_(x)
+        for start, stop in out.gaps:
+            buffer[start:stop] = 0
+        return buffer
 
     @property
     def messages(self) -> tuple[tuple[int, tuple[int, int]], ...]:
         """Every message of every bucket, as (bucket index, (src, dst)), in plan order."""
         return tuple((b.index, pair) for b in self.buckets for pair in b.messages)
 
-    def _exchange_counts(self, counts: dict[int, int], me: int, deadline: timedelta) -> None:
+    def _exchange_counts(self, counts: dict[int, int], me: int, end: float, group: Any) -> None:
         """Send each receiver the delta entry count (-1: dense) of every message
         this rank sends it; fill ``counts`` with those of the messages it receives."""
         by_pair: dict[tuple[int, int], list[int]] = {}
@@ -344,13 +676,13 @@ class WeightSyncPlan:
         for (src, dst), ks in by_pair.items():
             if src == me:
                 header = torch.tensor([counts[k] for k in ks], dtype=torch.int64)
-                ops.append(dist.P2POp(dist.isend, header, dst))
+                ops.append(dist.P2POp(dist.isend, header, dst, group))
             elif dst == me:
                 header = torch.empty(len(ks), dtype=torch.int64)
-                ops.append(dist.P2POp(dist.irecv, header, src))
+                ops.append(dist.P2POp(dist.irecv, header, src, group))
                 incoming.append((ks, header))
         for work in _post(ops, "exchanging the delta sizes"):
-            _wait(work, deadline, "exchanging the delta sizes")
+            _wait(work, end, "exchanging the delta sizes")
         for ks, header in incoming:
             counts.update(zip(ks, header.tolist()))
 
@@ -358,93 +690,112 @@ class WeightSyncPlan:
         self,
         shards: Mapping[str, torch.Tensor],
         me: int,
-        deadline: timedelta,
+        end: float,
+        group: Any,
         sent: torch.Tensor,
         received_digests: torch.Tensor,
         pinned: _Pinned | None = None,
         buffers: _Pinned | None = None,
+        nonfinite: list[str] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Move every bucket; fill row k of ``sent`` / ``received_digests`` with the
+        """Move every bucket; set ``sent[k]`` / ``received_digests[k]`` to the
         digest of message k as this rank sent / received it (dense, decoded),
-        and ``buffers`` with those dense messages. With ``pinned`` (the
+        and fill ``buffers`` with those dense messages. With ``pinned`` (the
         messages of the last published version) each message travels as a
-        delta against it where that is smaller."""
-        index = {message: k for k, message in enumerate(self.messages)}
-        staged: dict[str, torch.Tensor] = {}
-        for name in self.names:
-            box = self.dest_box(name, me)
-            if box is not None:
-                staged[name] = torch.zeros(box.sizes, dtype=self.source[name].dtype)
-        arrivals: list[tuple[Piece, torch.Tensor]] = []
-        for name, t in self.local:
-            if t.dst_rank == me:
-                arrivals.append(
-                    (Piece(name, t, 0, 0), shards[name][_slices(t.src_offsets, t.box.sizes)])
-                )
+        delta against it where that is smaller.
+
+        Two buckets are in flight at a time: bucket i+1 is packed, digested
+        and posted before bucket i is awaited, and bucket i is digested and
+        unpacked while bucket i+1 is on the wire."""
+        schedule = self._schedule(me)
+        staged = {
+            name: (torch.zeros if zero else torch.empty)(sizes, dtype=dtype)
+            for name, (sizes, dtype, zero) in schedule.staged.items()
+        }
+        # Partial addends are added at the end, in plan order, so that they
+        # sum in source-rank order whatever order they arrive in.
+        addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
+        reduced = self._reduce(shards, me, end, group, sent, received_digests, buffers)
+        for name, src_slices, dst_slices, partial, order, slot in schedule.local:
+            piece = shards[name][src_slices] if slot < 0 else reduced[slot]
+            if partial:
+                addends.append((order, name, dst_slices, piece))
+            else:
+                staged[name][dst_slices].copy_(piece)
         counts: dict[int, int] = {}
+        wires: dict[int, torch.Tensor] = {}
+        dense: dict[int, torch.Tensor] = {}
+
+        def prepare(i: int) -> None:
+            for out in schedule.outgoing[i]:
+                buffer = self._pack(out, shards, reduced, nonfinite)
+                sent[out.k] = _digest(buffer)
+                dense[out.k] = buffer
+                if pinned is not None:
+                    counts[out.k], wires[out.k] = _encode(buffer, pinned.sent[out.k])
+                else:
+                    wires[out.k] = buffer
+
         if pinned is not None:
             # Delta sizes are data-dependent: pack everything, then tell each
             # receiver the size of each of its messages in one exchange.
-            everything = [self._pack(b, shards, me) for b in self.buckets]
-            encoded: dict[int, torch.Tensor] = {}
-            for bucket, packed in zip(self.buckets, everything):
-                for dst, buffer in packed:
-                    k = index[(bucket.index, (me, dst))]
-                    counts[k], encoded[k] = _encode(buffer, pinned.sent[k])
-            self._exchange_counts(counts, me, deadline)
-        packed = self._pack(self.buckets[0], shards, me) if self.buckets and pinned is None else []
-        for i, bucket in enumerate(self.buckets):
-            if pinned is not None:
-                packed = everything[i]
+            for i in range(len(self.buckets)):
+                prepare(i)
+            self._exchange_counts(counts, me, end, group)
+
+        def post(i: int) -> tuple[list, list]:
+            if pinned is None:
+                prepare(i)
             ops, received = [], []
-            for dst, buffer in packed:
-                k = index[(bucket.index, (me, dst))]
-                sent[k] = _digest(buffer)
+            for out in schedule.outgoing[i]:
+                wire, message = wires.pop(out.k), dense.pop(out.k)
                 if buffers is not None:
-                    buffers.sent[k] = buffer
-                wire = encoded[k] if pinned is not None else buffer
-                if buffers is not None:
+                    buffers.sent[out.k] = message
                     buffers.wire_bytes += wire.numel()
                 if wire.numel():
-                    ops.append(dist.P2POp(dist.isend, wire, dst))
-            for (src, dst), pieces in bucket.messages.items():
-                if dst == me:
-                    k = index[(bucket.index, (src, dst))]
-                    size = bucket.message_bytes((src, dst))
-                    if pinned is not None and counts[k] >= 0:
-                        size = counts[k] * _DELTA_ENTRY_BYTES
-                    buffer = torch.empty(size, dtype=torch.uint8)
-                    if size:
-                        ops.append(dist.P2POp(dist.irecv, buffer, src))
-                    received.append((k, pieces, buffer))
-            works = _post(ops, f"bucket {bucket.index}")
-            # Pack the next bucket while this one is on the wire.
-            if pinned is None:
-                packed = (
-                    self._pack(self.buckets[i + 1], shards, me) if i + 1 < len(self.buckets) else []
-                )
-            for work in works:
-                _wait(work, deadline, f"bucket {bucket.index}")
-            for k, pieces, buffer in received:
-                if pinned is not None and counts[k] >= 0:
-                    buffer = _decode(buffer, counts[k], pinned.received[k])
-                received_digests[k] = _digest(buffer)
+                    ops.append(dist.P2POp(dist.isend, wire, out.dst, group))
+            for inc in schedule.incoming[i]:
+                size = inc.nbytes
+                if pinned is not None and counts[inc.k] >= 0:
+                    size = counts[inc.k] * _DELTA_ENTRY_BYTES
+                buffer = torch.empty(size, dtype=torch.uint8)
+                if size:
+                    ops.append(dist.P2POp(dist.irecv, buffer, inc.src, group))
+                received.append((inc, buffer))
+            return _post(ops, f"bucket {i}"), received
+
+        def land(i: int, received: list) -> None:
+            for inc, buffer in received:
+                if pinned is not None and counts[inc.k] >= 0:
+                    buffer = _decode(buffer, counts[inc.k], pinned.received[inc.k])
+                received_digests[inc.k] = _digest(buffer)
                 if buffers is not None:
-                    buffers.received[k] = buffer
-                for p in pieces:
-                    dtype = self.source[p.name].dtype
-                    raw = buffer[p.offset : p.offset + p.nbytes].view(dtype)
-                    arrivals.append((p, raw.view(p.transfer.box.sizes)))
-        # Apply in plan order so that partial addends sum in source-rank order.
-        order = {id(t): k for name in self.names for k, t in enumerate(self.transfers[name])}
-        arrivals.sort(key=lambda a: (self.names.index(a[0].name), order[id(a[0].transfer)]))
-        for p, piece in arrivals:
-            t = p.transfer
-            target = staged[p.name][_slices(t.dst_offsets, t.box.sizes)]
-            if t.partial:
-                target.add_(piece)
-            else:
-                target.copy_(piece)
+                    buffers.received[inc.k] = buffer
+                for name, slices, offset, nbytes, sizes, partial, order, quantised in inc.pieces:
+                    if quantised:
+                        staged[name][slices].copy_(
+                            _dequantise(buffer[offset : offset + nbytes], sizes)
+                        )
+                        continue
+                    dtype = self.source[name].dtype
+                    piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
+                    if partial:
+                        addends.append((order, name, slices, piece))
+                    else:
+                        staged[name][slices].copy_(piece)
+
+        n = len(self.buckets)
+        inflight = post(0) if n else None
+        for i in range(n):
+            ahead = post(i + 1) if i + 1 < n else None
+            works, received = inflight
+            for work in works:
+                _wait(work, end, f"bucket {i}")
+            land(i, received)
+            inflight = ahead
+        addends.sort(key=lambda a: a[0])
+        for _, name, slices, piece in addends:
+            staged[name][slices].add_(piece)
         return {
             name: y.to(self.dest[name].dtype) if y.dtype != self.dest[name].dtype else y
             for name, y in staged.items()
@@ -455,6 +806,7 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         *,
         timeout: float = 60.0,
+        group: Any = None,
         _versions: WeightVersions | None = None,
         _delta: bool = False,
     ) -> dict[str, torch.Tensor]:
@@ -463,55 +815,143 @@ class WeightSyncPlan:
         ``shards`` are this rank's source shards (by name; ignored on ranks
         outside every source mesh). Returns this rank's destination shards,
         fresh tensors in the destination dtypes (empty on ranks outside every
-        destination mesh). Every rank of the default group calls it. Partial
-        addends are summed in the source dtype in source-rank order, then cast.
+        destination mesh). Every rank of ``group`` calls it (None: the
+        current membership's group, `distir.membership()`: the default group
+        until a `distir.recover()`); the meshes name global ranks, all of
+        them in ``group``. Partial addends are summed in the source dtype in
+        source-rank order, then cast.
 
-        Before returning, every rank takes part in one vote (an all-reduce):
-        each rank's status, and the digest (BLAKE2b) of every message as its
-        sender sent it and as its receiver received it. Any failed rank or
-        differing digest raises `WeightSyncFailed` on every rank that
-        completes the vote, naming the rank or the bucket and message; a
-        rank that cannot complete it (a peer is gone, the deadline passed)
-        raises it too. Each wait is bounded by ``timeout`` seconds.
+        Before any byte moves the ranks agree (one small all-reduce) on the
+        plan, the mode and the published version, and that every rank's
+        shards fit. Before returning, every rank takes part in one vote (an
+        all-reduce): each rank's status, and the digest (CRC-32) of every
+        message as its sender sent it and as its receiver received it. The
+        whole sync, both all-reduces included, is bounded by ``timeout``
+        seconds. Every failure raises a `WeightSyncFailed` on every rank
+        that took part, within ``timeout`` plus the 2 s of the failure path:
+        `WeightSyncRefused` or `WeightSyncCorrupted` leave the group
+        working (the next sync may go on at once); `WeightSyncTimeout` and
+        `WeightSyncPeerLost` poison the group's execution domain (as every
+        distir failure does, the reason published for the peers) and the
+        survivors call `distir.recover()` before syncing on its group.
         """
-        me = dist.get_rank()
-        world = dist.get_world_size()
-        deadline = timedelta(seconds=timeout)
-        version = 0 if _versions is None else _versions.version
-        self._agree_inputs(self._check_local(shards, me), me, deadline, version)
-        # Every rank holds the same version (agreed), so all choose the same mode.
-        pinned = _versions.pinned if _delta and _versions is not None else None
-        buffers = _Pinned({}, {}) if _versions is not None else None
-        n = len(self.messages)
-        sent = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
-        got = torch.zeros((n, _DIGEST_BYTES), dtype=torch.int64)
-        failure: WeightSyncFailed | None = None
+        with torch.no_grad():
+            return self._run(shards, timeout, group, _versions, _delta)
+
+    def _run(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        timeout: float,
+        group: Any,
+        versions: WeightVersions | None,
+        delta: bool,
+    ) -> dict[str, torch.Tensor]:
+        end = time.monotonic() + timeout
+        pg = membership().group if group is None else group
+        domain = domain_for(pg)
         try:
-            staged = self._transfer(shards, me, deadline, sent, got, pinned, buffers)
+            domain.check("weight sync")
+        except Excluded:
+            raise
+        except DistirError as e:
+            raise WeightSyncPeerLost(
+                f"weight sync not started: {e} (the survivors call distir.recover() and "
+                "sync on its group)"
+            ) from None
+        members = dist.get_process_group_ranks(pg)
+        outside = sorted(set(self.ranks) - set(members))
+        if outside:
+            # The same on every rank of the group: no exchange needed to agree.
+            raise WeightSyncRefused(
+                f"weight sync refused before any byte moved: the plan names rank(s) {outside}, "
+                f"which the group (ranks {sorted(members)}) does not hold: plan again "
+                "for the ranks that are left"
+            )
+        try:
+            return self._attempt(shards, end, pg, versions, delta)
+        except WeightSyncFailed as e:
+            if not e.group_broken:
+                raise
+            # What a peer published first says who failed and why.
+            published, excluded = domain.failure_evidence()
+            if excluded is not None:
+                raise excluded from None
+            # As the domain's own types, so that it counts as a backend failure
+            # (no reset_domain: the survivors recover).
+            kind = DeadlineExceeded if isinstance(e, WeightSyncTimeout) else CollectiveFailed
+            domain.poison(kind("weight sync", str(e).removeprefix("weight sync: ")))
+            if published and f"rank {dist.get_rank()}:" not in published:
+                who, _, why = published.partition(": ")
+                raise type(e)(f"{e}; {who} failed first: {why}") from None
+            raise
+
+    def _attempt(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        end: float,
+        group: Any,
+        versions: WeightVersions | None,
+        delta: bool,
+    ) -> dict[str, torch.Tensor]:
+        me = dist.get_rank()
+        members = dist.get_process_group_ranks(group)
+        pinned = None if versions is None else versions.pinned
+        usable = pinned is not None and pinned.plan == self.fingerprint
+        mine = (0 if versions is None else versions.version, int(delta), int(usable))
+        # Every rank learns the same answer, so all choose the same mode.
+        if not self._agree(self._check_local(shards, me), me, end, group, mine):
+            pinned = None
+        buffers = _Pinned({}, {}, self.fingerprint) if versions is not None else None
+        n = len(self.messages) + len(self.pre_messages)
+        sent = torch.zeros(n, dtype=torch.int64)
+        got = torch.zeros(n, dtype=torch.int64)
+        failure: WeightSyncFailed | None = None
+        nonfinite: list[str] = []
+        try:
+            staged = self._transfer(shards, me, end, group, sent, got, pinned, buffers, nonfinite)
         except WeightSyncFailed as e:
             failure = e
-        status = torch.zeros(world, dtype=torch.int64)
-        status[me] = 0 if failure is None else 1
-        vote = torch.cat([status, sent.reshape(-1), got.reshape(-1)])
+        status = torch.zeros(len(members), dtype=torch.int64)
+        status[members.index(me)] = 1 if failure is not None else 2 if nonfinite else 0
+        vote = torch.cat([status, sent, got])
         try:
-            vote_work = _call(lambda: dist.all_reduce(vote, async_op=True), "agreeing the digests")
-            _wait(vote_work, deadline, "agreeing the digests")
+            _all_reduce(vote, dist.ReduceOp.SUM, group, end, "agreeing the digests")
         except WeightSyncFailed as e:
             raise (failure or e) from None
         if failure is not None:
             raise failure
-        failed = [r for r in range(world) if int(vote[r])]
+        failed = [members[i] for i in range(len(members)) if int(vote[i]) == 1]
+        refused = [members[i] for i in range(len(members)) if int(vote[i]) == 2]
+        if refused and not failed:
+            # Every transfer completed: the group still works.
+            mine = f" (here: {', '.join(sorted(set(nonfinite)))})" if nonfinite else ""
+            raise WeightSyncRefused(
+                f"weight sync: rank(s) {refused} hold NaN or infinite values in a tensor "
+                f"that travels as {str(self.wire).removeprefix('torch.')}, which cannot "
+                f"carry them{mine}; nothing published"
+            )
         if failed:
-            raise WeightSyncFailed(f"weight sync failed on rank(s) {failed}; nothing published")
-        sent, got = vote[world:].reshape(2, n, _DIGEST_BYTES)
-        for k, (bucket, (src, dst)) in enumerate(self.messages):
-            if not torch.equal(sent[k], got[k]):
-                raise WeightSyncFailed(
-                    f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
+            # Their waits may still be posted: the group's connections are not trusted again.
+            raise WeightSyncPeerLost(
+                f"weight sync failed on rank(s) {failed} (reported in the vote); nothing published"
+            )
+        sent, got = vote[len(members) :].reshape(2, n)
+        for k in (sent != got).nonzero().flatten().tolist():
+            if k >= len(self.messages):
+                (src, dst), _ = self.pre_messages[k - len(self.messages)]
+                raise WeightSyncCorrupted(
+                    f"weight sync: the pre-stage message {src} -> {dst} arrived with a "
                     "different digest than it was sent with; nothing published"
                 )
-        if _versions is not None:
-            _versions.publish(staged, buffers)
+            bucket, (src, dst) = self.messages[k]
+            raise WeightSyncCorrupted(
+                f"weight sync: bucket {bucket} message {src} -> {dst} arrived with a "
+                "different digest than it was sent with; nothing published"
+            )
+        if versions is not None:
+            # The commit: every rank that completed the vote saw the same
+            # outcome, so every receiver installs this version or none does.
+            versions.publish(staged, buffers)
         return staged
 
     def sync(
@@ -521,6 +961,7 @@ class WeightSyncPlan:
         *,
         delta: bool = False,
         timeout: float = 60.0,
+        group: Any = None,
     ) -> int:
         """`run`, then publish the result as ``versions``' next version.
 
@@ -533,12 +974,13 @@ class WeightSyncPlan:
         With ``delta=True`` each message travels as the 2-byte words that
         changed since the last published version (an int32 index and the
         word each, 6 bytes an entry), or dense where that is not smaller, or
-        on the first sync. Both sides pin the dense messages of each
+        when some rank has no published version of this plan (the first
+        sync, or after a re-plan). Both sides pin the dense messages of each
         published version for this (memory: the bytes they send and
         receive). The digests are of the dense messages, so the vote checks
         the reconstruction bit for bit.
         """
-        self.run(shards, timeout=timeout, _versions=versions, _delta=delta)
+        self.run(shards, timeout=timeout, group=group, _versions=versions, _delta=delta)
         return versions.version
 
 
@@ -572,6 +1014,8 @@ class _Pinned:
 
     sent: dict[int, torch.Tensor]
     received: dict[int, torch.Tensor]
+    #: the fingerprint of the plan whose messages these are
+    plan: int = 0
     #: bytes this rank put on the wire in the sync that built them
     wire_bytes: int = 0
 
@@ -601,10 +1045,63 @@ def _decode(payload: torch.Tensor, count: int, old: torch.Tensor) -> torch.Tenso
     return out
 
 
-def _digest(buffer: torch.Tensor) -> torch.Tensor:
-    """BLAKE2b of a byte buffer, as int64 values 0..255 (summable in the vote)."""
-    digest = hashlib.blake2b(buffer.numpy(), digest_size=_DIGEST_BYTES).digest()
-    return torch.tensor(list(digest), dtype=torch.int64)
+#: elements per fp8 block: each block is scaled by its own float32 scale
+FP8_BLOCK = 128
+#: the largest finite float8_e4m3fn
+_FP8_MAX = 448.0
+#: float8_e4m3fn's machine epsilon (3 mantissa bits): a value in the normal
+#: range rounds to within FP8_EPS / 2 of itself, relatively
+FP8_EPS = 2.0**-3
+
+
+def fp8_bytes(numel: int) -> int:
+    """Wire bytes of ``numel`` elements as block-scaled fp8: one byte each
+    and a float32 scale per block of `FP8_BLOCK`."""
+    return numel + 4 * -(-numel // FP8_BLOCK)
+
+
+def _quantise(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Write ``x`` (row-major) into the uint8 ``out`` as block-scaled fp8:
+    the blocks' float32 scales (amax / 448, so that the largest element of
+    a block maps to fp8's largest finite value; 1 for an all-zero block),
+    then one float8_e4m3fn per element (x / scale, rounded to nearest even).
+    Returns False if ``x`` holds a NaN or an infinity, which fp8 cannot carry."""
+    flat = x.reshape(-1).to(torch.float32)
+    n = flat.numel()
+    nb = -(-n // FP8_BLOCK)
+    blocks = torch.zeros(nb * FP8_BLOCK, dtype=torch.float32)
+    blocks[:n] = flat
+    blocks = blocks.view(nb, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=1)
+    scale = amax / _FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (blocks / scale[:, None]).to(torch.float8_e4m3fn).view(-1)[:n]
+    out[: 4 * nb].view(torch.float32).copy_(scale)
+    out[4 * nb : 4 * nb + n].view(torch.float8_e4m3fn).copy_(q)
+    return bool(torch.isfinite(amax).all())
+
+
+def _dequantise(buffer: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """The float32 values a `_quantise`d piece of shape ``sizes`` stands for."""
+    n = 1
+    for s in sizes:
+        n *= s
+    nb = -(-n // FP8_BLOCK)
+    scale = buffer[: 4 * nb].view(torch.float32)
+    values = torch.zeros(nb * FP8_BLOCK, dtype=torch.float32)
+    values[:n] = buffer[4 * nb : 4 * nb + n].view(torch.float8_e4m3fn).to(torch.float32)
+    return (values.view(nb, FP8_BLOCK) * scale[:, None]).view(-1)[:n].view(tuple(sizes))
+
+
+def _digest(buffer: torch.Tensor) -> int:
+    """CRC-32 of a byte buffer (summable in the vote's int64 all-reduce).
+
+    A checksum against corruption on the wire, not an authenticator: it
+    detects every error burst of up to 32 bits (so every flipped byte) and
+    any other corruption but for a 2^-32 chance; one pass over the bytes,
+    several times cheaper than a cryptographic hash, which would cost more
+    than the wire on a fast link. zlib releases the GIL while it runs."""
+    return zlib.crc32(buffer.numpy())
 
 
 def _call(post, what: str):
@@ -612,7 +1109,25 @@ def _call(post, what: str):
     try:
         return post()
     except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
-        raise WeightSyncFailed(f"weight sync failed while {what}: {e}") from e
+        raise _backend_failure(e, what) from e
+
+
+def _backend_failure(error: Exception, what: str) -> WeightSyncFailed:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline ({text})")
+    return WeightSyncPeerLost(f"weight sync failed while {what} (a peer may have exited): {text}")
+
+
+def _all_reduce(tensor: torch.Tensor, op: Any, group: Any, end: float, what: str) -> None:
+    """An all-reduce on the process group ``group`` under the sync's deadline:
+    the deadline is the backend's own timeout too (a group formed by
+    `distir.recover()` has a short default one)."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    opts.timeout = timedelta(seconds=max(end - time.monotonic(), 0.001))
+    work = _call(lambda: group.allreduce([tensor], opts), what)
+    _wait(work, end, what)
 
 
 def _post(ops: list, what: str) -> list:
@@ -620,13 +1135,24 @@ def _post(ops: list, what: str) -> list:
     return _call(lambda: dist.batch_isend_irecv(ops), what) if ops else []
 
 
-def _wait(work: dist.Work, timeout: timedelta, what: str) -> None:
+def _wait(work: dist.Work, end: float, what: str) -> None:
+    """Wait for ``work`` until the sync's deadline ``end`` (time.monotonic)."""
+    left = end - time.monotonic()
+    if left <= 0:
+        # A rank that stalled past the deadline may find the work done (the
+        # backend's thread finished it): then it counts, or this rank would
+        # miss a vote every other rank saw succeed.
+        if not work.is_completed():
+            raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
+        left = 0.001
     try:
-        completed = work.wait(timeout)
+        completed = work.wait(timedelta(seconds=left))
     except Exception as e:  # noqa: BLE001 - any backend failure becomes the named error
-        raise WeightSyncFailed(f"weight sync failed while {what}: {e}") from e
+        if time.monotonic() >= end - 0.05:
+            raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline") from e
+        raise _backend_failure(e, what) from e
     if completed is False:
-        raise WeightSyncFailed(f"weight sync: {what} missed its deadline of {timeout}")
+        raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
 
 
 def plan_weight_sync(
@@ -634,6 +1160,7 @@ def plan_weight_sync(
     dest: Mapping[str, TensorLayout],
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    wire: torch.dtype | None = None,
 ) -> WeightSyncPlan:
     """Plan the move of every named tensor from its ``source`` layout to its ``dest`` layout.
 
@@ -643,6 +1170,19 @@ def plan_weight_sync(
             same global shapes; the dtype may differ: the receiver casts).
         bucket_bytes: the most bytes one bucket carries (a larger piece
             travels alone).
+        wire: None (every tensor travels in its source dtype) or
+            ``torch.float8_e4m3fn``: floating tensors travel as fp8 in blocks
+            of `FP8_BLOCK` consecutive elements of each piece, each block
+            with a float32 scale (its absolute maximum / 448), and are
+            decoded by the receiver into its declared dtype; partial
+            addends are summed on a source rank first (in full precision,
+            a pre-stage), so that a block is quantised once, from the sum.
+            Each element x of a block with scale s arrives within
+            ``FP8_EPS / 2 * |x| + 2**-10 * s`` of x (fp8 rounding: half an
+            ulp in the normal range, half the subnormal spacing below it),
+            plus the rounding of the destination dtype. Integer tensors,
+            and local copies, travel exactly. A NaN or infinity in a
+            quantised tensor is refused (`WeightSyncRefused`) on every rank.
 
     Returns:
         The plan; ``print(plan.describe())`` shows it, ``plan.run(shards)``
@@ -671,18 +1211,44 @@ def plan_weight_sync(
             "weight sync: the two sides name different tensors: "
             f"only in the source {only_source}, only in the destination {only_dest}"
         )
+    if wire not in (None, torch.float8_e4m3fn):
+        raise WeightSyncSpecError(
+            f"weight sync: wire format {wire} is not supported (supported: None, the "
+            "tensors' own dtypes; torch.float8_e4m3fn, block-scaled)"
+        )
     transfers: dict[str, tuple[Transfer, ...]] = {}
-    remote: list[tuple[str, Transfer, int]] = []
+    remote: list[tuple[str, Transfer, int, int]] = []
     local: list[tuple[str, Transfer]] = []
+    reductions: list[Reduction] = []
+    local_reduced: list[tuple[str, Transfer, int]] = []
     for name in source:
         ts = tuple(_tensor_transfers(name, source[name], dest[name]))
         transfers[name] = ts
+        quantised = wire is not None and source[name].dtype.is_floating_point
+        if quantised and source[name].partial:
+            # Sum the addends of each destination box on its first source
+            # rank before quantising: a block is quantised once, from the sum.
+            boxes: dict[tuple[int, Box], list[Transfer]] = {}
+            for t in ts:
+                boxes.setdefault((t.dst_rank, t.box), []).append(t)
+            for (dst_rank, box), addends in boxes.items():
+                slot = len(reductions)
+                reducer = addends[0].src_rank
+                reductions.append(Reduction(name, reducer, dst_rank, tuple(addends)))
+                zero = (0,) * len(box.sizes)
+                t = Transfer(reducer, dst_rank, box, zero, addends[0].dst_offsets)
+                if t.is_local:
+                    local_reduced.append((name, t, slot))
+                else:
+                    remote.append((name, t, fp8_bytes(t.numel), slot))
+            continue
         itemsize = source[name].dtype.itemsize
         for t in ts:
             if t.is_local:
                 local.append((name, t))
             else:
-                remote.append((name, t, t.numel * itemsize))
+                nbytes = fp8_bytes(t.numel) if quantised else t.numel * itemsize
+                remote.append((name, t, nbytes, -1))
     return WeightSyncPlan(
         source=dict(source),
         dest={name: dest[name] for name in source},
@@ -690,4 +1256,7 @@ def plan_weight_sync(
         buckets=tuple(_buckets(remote, bucket_bytes)),
         local=tuple(local),
         bucket_bytes=bucket_bytes,
+        wire=wire,
+        reductions=tuple(reductions),
+        local_reduced=tuple(local_reduced),
     )

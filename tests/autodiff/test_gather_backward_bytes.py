@@ -62,3 +62,82 @@ def test_the_all_gather_backward_sends_at_most_half_the_bytes_of_an_all_reduce(P
     cotangent_bytes = Fraction(4 * out[0] * out[1])
     all_reduce_and_slice = 2 * cotangent_bytes * (P - 1) / P
     assert 0 < sent <= all_reduce_and_slice / 2, (sent, all_reduce_and_slice)
+
+
+class _Counting:
+    """An in-process exchange that counts the bytes this rank sends (an
+    all-to-all sends every piece but its own)."""
+
+    def __init__(self, inner):
+        self.inner, self.size, self.rank, self.sent = inner, inner.size, inner.rank, 0
+
+    def send(self, t, peer):
+        self.sent += t.numel() * t.element_size()
+        self.inner.send(t, peer)
+
+    def recv(self, t, peer):
+        return self.inner.recv(t, peer)
+
+    def wait(self, handle):
+        self.inner.wait(handle)
+
+    def finish(self):
+        self.inner.finish()
+
+    def all_to_all(self, out, x):
+        self.sent += x.numel() * x.element_size() * (self.size - 1) // self.size
+        self.inner.all_to_all(out, x)
+
+
+@pytest.mark.parametrize("schedule", ["default", "ring"])
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_what_the_backward_runs_on_gloo_sends_half_an_all_reduce(P, schedule):
+    """Counted from what runs: the backward's reduce-scatter, its schedule
+    as the Torch backend chooses it on gloo (or the ring, by name), run
+    over an in-process exchange that counts every byte sent: N·(P-1)/P per
+    rank, half the all-reduce and slice's 2·N·(P-1)/P."""
+    rows = 4
+    import threading
+
+    import torch
+
+    from distir.backends.exchange import InProcessWorld
+    from distir.backends.reduce_scatter import (
+        DIRECT,
+        choose_schedule,
+        direct_reduce_scatter,
+        ring_reduce_scatter,
+    )
+
+    t_in, t_out = f"tensor<{rows}x2xf32>", f"tensor<{rows * P}x2xf32>"
+    text = (
+        f"dist.group @g [[{', '.join(str(r) for r in range(P))}]]\n"
+        f"func.func @main(%x: {t_in}) -> {t_out} {{\n"
+        f"  %y = dist.all_gather %x axis 0 group @g : {t_in} -> {t_out}\n"
+        f"  func.return %y : {t_out}\n}}\n"
+    )
+    module = parse_module(text)
+    add_vjp(module)
+    (op,) = [o for o in module.walk() if o.name == "dist.reduce_scatter"]
+    n = rows * P * 2
+    assert choose_schedule(op, "gloo") == DIRECT
+    algorithm = ring_reduce_scatter if schedule == "ring" else direct_reduce_scatter
+    world = InProcessWorld(P, timeout=30)
+    sent = [0] * P
+    offsets = [n // P * r for r in range(P + 1)]
+
+    def rank(r):
+        ex = _Counting(world.exchange(r))
+        out = torch.empty(n // P)
+        algorithm(torch.ones(n), out, offsets, lambda d, a, b, s: torch.add(a, b, out=d), ex)
+        assert bool((out == P).all())
+        sent[r] = ex.sent
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(P)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    cotangent = 4 * n
+    assert sent == [cotangent * (P - 1) // P] * P
+    assert max(sent) <= (2 * cotangent * (P - 1) // P) // 2

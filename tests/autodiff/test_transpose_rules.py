@@ -91,15 +91,31 @@ func.func @main(%x: {_t(shape)}) -> {_t(out)} {{
 
 
 def reduce_scatter(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """Native sum or an addf region, even or uneven counts, any axis; the
+    part is multiplied by itself so that the cotangent reaching the
+    reduce-scatter differs by rank."""
     shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
     axis = draw(st.integers(0, len(shape) - 1))
-    shape[axis] *= P
     out = list(shape)
-    out[axis] //= P
+    if draw(st.booleans()):
+        counts = draw(st.lists(st.integers(0, 3), min_size=P, max_size=P))
+        shape[axis] = sum(counts)
+        out[axis] = None
+        split = f" counts [{', '.join(map(str, counts))}]"
+    else:
+        shape[axis] *= P
+        split = ""
+    t, to = _t(shape), _t(out)
+    if draw(st.booleans()):
+        op = (f"dist.reduce_scatter %x{split} axis {axis} : {t} -> {to} combine(%a, %b) {{\n"
+              f"    %c = arith.addf %a, %b : {t}\n    dist.yield %c : {t}\n  }}")  # fmt: skip
+    else:
+        op = f"dist.reduce_scatter sum %x{split} axis {axis} : {t} -> {to}"
     text = f"""
-func.func @main(%x: {_t(shape)}) -> {_t(out)} {{
-  %y = dist.reduce_scatter sum %x axis {axis} : {_t(shape)} -> {_t(out)}
-  func.return %y : {_t(out)}
+func.func @main(%x: {t}) -> {to} {{
+  %y = {op}
+  %z = arith.mulf %y, %y : {to}
+  func.return %z : {to}
 }}"""
     return text, [[_floats(shape, seed + r)] for r in range(P)]
 
@@ -115,6 +131,69 @@ func.func @main(%x: {t}, %c: {c}) -> {t} {{
   func.return %y : {t}
 }}"""
     return text, [[_floats([counts[r], cols], seed + r), torch.tensor(counts)] for r in range(P)]
+
+
+def rooted_gather_scatter(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`dist.gather` or `dist.scatter` to/from a drawn root, even along any
+    axis or uneven (counts with zeros), then a square (a nonlinear use)."""
+    op = draw(st.sampled_from(["gather", "scatter"]))
+    root = draw(st.integers(0, P - 1))
+    if draw(st.booleans()):
+        shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
+        axis = draw(st.integers(0, len(shape) - 1))
+        whole = list(shape)
+        whole[axis] *= P
+        t_in, t_out = (shape, whole) if op == "gather" else (whole, shape)
+        text = f"""
+func.func @main(%x: {_t(t_in)}) -> {_t(t_out)} {{
+  %y = dist.{op} %x axis {axis} root {root} : {_t(t_in)} -> {_t(t_out)}
+  %z = arith.mulf %y, %y : {_t(t_out)}
+  func.return %z : {_t(t_out)}
+}}"""
+        return text, [[_floats(t_in, seed + r)] for r in range(P)]
+    counts = draw(st.lists(st.integers(0, 3), min_size=P, max_size=P))
+    cols = draw(st.integers(1, 3))
+    t = _t([None, cols])
+    c = _t([P], "i64")
+    text = f"""
+func.func @main(%x: {t}, %c: {c}) -> {t} {{
+  %y = dist.{op} %x counts(%c : {c}) axis 0 root {root} : {t} -> {t}
+  %z = arith.mulf %y, %y : {t}
+  func.return %z : {t}
+}}"""
+    rows = [counts[r] if op == "gather" else sum(counts) for r in range(P)]
+    return text, [[_floats([rows[r], cols], seed + r), torch.tensor(counts)] for r in range(P)]
+
+
+def rooted_reduce(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """A sum `dist.reduce` to a drawn root, then a product with the input (a
+    nonlinear use on every rank, the zeros off the root included)."""
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=3))
+    root = draw(st.integers(0, P - 1))
+    t = _t(shape)
+    text = f"""
+func.func @main(%x: {t}) -> {t} {{
+  %y = dist.reduce sum %x root {root} : {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r)] for r in range(P)]
+
+
+def shift(draw, P: int, seed: int) -> tuple[str, Inputs]:
+    """`dist.shift` by a drawn offset, cyclic or with open ends, then a
+    product with the input."""
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=2))
+    offset = draw(st.integers(-P - 1, P + 1))
+    ring = " rotate" if draw(st.booleans()) else ""
+    t = _t(shape)
+    text = f"""
+func.func @main(%x: {t}) -> {t} {{
+  %y = dist.shift %x offset {offset}{ring} : {t}
+  %z = arith.mulf %y, %x : {t}
+  func.return %z : {t}
+}}"""
+    return text, [[_floats(shape, seed + r)] for r in range(P)]
 
 
 def all_to_all(draw, P: int, seed: int) -> tuple[str, Inputs]:
@@ -400,6 +479,7 @@ FAMILIES = {
     f.__name__: f
     for f in (
         sum_and_local_ops, broadcast, gather_even, reduce_scatter, gather_uneven, all_to_all, ring_shift,
+        rooted_gather_scatter, rooted_reduce, shift,
         wave, transfer, extract_insert, send_recv_in_branches, concat_and_casts,
         slices, extremum, elementwise_select, broadcast_and_reduce, static_loop,
     )
@@ -443,6 +523,16 @@ def test_float_types_carry_gradients_and_integers_do_not():
 
 REFUSED = {
     "native prod": ("dist.all_reduce prod %x : tensor<3xf64>", "native prod reduction"),
+    "reduce_scatter max": (
+        "dist.reduce_scatter max %x counts [2, 1] axis 0 : tensor<3xf64> -> tensor<?xf64>",
+        "native max reduce-scatter has no derivative",
+    ),
+    "reduce_scatter generic max": (
+        "dist.reduce_scatter %x counts [2, 1] axis 0 : tensor<3xf64> -> tensor<?xf64> combine(%a, %b) {\n"
+        "    %m = arith.maximumf %a, %b : tensor<3xf64>\n    dist.yield %m : tensor<3xf64>\n  }",
+        "only a combine recognised as a sum",
+    ),
+    "reduce max": ("dist.reduce max %x root 0 : tensor<3xf64>", "native max reduce"),
     "generic max": (
         "dist.all_reduce %x : tensor<3xf64> combine(%a, %b) {\n"
         "    %m = arith.maximumf %a, %b : tensor<3xf64>\n    dist.yield %m : tensor<3xf64>\n  }",
@@ -485,17 +575,19 @@ func.func @main(%x: tensor<2x3xf64>, %i: tensor<3xf64>) -> tensor<3xf64> {
 
 def test_ops_without_derivative_are_named_with_their_location():
     for name, (op, words) in REFUSED.items():
+        result = "tensor<?xf64>" if "->" in op else "tensor<3xf64>"
         text = f"""
-func.func @main(%x: tensor<3xf64>) -> tensor<3xf64> {{
+func.func @main(%x: tensor<3xf64>) -> {result} {{
   %y = {op}
-  func.return %y : tensor<3xf64>
+  func.return %y : {result}
 }}"""
         program = distir.compile(text)
         x = [[torch.ones(3)] for _ in range(2)]
         try:
             simulate_vjp(program, x, x)
         except NotDifferentiable as e:
-            assert words in str(e) and "'dist.all_reduce' at <program>:3:" in str(e), (name, e)
+            where = f"'{op.split()[0]}' at <program>:3:"
+            assert words in str(e) and where in str(e), (name, e)
         else:
             raise AssertionError(f"{name}: no NotDifferentiable")
 

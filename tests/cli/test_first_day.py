@@ -46,7 +46,7 @@ def test_a_misspelt_reduction_kind_lists_the_kinds(capsys, tmp_path) -> None:
         ("dist.allreduce sum", "; did you mean 'dist.all_reduce'?"),
         ("arith.addd", "; did you mean 'arith.addi'?"),
         ("memref.alloca sum", " (a dist program may use the dialects builtin, func, arith, "
-         "math, tensor, scf, linalg, dist)"),
+         "math, tensor, scf, linalg, dist, shard)"),
     ],
 )  # fmt: skip
 def test_a_misspelt_op_name_gets_a_hint_and_the_caret_on_the_name(op, hint) -> None:

@@ -24,7 +24,8 @@ import torch
 import distir
 from distir.cli import run as cli
 from distir.cli.report import checksum, summarize
-from distir.ir.parsing import parse_file
+from distir.ir.parsing import make_context, parse_file
+from distir.passes import apply_pipeline
 from distir.runtime import inputs as cli_inputs
 from distir.runtime.inputs import synthesize_inputs
 from distir.runtime.requirements import world_size_range
@@ -37,19 +38,26 @@ multirank = pytest.mark.multirank
 pytestmark = pytest.mark.slow  # it starts processes (left out by --fast)
 
 
-def smallest_world_size(path: Path) -> int:
+def smallest_world_size(path: Path, pipeline: str = "") -> int:
     """The smallest world size an example runs on, at least 2 (one rank
     shows nothing about a collective)."""
-    low, high = world_size_range(parse_file(path))
+    module = parse_file(path)
+    if pipeline:
+        apply_pipeline(make_context(), module, pipeline)
+    low, high = world_size_range(module)
     assert high is None or low <= high, f"{path} runs on no world size"
     return max(low, 2) if high is None or high >= 2 else low
+
+
+#: examples that run after a conversion pass (the pipeline distir-run takes)
+PIPELINES = {"shard_grid.mlir": "convert-shard-to-dist"}
 
 
 def _example_params():
     return [
         pytest.param(path, n, id=f"{path.name}-nproc{n}")
         for path in EXAMPLES
-        for n in [smallest_world_size(path)]
+        for n in [smallest_world_size(path, PIPELINES.get(path.name, ""))]
     ]
 
 
@@ -76,10 +84,12 @@ def rank_blocks(stdout: str) -> dict[int, list[str]]:
     return blocks
 
 
-def expected_lines(path: Path, world_size: int, entry: str = "main") -> list[list[str]]:
+def expected_lines(
+    path: Path, world_size: int, entry: str = "main", pipeline: str = ""
+) -> list[list[str]]:
     """What each rank must print: the simulator's results on the inputs
     distir-run synthesises (seed 0, dynamic size 4)."""
-    program = distir.compile(path, entry=entry)
+    program = distir.compile(path, pipeline, entry=entry)
     inputs = [synthesize_inputs(program.function, r, world_size, 0, 4) for r in range(world_size)]
     results = program.simulate(inputs, timeout=30)
     lines = []
@@ -131,13 +141,14 @@ def test_examples_exist() -> None:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.parametrize(("path", "nproc"), _example_params())
 def test_example_runs_and_prints_one_block_per_rank(path: Path, nproc: int) -> None:
-    proc = distir_run(str(path.relative_to(ROOT)), "--nproc", str(nproc))
+    pipeline = PIPELINES.get(path.name, "")
+    proc = distir_run(str(path.relative_to(ROOT)), "--nproc", str(nproc), "-p", pipeline)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     blocks = rank_blocks(proc.stdout)
     assert sorted(blocks) == list(range(nproc)), proc.stdout
-    n_outputs = len(distir.compile(path).output_types)
-    expected = expected_lines(path, nproc)
+    n_outputs = len(distir.compile(path, pipeline).output_types)
+    expected = expected_lines(path, nproc, pipeline=pipeline)
     for rank, lines in blocks.items():
         assert [line.split(":")[0] for line in lines] == [
             f"  result #{i}" for i in range(n_outputs)
@@ -409,7 +420,7 @@ def test_a_text_file_that_is_not_ir(tmp_path, capsys, no_launch) -> None:
     assert re.fullmatch(
         rf"distir-run: error: {re.escape(str(path))}:1:\d+: Operation remember is not "
         r"registered \(a dist program may use the dialects builtin, func, arith, math, tensor, "
-        r"scf, linalg, dist\) \(distir-run reads MLIR text, as in a \.mlir file\)",
+        r"scf, linalg, dist, shard\) \(distir-run reads MLIR text, as in a \.mlir file\)",
         first,
     ), first
     assert context[0] == "remember to run all_reduce"

@@ -38,7 +38,7 @@ def survival_worker(ctx, receiver_key: torch.Tensor) -> dict:
     too and ranks 1-2, recovered again, try alone."""
     import distir
 
-    params = ta.ThresholdParameters(parties=5, threshold=3)
+    params = ta.ThresholdParameters(parties=5, threshold=3, decrypt_to_ranks=True)
     share = ta.generate_keys(params)
     encrypted = ts.ckks_vector(share.public_key.context(), update(5, ctx.rank).tolist())
     total = ta.aggregate([encrypted], share)
@@ -140,7 +140,7 @@ def agreement_worker(ctx, directory: str) -> dict:
         ta.generate_keys(ta.ThresholdParameters(parties=3, threshold=threshold))
     except ta.ThresholdMismatch as e:
         out["differ"] = str(e)
-    params = ta.ThresholdParameters(parties=3, max_decryptions=1)
+    params = ta.ThresholdParameters(parties=3, max_decryptions=1, decrypt_to_ranks=True)
     share = ta.generate_keys(params)
     context = share.public_key.context()
     first = ta.aggregate([ts.ckks_vector(context, update(3, ctx.rank).tolist())], share)
@@ -192,7 +192,7 @@ def test_mismatches_and_a_spent_budget_are_named_on_every_rank_and_saved_shares_
 
 def fault_worker(ctx, phase: str) -> dict:
     """The last rank exits in the middle of `phase`; survivors report."""
-    params = ta.ThresholdParameters(parties=ctx.world_size)
+    params = ta.ThresholdParameters(parties=ctx.world_size, decrypt_to_ranks=True)
     quitter = ctx.rank == ctx.world_size - 1
     result: dict = {"share": None, "values": None, "error": None}
     start = time.monotonic()
@@ -266,7 +266,7 @@ def metadata_worker(ctx) -> dict:
     each try must be refused by name on every rank, and the honest sum
     after them must still decrypt."""
     out: dict = {}
-    share = ta.generate_keys(ta.ThresholdParameters(parties=3))
+    share = ta.generate_keys(ta.ThresholdParameters(parties=3, decrypt_to_ranks=True))
     context = share.public_key.context()
     values = update(3, ctx.rank).tolist()
     scale = context.global_scale * (2 if ctx.rank == 0 else 1)

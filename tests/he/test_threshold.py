@@ -479,7 +479,7 @@ def test_channels_seal_for_one_receiver_only_and_refuse_tampering():
 @given(st.data())
 def test_any_t_shamir_shares_rebuild_the_sum_of_secrets_and_t_minus_1_do_not(data):
     parties = data.draw(st.integers(2, 6), label="parties")
-    threshold = data.draw(st.integers(1, parties), label="threshold")
+    threshold = data.draw(st.integers(2, parties), label="threshold")
     params = th.ThresholdParameters(parties=parties, threshold=threshold)
     moduli = params.key_moduli
     secrets_ = [th.generate_secret_share(params) for _ in range(parties)]
@@ -493,5 +493,21 @@ def test_any_t_shamir_shares_rebuild_the_sum_of_secrets_and_t_minus_1_do_not(dat
 
     active = sorted(data.draw(st.permutations(range(parties)), label="order")[:threshold])
     assert torch.equal(rebuild(active), want)
-    if threshold > 1:
-        assert not torch.equal(rebuild(active[:-1]), want)
+    assert not torch.equal(rebuild(active[:-1]), want)
+
+
+@settings(max_examples=examples(0.5), deadline=None)
+@given(bits=st.integers(1, 200), count=st.integers(1, 300), seed=st.binary(min_size=1, max_size=8))
+def test_uniform_signed_noise_is_the_streams_masked_chunks_minus_the_offset(bits, count, seed):
+    # The oracle: SHAKE-256 and int.from_bytes, chunk by chunk.
+    import hashlib
+
+    width = (bits + 8) // 8
+    stream = hashlib.shake_256(b"distir/threshold/v1/noise\0" + seed).digest(width * count)
+    want = [
+        (int.from_bytes(stream[k * width : (k + 1) * width], "little") % 2 ** (bits + 1)) - 2**bits
+        for k in range(count)
+    ]
+    got = th._uniform_signed("noise", seed, bits, count)
+    assert got.dtype == object and list(got) == want
+    assert all(-(2**bits) <= v < 2**bits for v in got)

@@ -399,6 +399,71 @@ def test_reduce_scatter_helper() -> None:
     assert "dist.reduce_scatter max %arg0 axis 1 : tensor<4x4xf32> -> tensor<4x?xf32>" in text
 
 
+def test_reduce_scatter_helper_takes_counts_and_a_combine() -> None:
+    def body(x):
+        uneven = b.reduce_scatter(x, "sum", counts=[3, 1])
+        mine = b.reduce_scatter(x, None, counts=[1, 3], commutative=True,
+                                combine=lambda p, q: b.arith("maximumf", p, q))  # fmt: skip
+        return uneven, mine
+
+    module = b.build_program(body, [b.tensor_type("f32", [4, 4])])
+    module.verify()
+    text = str(module)
+    assert ("dist.reduce_scatter sum %arg0 counts [3, 1] axis 0 : tensor<4x4xf32> -> "
+            "tensor<?x4xf32>") in text  # fmt: skip
+    assert "dist.reduce_scatter %arg0 counts [1, 3] axis 0 commutative" in text
+    assert "arith.maximumf" in text
+    with pytest.raises(ValueError, match="needs a `kind` or a `combine`"):
+        b.build_program(lambda x: b.reduce_scatter(x, None), [b.tensor_type("f32", [4])])
+def test_gather_and_scatter_helpers() -> None:
+    def body(x, counts):
+        sized = b.gather(x, 1, result_type=b.tensor_type("f32", [8, 4]), group="pairs")
+        return sized, b.scatter(x, axis=1), b.gather(x, 0, counts=counts)
+
+    module = b.build_program(
+        body,
+        [b.tensor_type("f32", [4, 4]), b.tensor_type("i64", [2])],
+        groups={"pairs": [[0, 1], [2, 3]]},
+    )
+    module.verify()
+    text = str(module)
+    assert (
+        "dist.gather %arg0 axis 0 root 1 group @pairs : tensor<4x4xf32> -> tensor<8x4xf32>"
+        in text
+    )
+    assert "dist.scatter %arg0 axis 1 root 0 : tensor<4x4xf32> -> tensor<4x?xf32>" in text
+    assert (
+        "dist.gather %arg0 counts(%arg1 : tensor<2xi64>) axis 0 root 0 : "
+        "tensor<4x4xf32> -> tensor<?x4xf32>" in text
+    )
+
+
+def test_reduce_helper() -> None:
+    module = b.build_program(
+        lambda x: (b.reduce(x), b.reduce(x, "max", 1, group="pairs")),
+        [b.tensor_type("f32", [4])],
+        groups={"pairs": [[0, 1], [2, 3]]},
+    )
+    module.verify()
+    text = str(module)
+    assert "dist.reduce sum %arg0 root 0 : tensor<4xf32>" in text
+    assert "dist.reduce max %arg0 root 1 group @pairs : tensor<4xf32>" in text
+    with pytest.raises(b.BuilderError, match="mean"):
+        b.build_program(lambda x: b.reduce(x, "mean"), [b.tensor_type("f32", [4])])
+
+
+def test_shift_helper() -> None:
+    module = b.build_program(
+        lambda x: (b.shift(x), b.shift(x, -2, rotate=True, group="pairs")),
+        [b.tensor_type("f32", [4])],
+        groups={"pairs": [[0, 1], [2, 3]]},
+    )
+    module.verify()
+    text = str(module)
+    assert "dist.shift %arg0 offset 1 : tensor<4xf32>" in text
+    assert "dist.shift %arg0 offset -2 rotate group @pairs : tensor<4xf32>" in text
+
+
 def test_an_unknown_arith_op_is_named() -> None:
     with pytest.raises(ValueError, match="no arith op 'frobnicate'; known: .*addi"):
         b.build_program(lambda x: b.arith("frobnicate", x, x), [b.tensor_type("i64", [4])])
@@ -419,6 +484,10 @@ def every_op_program():
         b.assert_uniform(q)
         gathered = b.all_gather(x, counts=counts)
         scattered = b.reduce_scatter(x, "sum", group="pairs")
+        to_root = b.gather(x, 1, counts=counts)
+        from_root = b.scatter(x, 0, group="pairs")
+        reduced = b.reduce(x, "max", 1, group="pairs")
+        shifted = b.shift(x, -1, rotate=True)
         rows, recv_counts = b.variable_all_to_all(x, counts)
         (waved,) = b.wave(lambda: b.broadcast(x, 1))
         b.send(x, b.constant_index(1))
@@ -438,6 +507,10 @@ def every_op_program():
             root,
             gathered,
             scattered,
+            to_root,
+            from_root,
+            reduced,
+            shifted,
             rows,
             recv_counts,
             waved,

@@ -160,6 +160,47 @@ builtin.module {
     func.return %y, %z, %w : tensor<?x6xf32>, tensor<4x3xf32>, tensor<?x2xi64>
   }
 }""",
+    "reduce_scatter_generic_uneven": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<5x3xi64>, %q: tensor<3xi64>) -> (tensor<?x3xi64>, tensor<?x3xi64>) {
+    %y = dist.reduce_scatter %x, %q counts [4, 1] axis 0 group @pairs commutative : tensor<5x3xi64> -> tensor<?x3xi64>, tensor<3xi64> combine(%lhs, %rhs, %m) {
+      %s = arith.addi %lhs, %rhs : tensor<5x3xi64>
+      dist.yield %s : tensor<5x3xi64>
+    }
+    %z = dist.reduce_scatter sum %x counts [2, 3] axis 0 : tensor<5x3xi64> -> tensor<?x3xi64>
+    func.return %y, %z : tensor<?x3xi64>, tensor<?x3xi64>
+  }
+}""",
+    "gather_scatter": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<2x6xf32>, %c: tensor<2xi64>, %u: tensor<?x6xf32>) -> (tensor<4x6xf32>, tensor<2x?xf32>, tensor<?x6xf32>, tensor<?x6xf32>) {
+    %y = dist.gather %x axis 0 root 1 group @pairs : tensor<2x6xf32> -> tensor<4x6xf32>
+    %z = dist.scatter %x axis 1 root 0 {tag = 3 : i64} : tensor<2x6xf32> -> tensor<2x?xf32>
+    %g = dist.gather %u counts(%c : tensor<2xi64>) axis 0 root 0 group @pairs : tensor<?x6xf32> -> tensor<?x6xf32>
+    %s = dist.scatter %u counts(%c : tensor<2xi64>) axis 0 root 1 group @pairs : tensor<?x6xf32> -> tensor<?x6xf32>
+    func.return %y, %z, %g, %s : tensor<4x6xf32>, tensor<2x?xf32>, tensor<?x6xf32>, tensor<?x6xf32>
+  }
+}""",
+    "reduce": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4x6xf32>, %i: tensor<?x2xi64>) -> (tensor<4x6xf32>, tensor<?x2xi64>) {
+    %y = dist.reduce max %x root 1 group @pairs : tensor<4x6xf32>
+    %w = dist.reduce bxor %i root 0 {tag = 3 : i64} : tensor<?x2xi64>
+    func.return %y, %w : tensor<4x6xf32>, tensor<?x2xi64>
+  }
+}""",
+    "shift": """\
+builtin.module {
+  dist.group @pairs [[0, 1], [2, 3]]
+  func.func @main(%x: tensor<4x6xf32>, %i: tensor<?x2xi64>) -> (tensor<4x6xf32>, tensor<?x2xi64>) {
+    %y = dist.shift %x offset 1 rotate group @pairs : tensor<4x6xf32>
+    %w = dist.shift %i offset -2 {tag = 3 : i64} : tensor<?x2xi64>
+    func.return %y, %w : tensor<4x6xf32>, tensor<?x2xi64>
+  }
+}""",
     "variable_all_to_all": """\
 builtin.module {
   dist.group @ep [[0, 1, 2, 3]]

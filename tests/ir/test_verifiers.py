@@ -374,6 +374,159 @@ INVALID: dict[str, tuple[str, str]] = {
         ),
         "'dist.reduce_scatter' result has 2 rows on axis 0, expected 8 / 2 = 4",
     ),
+    "reduce_scatter_counts_do_not_sum": (
+        _func(
+            X4,
+            "%y = dist.reduce_scatter sum %x counts [3, 2] axis 0 group @pairs : tensor<4xf32> -> tensor<?xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.reduce_scatter' counts [3, 2] sum to 5, but the input has 4 rows on axis 0",
+    ),
+    "reduce_scatter_counts_for_group_size": (
+        _func(
+            X4,
+            "%y = dist.reduce_scatter sum %x counts [1, 1, 2] axis 0 group @pairs : tensor<4xf32> -> tensor<?xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.reduce_scatter' counts [1, 1, 2] has 3 entries for a group of size 2",
+    ),
+    "reduce_scatter_negative_count": (
+        _func(X4, "%y = dist.reduce_scatter sum %x counts [5, -1] axis 0 : tensor<4xf32> -> tensor<?xf32>\nfunc.return"),
+        "'dist.reduce_scatter' counts [5, -1] has a negative count",
+    ),
+    "reduce_scatter_static_rows_of_uneven_parts": (
+        _func(X4, "%y = dist.reduce_scatter sum %x counts [3, 1] axis 0 : tensor<4xf32> -> tensor<3xf32>\nfunc.return"),
+        "'dist.reduce_scatter' result has 3 rows on axis 0, but the counts [3, 1] give ranks "
+        "other parts (make that dimension ?)",
+    ),
+    "reduce_scatter_kind_and_region": (
+        _func(
+            X4,
+            "%y = dist.reduce_scatter sum %x axis 0 : tensor<4xf32> -> tensor<?xf32> combine(%a, %b) {\n"
+            "  dist.yield %a : tensor<4xf32>\n"
+            "}\nfunc.return",
+        ),
+        "'dist.reduce_scatter' takes a reduction kind or a combine region, not both",
+    ),
+    "reduce_scatter_native_with_extras": (
+        _func(
+            f"{X4}, %m: tensor<4xf32>",
+            "%y = dist.reduce_scatter sum %x, %m axis 0 : tensor<4xf32> -> tensor<?xf32>, tensor<4xf32>\n"
+            "func.return",
+        ),
+        "'dist.reduce_scatter' with a native kind takes no extra operands",
+    ),
+    "reduce_scatter_commutative_marker_refuted": (
+        _func(
+            X4,
+            "%y = dist.reduce_scatter %x axis 0 commutative : tensor<4xf32> -> tensor<?xf32> combine(%a, %b) {\n"
+            "  %d = arith.subf %a, %b : tensor<4xf32>\n"
+            "  dist.yield %d : tensor<4xf32>\n"
+            "}\nfunc.return",
+        ),
+        "'dist.reduce_scatter' is marked commutative but its combine is not: combine(2, 5) = -3 "
+        "while combine(5, 2) = 3 (a reordered fold, e.g. the ring's, would give another result)",
+    ),
+    "reduce_scatter_combine_yield_type": (
+        _func(
+            X4,
+            "%y = dist.reduce_scatter %x axis 0 : tensor<4xf32> -> tensor<?xf32> combine(%a, %b) {\n"
+            "  %d = arith.constant dense<1.0> : tensor<2xf32>\n"
+            "  dist.yield %d : tensor<2xf32>\n"
+            "}\nfunc.return",
+        ),
+        "'dist.reduce_scatter' combine must yield one value of type tensor<4xf32>, got "
+        "(tensor<2xf32>)",
+    ),
+    # dist.gather and dist.scatter
+    "gather_axis_out_of_range": (
+        _func(X4, "%y = dist.gather %x axis 1 root 0 : tensor<4xf32> -> tensor<8xf32>\nfunc.return"),
+        "'dist.gather' axis 1 is out of range for tensor<4xf32> (rank 1)",
+    ),
+    "scatter_axis_out_of_range": (
+        _func(X4, "%y = dist.scatter %x axis 2 root 0 : tensor<4xf32> -> tensor<2xf32>\nfunc.return"),
+        "'dist.scatter' axis 2 is out of range for tensor<4xf32> (rank 1)",
+    ),
+    "gather_root_outside_group": (
+        _func(
+            X4,
+            "%y = dist.gather %x axis 0 root 2 group @pairs : tensor<4xf32> -> tensor<8xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.gather' root 2 is outside group @pairs of size 2",
+    ),
+    "scatter_negative_root": (
+        _func(X4, "%y = dist.scatter %x axis 0 root -1 : tensor<4xf32> -> tensor<2xf32>\nfunc.return"),
+        "'dist.scatter' root must be >= 0, got -1",
+    ),
+    "gather_rows_for_group_size": (
+        _func(
+            X4,
+            "%y = dist.gather %x axis 0 root 0 group @pairs : tensor<4xf32> -> tensor<12xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.gather' parts of 4 rows on axis 0 make 8 rows over a group of size 2, not 12",
+    ),
+    "gather_rows_not_a_multiple": (
+        _func(X4, "%y = dist.gather %x axis 0 root 0 : tensor<4xf32> -> tensor<6xf32>\nfunc.return"),
+        "'dist.gather' 6 rows on axis 0 are not a whole number of parts of 4",
+    ),
+    "scatter_uneven_split": (
+        _func(
+            "%x: tensor<3xf32>",
+            "%y = dist.scatter %x axis 0 root 0 group @pairs : tensor<3xf32> -> tensor<?xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.scatter' 3 rows on axis 0 do not split evenly over a group of size 2",
+    ),
+    "scatter_shape_disagrees": (
+        _func(
+            "%x: tensor<4x2xf32>",
+            "%y = dist.scatter %x axis 0 root 0 : tensor<4x2xf32> -> tensor<2x3xf32>\nfunc.return",
+        ),
+        "'dist.scatter' result tensor<2x3xf32> differs from input tensor<4x2xf32> in dimension 1, "
+        "which is not the axis 0",
+    ),
+    "gather_element_type": (
+        _func(X4, "%y = dist.gather %x axis 0 root 0 : tensor<4xf32> -> tensor<8xf64>\nfunc.return"),
+        "'dist.gather' result element type f64 must equal the input element type f32",
+    ),
+    "gather_counts_length": (
+        _func(
+            "%x: tensor<?xf32>, %c: tensor<3xi64>",
+            "%y = dist.gather %x counts(%c : tensor<3xi64>) axis 0 root 0 group @pairs "
+            ": tensor<?xf32> -> tensor<?xf32>\nfunc.return",
+            groups=PAIRS,
+        ),
+        "'dist.gather' counts has 3 entries for a group of size 2",
+    ),
+    "scatter_counts_type": (
+        _func(
+            "%x: tensor<?xf32>, %c: tensor<2xf32>",
+            "%y = dist.scatter %x counts(%c : tensor<2xf32>) axis 0 root 0 "
+            ": tensor<?xf32> -> tensor<?xf32>\nfunc.return",
+        ),
+        "'dist.scatter' counts must be a tensor of integers, got tensor<2xf32>",
+    ),
+    # dist.reduce
+    "reduce_root_outside_group": (
+        _func(X4, "%y = dist.reduce sum %x root 2 group @pairs : tensor<4xf32>\nfunc.return",
+              groups=PAIRS),
+        "'dist.reduce' root 2 is outside group @pairs of size 2",
+    ),
+    "reduce_negative_root": (
+        _func(X4, "%y = dist.reduce sum %x root -1 : tensor<4xf32>\nfunc.return"),
+        "'dist.reduce' root must be >= 0, got -1",
+    ),
+    "reduce_integer_kind": (
+        _func(X4, "%y = dist.reduce bor %x root 0 : tensor<4xf32>\nfunc.return"),
+        "'dist.reduce' kind bor needs an integer element type, got tensor<4xf32>",
+    ),
+    # dist.shift
+    "shift_result_type": (
+        _func(X4, "%y = \"dist.shift\"(%x) <{offset = 1 : i64}> : (tensor<4xf32>) -> tensor<4xf64>\nfunc.return"),
+        "'dist.shift' result type tensor<4xf64> must equal the input type tensor<4xf32>",
+    ),
     # dist.variable_all_to_all
     "all_to_all_axis_out_of_range": (
         _func(
@@ -662,7 +815,7 @@ INVALID: dict[str, tuple[str, str]] = {
     # dist.yield
     "yield_outside_all_reduce_or_wave": (
         _func(X4, "dist.yield %x : tensor<4xf32>"),
-        "'dist.yield' expects parent op to be one of 'dist.all_reduce', 'dist.wave'",
+        "'dist.yield' expects parent op to be one of 'dist.all_reduce', 'dist.reduce_scatter', 'dist.wave'",
     ),
 }
 

@@ -30,8 +30,9 @@ OPTIONS: dict[str, list[str]] = {
     "print-transfer-maps": ["", "{to-stderr=true}"],
 }
 #: (pass, example) a pass refuses by design, naming the op (vjp: the generic
-#: combines have no derivative; tests/autodiff checks the message)
-REFUSED = {("vjp", "custom_combine"), ("vjp", "abs_max")}
+#: combines have no derivative, nor have shard ops before their conversion;
+#: tests/autodiff checks the message)
+REFUSED = {("vjp", "custom_combine"), ("vjp", "abs_max"), ("vjp", "shard_grid")}
 CASES = [
     pytest.param(name + spec, path, id=f"{name}{spec}-{path.stem}")
     for name in DISTIR_PASSES

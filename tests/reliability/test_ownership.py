@@ -60,6 +60,10 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     },
     "broadcast": (_pair(f"dist.broadcast {{v}} root 1 : {T}"), None),
     "all-gather": (_pair(f"dist.all_gather {{v}} axis 0 : {T} -> {DYN}", DYN), None),
+    "gather": (_pair(f"dist.gather {{v}} axis 0 root 0 : {T} -> {DYN}", DYN), None),
+    "scatter": (_pair(f"dist.scatter {{v}} axis 0 root 0 : {T} -> {DYN}", DYN), None),
+    "reduce": (_pair(f"dist.reduce sum {{v}} root 0 : {T}"), None),
+    "shift": (_pair(f"dist.shift {{v}} offset 1 rotate : {T}"), None),
     "sendrecv": (
         f"""
 func.func @main(%x: {T}, %y: {T}) -> ({T}, {T}) {{

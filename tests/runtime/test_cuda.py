@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.multirank]
 
 def _cases(p: int) -> list[Case]:
     counts = [r % 3 for r in range(p)]
+    rs_counts = [r + 1 for r in range(p)]
     sends = [[(r + j) % 3 for j in range(p)] for r in range(p)]
     ms = order_sensitive_matrices(p, seed=p)
     moduli = [(1 << 60) - 93, (1 << 60) - 173]
@@ -62,6 +63,16 @@ func.func @main(%x: tensor<2x3xf64>, %r: tensor<?x3xf64>, %c: tensor<{p}xi64>) -
 }}
 """, (Arg("float64", (2, 3), -9, 9), Arg("float64", [(c, 3) for c in counts], -9, 9, per_rank=True),
               Arg("int64", values=counts)), seed=3),
+        Case("reduce-scatter", f"""\
+func.func @main(%x: tensor<{2 * p}x3xf32>, %i: tensor<{sum(rs_counts)}x2xi64>) -> (tensor<2x3xf32>, tensor<?x2xi64>) {{
+  %s = dist.reduce_scatter sum %x axis 0 : tensor<{2 * p}x3xf32> -> tensor<2x3xf32>
+  %m = dist.reduce_scatter %i counts [{", ".join(map(str, rs_counts))}] axis 0 : tensor<{sum(rs_counts)}x2xi64> -> tensor<?x2xi64> combine(%a, %b) {{
+    %c = arith.maxsi %a, %b : tensor<{sum(rs_counts)}x2xi64>
+    dist.yield %c : tensor<{sum(rs_counts)}x2xi64>
+  }}
+  func.return %s, %m : tensor<2x3xf32>, tensor<?x2xi64>
+}}
+""", (Arg("float32", (2 * p, 3), -100, 100), Arg("int64", (sum(rs_counts), 2), -99, 99)), seed=5),
         Case("variable-all-to-all", f"""\
 func.func @main(%x: tensor<?x4xi32>, %c: tensor<{p}xi64>) -> (tensor<?x4xi32>, tensor<{p}xi64>) {{
   %y, %rc = dist.variable_all_to_all %x, %c axis 0 : tensor<?x4xi32>, tensor<{p}xi64> -> tensor<?x4xi32>
@@ -69,6 +80,20 @@ func.func @main(%x: tensor<?x4xi32>, %c: tensor<{p}xi64>) -> (tensor<?x4xi32>, t
 }}
 """, (Arg("int32", [(sum(s), 4) for s in sends], -99, 99, per_rank=True),
               Arg("int64", values=sends, per_rank=True)), seed=4),
+        Case("rooted-and-shift", f"""\
+func.func @main(%x: tensor<2x3xf32>, %r: tensor<?x3xf64>, %c: tensor<{p}xi64>) -> (tensor<?x3xf32>, tensor<?x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<?x3xf64>, tensor<?x3xf64>) {{
+  %g = dist.gather %x axis 0 root 0 : tensor<2x3xf32> -> tensor<?x3xf32>
+  %s = dist.scatter %g axis 0 root 0 : tensor<?x3xf32> -> tensor<?x3xf32>
+  %rs = dist.reduce sum %x root 0 : tensor<2x3xf32>
+  %rm = dist.reduce max %x root 0 : tensor<2x3xf32>
+  %sh = dist.shift %x offset 1 rotate : tensor<2x3xf32>
+  %ug = dist.gather %r counts(%c : tensor<{p}xi64>) axis 0 root 0 : tensor<?x3xf64> -> tensor<?x3xf64>
+  %us = dist.scatter %ug counts(%c : tensor<{p}xi64>) axis 0 root 0 : tensor<?x3xf64> -> tensor<?x3xf64>
+  func.return %g, %s, %rs, %rm, %sh, %ug, %us : tensor<?x3xf32>, tensor<?x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<?x3xf64>, tensor<?x3xf64>
+}}
+""", (Arg("float32", (2, 3), -100, 100),
+              Arg("float64", [(c, 3) for c in counts], -9, 9, per_rank=True),
+              Arg("int64", values=counts)), seed=5),
         Case("rank-queries", """\
 func.func @main() -> (index, index) {
   %r = dist.rank : index

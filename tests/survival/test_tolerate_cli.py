@@ -74,7 +74,9 @@ def _written(pid: int) -> int:
 IN_THE_RUNS = 32 << 20
 
 
-def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
+def _run_and_kill_rank_2(tmp_path, *extra: str) -> tuple[int, str, str]:
+    """distir-run on 3 ranks, rank 2 killed (SIGKILL) from outside inside
+    its runs; (exit status, stdout, stderr)."""
     program = tmp_path / "big_all_reduce.mlir"
     program.write_text(PROGRAM)
     command = [
@@ -92,6 +94,7 @@ def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
         "3",
         "--timeout",
         "100",
+        *extra,
     ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -107,10 +110,30 @@ def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
         out, err = run.communicate(timeout=90)
     finally:
         run.kill()
-    assert run.returncode == 0, err
+    return run.returncode, out, err
+
+
+def test_distir_run_tolerates_a_rank_killed_from_outside(tmp_path) -> None:
+    returncode, out, err = _run_and_kill_rank_2(tmp_path)
+    assert returncode == 0, err
     lines = out.splitlines()
     assert "rank 2: lost (killed by SIGKILL without a result)" in lines
     for rank in (0, 1):
         assert f"  recovered: epoch 1, rank {rank} of 2 (ranks 0-1; lost rank 2)" in lines, out
     results = [line for line in lines if line.startswith("  result #0: int64[2097152] crc32")]
     assert len(results) == 2 and results[0] == results[1], out
+
+
+def test_distir_run_replaces_a_rank_killed_from_outside(tmp_path) -> None:
+    returncode, out, err = _run_and_kill_rank_2(tmp_path, "--replace")
+    assert returncode == 0, err
+    lines = out.splitlines()
+    assert "rank 2: lost (killed by SIGKILL without a result (replaced))" in lines, out
+    for rank in (0, 1):
+        assert f"  recovered: epoch 1, rank {rank} of 2 (ranks 0-1; lost rank 2)" in lines, out
+        assert f"  grown: epoch 2, rank {rank} of 3 (ranks 0-2; joined rank 2)" in lines, out
+    joined = [line for line in lines if line.startswith("  joined: epoch 2, rank 2 of 3")]
+    assert len(joined) == 1, out
+    # All three end on the same group, with the same sum of three ranks' inputs.
+    results = [line for line in lines if line.startswith("  result #0: int64[2097152] crc32")]
+    assert len(results) == 3 and len(set(results)) == 1, out

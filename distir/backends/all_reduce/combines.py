@@ -7,7 +7,9 @@ binary op on (lhs, rhs), or any elementwise region, evaluated tile by tile
 through the same kernels the block compiler uses. `bind(extras, like)` then
 gives the function an algorithm calls as `combine(dst, lhs, rhs, start)`:
 write lhs ⊕ rhs into dst for the flat elements [start, start + len(dst));
-dst may be lhs or rhs.
+dst may be lhs or rhs. `bind(extras, like, axis)` numbers the elements of
+`like.movedim(axis, 0)` instead (the reduce-scatter's layout, where every
+rank's part is one contiguous run): extras read element by element follow.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from distir.interpreters.kernels import (
 )
 from distir.ir.all_reduce import MODULAR_ADD, known_combine
 from distir.ir.analysis import broadcast_extra, single_op
-from distir.ir.dialect import AllReduceOp
 
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 
@@ -69,7 +70,9 @@ class FunctionCombine:
         self.fn = fn
         self.swapped = swapped
 
-    def bind(self, extras: Sequence[torch.Tensor], like: torch.Tensor) -> BoundCombine:
+    def bind(
+        self, extras: Sequence[torch.Tensor], like: torch.Tensor, axis: int = 0
+    ) -> BoundCombine:
         fn, swapped = self.fn, self.swapped
 
         def combine(dst, lhs, rhs, start):
@@ -182,13 +185,19 @@ class ModularAddCombine:
     The moduli are the op's first extra: `[L]` (broadcast inside the region)
     or already of the operands' shape."""
 
-    def bind(self, extras: Sequence[torch.Tensor], like: torch.Tensor) -> BoundCombine:
+    def bind(
+        self, extras: Sequence[torch.Tensor], like: torch.Tensor, axis: int = 0
+    ) -> BoundCombine:
         q = extras[0]
-        moduli = (
-            ModuliPieces.per_row(q.to(like.device), like.shape)
-            if q.dim() == 1 and tuple(q.shape) != tuple(like.shape)
-            else ModuliPieces.from_extra(q)
-        )
+        per_limb = q.dim() == 1 and tuple(q.shape) != tuple(like.shape)
+        if axis:
+            # Rows are no longer [..., L, N] runs: one modulus per element.
+            full = q.to(like.device).view(-1, 1).expand(like.shape) if per_limb else q
+            moduli = ModuliPieces(None, 1, full.movedim(axis, 0).contiguous().reshape(-1))
+        elif per_limb:
+            moduli = ModuliPieces.per_row(q.to(like.device), like.shape)
+        else:
+            moduli = ModuliPieces.from_extra(q)
 
         def reduce(d: torch.Tensor, start: int) -> None:
             for piece, qs in moduli.pieces(d, start):
@@ -293,20 +302,22 @@ class RegionCombine:
         self.n_slots = next_slot
         self.result = slots[result]
 
-    def bind(self, extras: Sequence[torch.Tensor], like: torch.Tensor) -> BoundCombine:
+    def bind(
+        self, extras: Sequence[torch.Tensor], like: torch.Tensor, axis: int = 0
+    ) -> BoundCombine:
+        def laid_out(t: torch.Tensor) -> torch.Tensor:
+            return (t.movedim(axis, 0) if axis else t).contiguous().reshape(-1)
+
         def flat(source: torch.Tensor | tuple[int, Operation]) -> torch.Tensor:
             if isinstance(source, torch.Tensor):
-                return source
+                return laid_out(source.view(like.shape)) if axis else source
             index, op = source
             dims = tuple(op.dimensions.get_values())  # type: ignore[attr-defined]
-            return broadcast_view(extras[index], like.shape, dims).contiguous().reshape(-1)
+            return laid_out(broadcast_view(extras[index], like.shape, dims))
 
         # Extras of the op's shape are sliced like the operands; others are
         # read only through their broadcasts.
-        shaped = [
-            e.contiguous().reshape(-1) if tuple(e.shape) == tuple(like.shape) else e
-            for e in extras
-        ]
+        shaped = [laid_out(e) if tuple(e.shape) == tuple(like.shape) else e for e in extras]
         full = shaped + [flat(s) for s in self.sliced]
         sliceable = [tuple(e.shape) == tuple(like.shape) for e in extras] + [True] * len(
             self.sliced
@@ -340,13 +351,14 @@ def _is_index_constant(op: Operation) -> bool:
     return isinstance(op, arith.ConstantOp) and isinstance(op.result.type, IndexType)
 
 
-def build_combine(op: AllReduceOp) -> Any:
-    """The combine of an elementwise all-reduce, from what the op is."""
-    if not op.is_generic:
-        return FunctionCombine(NATIVE_FOLDS[op.kind.data])
+def build_combine(op: Operation) -> Any:
+    """The combine of an elementwise all-reduce (or reduce-scatter: the same
+    kind, region and recorded known combine), from what the op is."""
+    if not op.is_generic:  # type: ignore[attr-defined]
+        return FunctionCombine(NATIVE_FOLDS[op.kind.data])  # type: ignore[attr-defined]
     if known_combine(op) == MODULAR_ADD:
         return ModularAddCombine()
-    block = op.combine.block
+    block = op.regions[0].block
     found = single_op(block)
     if found is not None and found[0] in BINARY_TORCH_OPS:
         return FunctionCombine(BINARY_TORCH_OPS[found[0]], swapped=found[1])

@@ -33,10 +33,13 @@ from distir.interpreters.semantics.collectives import (
     RankSemantics,
     VariableAllToAllSemantics,
 )
+from distir.interpreters.semantics.gather_scatter import GatherSemantics, ScatterSemantics
 from distir.interpreters.semantics.mesh import TransferSemantics
 from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
+from distir.interpreters.semantics.reduce import ReduceSemantics
 from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
 from distir.interpreters.semantics.replication import PsumSemantics, PvarySemantics
+from distir.interpreters.semantics.shift import ShiftSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
 
@@ -54,6 +57,10 @@ SEMANTICS: tuple[OpSemantics, ...] = (
     ReduceScatterSemantics(),
     PsumSemantics(),
     PvarySemantics(),
+    GatherSemantics(),
+    ScatterSemantics(),
+    ReduceSemantics(),
+    ShiftSemantics(),
     VariableAllToAllSemantics(),
     SendSemantics(),
     RecvSemantics(),

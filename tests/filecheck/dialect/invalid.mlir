@@ -195,9 +195,36 @@ func.func @main(%x: tensor<4xf32>) {
 
 // -----
 
+dist.group @world4 [[0, 1, 2, 3]]
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.gather %x axis 0 root 4 group @world4 : tensor<4xf32> -> tensor<16xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.gather' root 4 is outside group @world4 of size 4
+  func.return
+}
+
+// -----
+
 func.func @main(%x: tensor<4xf32>) {
   %y = "dist.pvary"(%x) : (tensor<4xf32>) -> tensor<3xf32>
 // CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: result 'result' at position 0 does not verify:
 // CHECK-NEXT: attribute tensor<4xf32> expected from variable 'T', but got tensor<3xf32>
+  func.return
+}
+
+// -----
+
+dist.group @world4 [[0, 1, 2, 3]]
+func.func @main(%x: tensor<6xf32>) {
+  %y = dist.scatter %x axis 0 root 0 group @world4 : tensor<6xf32> -> tensor<?xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.scatter' 6 rows on axis 0 do not split evenly over a group of size 4
+  func.return
+}
+
+// -----
+
+dist.group @world4 [[0, 1, 2, 3]]
+func.func @main(%x: tensor<4xf32>) {
+  %y = dist.reduce sum %x root 7 group @world4 : tensor<4xf32>
+// CHECK: invalid.mlir:[[# @LINE - 1]]:3: error: 'dist.reduce' root 7 is outside group @world4 of size 4
   func.return
 }

@@ -115,6 +115,34 @@ func.func @replication(%x: tensor<2x4xf32> {dist.replicated}, %p: tensor<2x4xf32
 // CHECK-NEXT:    %f = dist.pvary %x : tensor<2x4xf32>
 // CHECK-NEXT:    %g = dist.psum %p group @pairs : tensor<2x4xf32>
 
+func.func @gather_scatter(%x: tensor<2x4xf32>, %c: tensor<4xi64>) -> (tensor<8x4xf32>, tensor<?x4xf32>) {
+  %g = dist.gather %x axis 0 root 3 group @world4 : tensor<2x4xf32> -> tensor<8x4xf32>
+  %s = dist.scatter %g counts(%c : tensor<4xi64>) axis 0 root 0 group @world4 : tensor<8x4xf32> -> tensor<?x4xf32>
+  func.return %g, %s : tensor<8x4xf32>, tensor<?x4xf32>
+}
+
+// CHECK-LABEL: func.func @gather_scatter
+// CHECK-NEXT:    %g = dist.gather %x axis 0 root 3 group @world4 : tensor<2x4xf32> -> tensor<8x4xf32>
+// CHECK-NEXT:    %s = dist.scatter %g counts(%c : tensor<4xi64>) axis 0 root 0 group @world4 : tensor<8x4xf32> -> tensor<?x4xf32>
+
+func.func @reduce(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = dist.reduce min %x root 2 group @world4 : tensor<2x4xf32>
+  func.return %r : tensor<2x4xf32>
+}
+
+// CHECK-LABEL: func.func @reduce
+// CHECK-NEXT:    %r = dist.reduce min %x root 2 group @world4 : tensor<2x4xf32>
+
+func.func @shift(%x: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+  %ring = dist.shift %x offset 1 rotate group @world4 : tensor<2x4xf32>
+  %halo = dist.shift %x offset -1 : tensor<2x4xf32>
+  func.return %ring, %halo : tensor<2x4xf32>, tensor<2x4xf32>
+}
+
+// CHECK-LABEL: func.func @shift
+// CHECK-NEXT:    %ring = dist.shift %x offset 1 rotate group @world4 : tensor<2x4xf32>
+// CHECK-NEXT:    %halo = dist.shift %x offset -1 : tensor<2x4xf32>
+
 func.func @all_to_all(%x: tensor<?x16xf32>, %c: tensor<4xi64>) -> (tensor<?x16xf32>, tensor<4xi64>) {
   %y, %rc = dist.variable_all_to_all %x, %c axis 0 group @world4 : tensor<?x16xf32>, tensor<4xi64> -> tensor<?x16xf32>
   func.return %y, %rc : tensor<?x16xf32>, tensor<4xi64>

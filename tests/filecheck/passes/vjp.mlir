@@ -18,13 +18,9 @@ func.func @main(%x: tensor<4xf32>, %w: tensor<4xf32>, %c: tensor<2xi64>) -> (ten
 
 // CHECK-LABEL: func.func @main_bwd(%dg: tensor<?xf32>, %ds: tensor<4xf32>, %w: tensor<4xf32>, %x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
 // CHECK-NEXT:    %0 = dist.reduce_scatter sum %dg axis 0 group @tp : tensor<?xf32> -> tensor<4xf32>
-// CHECK-NEXT:    %1 = dist.all_reduce sum %0 : tensor<4xf32>
-// CHECK-NEXT:    %2 = arith.constant 1 : index
-// CHECK-NEXT:    %3 = dist.rank : index
-// CHECK-NEXT:    %4 = arith.cmpi eq, %3, %2 : index
-// CHECK:         %7 = arith.select %4, %1, %6 : tensor<4xf32>
-// CHECK-NEXT:    %8 = arith.addf %ds, %7 : tensor<4xf32>
-// CHECK-NEXT:    %9 = dist.all_reduce sum %8 group @tp : tensor<4xf32>
-// CHECK-NEXT:    %10 = arith.mulf %9, %w : tensor<4xf32>
-// CHECK-NEXT:    %11 = arith.mulf %9, %x : tensor<4xf32>
-// CHECK-NEXT:    func.return %10, %11 : tensor<4xf32>, tensor<4xf32>
+// CHECK-NEXT:    %1 = dist.reduce sum %0 root 1 : tensor<4xf32>
+// CHECK-NEXT:    %2 = arith.addf %ds, %1 : tensor<4xf32>
+// CHECK-NEXT:    %3 = dist.all_reduce sum %2 group @tp : tensor<4xf32>
+// CHECK-NEXT:    %4 = arith.mulf %3, %w : tensor<4xf32>
+// CHECK-NEXT:    %5 = arith.mulf %3, %x : tensor<4xf32>
+// CHECK-NEXT:    func.return %4, %5 : tensor<4xf32>, tensor<4xf32>

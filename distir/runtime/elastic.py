@@ -1,0 +1,274 @@
+"""Growing a running job: a new process joins, receives its state from a
+member and the job goes on at the new size.
+
+A joiner takes a rank of the world that is not a member (a lost rank's, when
+the launcher restarts it with `launch(..., replace=True)`), calls
+`join(state)` and waits. The members call `grow(state)` together at a point
+of their loop (every step, or every few: it costs one small all-reduce when
+nobody waits). The protocol is recovery's (`distir.backends.membership`),
+with the joiners added to the proposal:
+
+1. The joiner clears what an earlier process of its rank left in the store
+   and writes `want/<rank>` with the digest of its state's shapes and
+   dtypes (and the application's `tag`).
+2. Each member reads the requests; a digest that is not its own is refused
+   (`refused/<rank>`, the joiner raises `JoinRefused`). The members agree on
+   the requests they saw with one all-reduce (max over a row per world
+   rank), so every member admits the same set.
+3. If any: the members decide the next epoch as recovery does (join,
+   decide with one compare-and-set, form a group named after the epoch,
+   confirm it), the proposal naming the admitted ranks too. Every member
+   writes `admitted/<rank>` = the epoch; the joiner reads that decision and
+   forms the group with them. One decision per epoch, and a rank of an older
+   membership is fenced, exactly as in recovery.
+4. The member that comes first in the new group among those that were there
+   before broadcasts the state with a distir program (one broadcast per
+   dtype over the flattened tensors): every member ends with its values.
+
+Faults end as in recovery: a joiner that dies while joining makes forming
+fail on every member, who decide the next epoch without it (the launcher
+reports it gone); a member that dies during a join does the same; two
+joiners are admitted by one decision. The joiner's wait is bounded by its
+deadline (`JoinFailed`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distir.backends import membership as protocol
+from distir.backends.domain import call_bounded
+from distir.backends.epochs import (
+    STORE_PREFIX,
+    Membership,
+    decision_key,
+    default_store,
+    membership,
+    parse_members,
+    parse_outcome,
+)
+from distir.durations import Duration, seconds
+from distir.errors import DistirError, JoinFailed, JoinRefused
+
+#: seconds between two looks at the store while a joiner waits
+_POLL_S = 0.01
+
+
+def _want_key(rank: int) -> str:
+    return f"{STORE_PREFIX}want/{rank}"
+
+
+def _refused_key(rank: int) -> str:
+    return f"{STORE_PREFIX}refused/{rank}"
+
+
+def state_digest(state: Sequence[torch.Tensor], tag: str = "") -> str:
+    """What a joiner and the members must agree on before any byte moves:
+    the shapes and dtypes of the state, in order, and the application's tag."""
+    described = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in state)
+    return hashlib.sha256(f"{tag}|{described}".encode()).hexdigest()[:32]
+
+
+def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+    tensors = list(state)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise DistirError(f"{what}: state[{i}] is a {type(t).__name__}, not a torch.Tensor")
+    return tensors
+
+
+def requests() -> tuple[int, ...]:
+    """The ranks outside the current membership that wait in `join` (a read
+    of the store; for a loop that pauses until its replacement arrives). What
+    `grow` admits is agreed by the members, not this."""
+    current = membership()
+    store = default_store()
+    outside = [r for r in range(dist.get_world_size()) if r not in current.ranks]
+    return protocol._bounded(
+        lambda: tuple(r for r in outside if store.check([_want_key(r)])), 5.0, "join requests"
+    )
+
+
+def grow(
+    state: Sequence[torch.Tensor],
+    *,
+    deadline: Duration = 30.0,
+    progress: int | None = None,
+    tag: str = "",
+    join_window: Duration | None = None,
+) -> Membership:
+    """Admits the processes waiting in `join` (if any) and sends them `state`.
+
+    Every member calls it at the same point of its loop, with the same
+    `state` (tensors, e.g. parameters and optimizer state, written in place
+    on joiners). Returns the current membership when nobody waits (after
+    one small all-reduce), else the next one, the same on every member and
+    joiner: `joined` names the new ranks and `completed` the position they
+    start from (this rank's runs, or `progress` as in `recover`). A failure
+    raises as `recover` does; the caller then recovers.
+    """
+    tensors = _check_state(state, "grow")
+    deadline_s = seconds(deadline, "deadline")
+    end = time.monotonic() + deadline_s
+    window = (
+        protocol.JOIN_WINDOW_SHARE * deadline_s
+        if join_window is None
+        else seconds(join_window, "join_window")
+    )
+    current = membership()
+    position = protocol._position(current, progress)
+    digest = state_digest(tensors, tag)
+    store = default_store()
+    world = dist.get_world_size()
+    outside = [r for r in range(world) if r not in current.ranks]
+
+    def look() -> list[int]:
+        seen = [0] * world
+        for r in outside:
+            key = _want_key(r)
+            if store.check([key]):
+                wanted = store.get(key).decode()
+                if wanted == digest:
+                    seen[r] = 1
+                else:
+                    seen[r] = 2
+                    store.set(
+                        _refused_key(r),
+                        f"its state (shapes, dtypes and tag: digest {wanted}) is not the "
+                        f"members' (digest {digest}); start it with the same model, "
+                        "optimizer and tag",
+                    )
+        return seen
+
+    seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
+    from distir.runtime.eager import all_reduce
+
+    agreed = all_reduce(
+        torch.tensor(seen, dtype=torch.int64), "max", group=current.group, deadline=deadline_s
+    )
+    admit = tuple(r for r in range(world) if int(agreed[r]) == 1)
+    if not admit:
+        return current
+    new = protocol.agree(current, position, end, window, "grow", admit)
+    # Answered: the admitted, and those admitted that did not make it into
+    # the group (a joiner that died while joining would be admitted again at
+    # every later grow, each time at the cost of a failed group).
+    protocol._bounded(
+        lambda: [store.delete_key(_want_key(r)) for r in admit],
+        max(0.5, end - time.monotonic()),
+        "clearing join requests",
+    )
+    share_state(new, tensors, deadline=max(1.0, end - time.monotonic()))
+    return new
+
+
+def join(
+    state: Sequence[torch.Tensor],
+    *,
+    deadline: Duration = 60.0,
+    tag: str = "",
+    join_window: Duration | None = None,
+) -> Membership:
+    """Asks the running job to admit this process, and receives `state`.
+
+    Call it instead of the members' first steps, on a rank that is not a
+    member (a replacement `launch(..., replace=True)` starts, with
+    `RankContext.joining` set). Returns the membership that admitted it (the
+    same as the members'): `completed` is the position to start from, and
+    `state`'s tensors hold a member's values. Raises `JoinRefused` when the
+    members' state differs (shapes, dtypes or `tag`), `JoinFailed` when not
+    admitted within `deadline`, and as `recover` does when forming fails.
+    """
+    tensors = _check_state(state, "join")
+    deadline_s = seconds(deadline, "deadline")
+    end = time.monotonic() + deadline_s
+    window = (
+        protocol.JOIN_WINDOW_SHARE * deadline_s
+        if join_window is None
+        else seconds(join_window, "join_window")
+    )
+    me = dist.get_rank()
+    store = default_store()
+    digest = state_digest(tensors, tag)
+    admitted = protocol.admitted_key(me)
+
+    def ask() -> None:
+        for key in (admitted, _refused_key(me)):  # an earlier process's answers
+            store.delete_key(key)
+        store.set(_want_key(me), digest)
+
+    protocol._bounded(ask, max(0.5, end - time.monotonic()), "join: asking")
+
+    def answer() -> tuple[str, bytes] | None:
+        if store.check([_refused_key(me)]):
+            return "refused", store.get(_refused_key(me))
+        if store.check([admitted]):
+            epoch = int(store.get(admitted))
+            return "admitted", store.get(decision_key(epoch))
+        return None
+
+    while True:
+        got = protocol._bounded(answer, max(0.5, end - time.monotonic()), "join: waiting")
+        if got is not None:
+            break
+        if time.monotonic() >= end:
+            _withdraw(store, me)
+            raise JoinFailed(
+                f"join: rank {me} was not admitted within {deadline_s:g} s (the members "
+                "call distir.grow at a point of their loop; none did, or none is left)"
+            )
+        time.sleep(_POLL_S)
+    kind, value = got
+    if kind == "refused":
+        _withdraw(store, me)
+        raise JoinRefused(f"join: the members refused rank {me}: {value.decode()}")
+    members = parse_members(value)
+    _, completed, joined = parse_outcome(value)
+    epoch = int(store.get(admitted))
+    before = tuple(r for r in members if r not in joined)
+    if protocol._job_store is not None:  # this rank is back: no longer gone
+        gone = protocol.GONE_KEY.format(rank=me)
+        protocol._bounded(lambda: protocol._job_store.delete_key(gone), 2.0, "join: returning")
+    previous = Membership(epoch - 1, before, None, 0, (), completed)
+    position = f"{value.decode().split('|')[1]}:{completed}"
+    new = protocol.agree(previous, position, end, window, "join", decision=value)
+    _withdraw(store, me)
+    share_state(new, tensors, deadline=max(1.0, end - time.monotonic()))
+    return new
+
+
+def _withdraw(store: Any, me: int) -> None:
+    try:
+        call_bounded(lambda: store.delete_key(_want_key(me)), 1.0, "join: withdrawing")
+    except Exception:  # the store is gone: nothing to withdraw from
+        pass
+
+
+def share_state(m: Membership, state: Sequence[torch.Tensor], *, deadline: float = 30.0) -> None:
+    """Every member of `m` ends with the state of the first member (in group
+    order) that was there before `m` admitted anyone: one distir broadcast
+    per dtype of the flattened tensors, written back in place. Does nothing
+    when `m` admitted nobody."""
+    if not m.joined:
+        return
+    from distir.runtime.eager import broadcast
+
+    root = next(i for i, r in enumerate(m.ranks) if r not in m.joined)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in state:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for dtype in sorted(by_dtype, key=str):  # the same order on every member
+        tensors = by_dtype[dtype]
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        got = broadcast(flat, root, group=m.group, deadline=deadline)
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                t.copy_(got[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()

@@ -1,0 +1,115 @@
+"""A run specialised once per binding: each rule's per-run cost, composed.
+
+`Program.run` keeps every rule of a run (DESIGN.md, "Runtime") in its one
+home: liveness of the group (`distir.backends.domain`), the run gate
+(`distir.runtime.concurrency`), gradient recording (`autograd`), the
+deadline (`Binding.configure`), the agreement (`agreement`), the input check
+(`Plan.check_inputs`), donation and result ownership (`ownership`), the
+result check (`binding.checked_kernel`). Most of what a rule decides on a
+run is fixed once the program is bound to a group with a given `donate`:
+a trusted plan that was agreed stays agreed, a signature of integer tensors
+never records gradients, one donated input has nothing to overlap. So each
+home also says what its rule costs per run for a binding:
+
+- nothing (None, or a constant): the rule cannot fire on this binding;
+- a guard: a cheap test of what can change between runs (an input's dtype,
+  shape, memory layout, `requires_grad`; the group's liveness; the domain's
+  failure; the deadline the resources hold) that is true when the rule's
+  general code would decide exactly what the specialisation assumes; a
+  false guard sends this run to the general path (`Program._run_bound`),
+  which decides, copies or names the error as always;
+- the full check: the rule's own function, called as the general path
+  calls it (the agreement of a verified plan, the overlap check of several
+  donated inputs, the ownership of results that may be program state).
+
+`specialised_run` composes them, once per (binding, donate), into one
+closure. The general path stays what it was and is the definition: the
+specialised run must return the same results and raise the same errors on
+every input (tests/runtime/test_specialised_run.py draws inputs and checks
+both paths agree), and a guard exists wherever the two could differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from distir.backends.domain import group_alive
+from distir.runtime import autograd
+from distir.runtime.binding import Binding
+from distir.runtime.ownership import donation_for, mark_written_for, owned_results_for
+
+#: what a specialised run returns when a guard before the gate failed: the
+#: caller runs the general path instead (nothing was claimed or changed)
+GENERAL = object()
+
+
+def specialised_run(
+    program: Any, binding: Binding, donate: bool
+) -> Callable[[Sequence[Any]], Any] | None:
+    """`program`'s runs on `binding` with `donate` (a bool), as one closure:
+    `run(inputs)` returns what `Program.run` returns, raises what it
+    raises, or returns `GENERAL` (nothing done) when the caller must take
+    the general path. None when this binding has no specialised run yet
+    (not compiled, or a trusted plan not yet agreed)."""
+    plan = binding.plan
+    compiled = binding.compiled
+    if compiled is None or not (plan.agreement or not binding.must_agree):
+        return None
+    base = binding.base
+    pg, domain, gate = base.pg, base.domain, binding.gate
+    what = program._what
+    count = len(plan.input_types)
+    dtypes = [dtype for dtype, _ in plan._input_specs]
+    # Each rule's specialisation for this binding, from the rule's home.
+    inputs_accepted = plan.input_guard()  # None: the full check
+    # None: never records (the dtypes are the declared ones once the input
+    # guard passed; with no such guard, the general rule runs).
+    records = (
+        autograd.records_gradient if inputs_accepted is None else autograd.gradient_guard(dtypes)
+    )
+    donation = donation_for(donate, count)  # a constant or a per-run check
+    mark_written = mark_written_for(count)
+    owned = owned_results_for(count, program._maybe_shared)
+    agreement = program._run_agreement if plan.agreement else None  # None: agreed once
+    fingerprint = binding.fingerprint
+    # The block as the run calls it (its donated sets: none, or every input).
+    call = compiled.specialised((frozenset(), frozenset(range(count))))
+    general = program._run_bound
+    single = len(plan.output_types) == 1
+
+    def run(inputs: Sequence[Any]) -> Any:
+        # Guards before the gate: a failing one has claimed nothing.
+        if (
+            not group_alive(pg)
+            or domain.first_failure is not None
+            or binding.configured != program.deadline_s
+        ):
+            return GENERAL
+        who = gate.enter(what)
+        if who is None:  # this thread's queued async runs go first
+            return GENERAL
+        try:
+            if (inputs_accepted is not None and not inputs_accepted(inputs)) or (
+                records is not None and records(inputs)
+            ):
+                return general(binding, inputs, None, donate, who)
+            try:
+                if agreement is not None:
+                    inputs, base.hoisted = agreement.agree(inputs, base, fingerprint, who)
+                else:
+                    base.hoisted = ()
+                    if inputs_accepted is None:
+                        inputs = plan.check_inputs(inputs)
+                writable = donation if type(donation) is frozenset else donation(inputs)
+                mark_written(inputs, writable)
+                results = owned(call(inputs, writable), inputs, writable)
+            except BaseException as e:
+                # As the general path: nothing here enters a collective again.
+                domain.poison(e)
+                raise
+        finally:
+            gate.leave()
+        return results[0] if single else results
+
+    return run

@@ -1,0 +1,362 @@
+"""The specialised run of a binding agrees with the general path.
+
+`Program.run` takes, after a binding's first general run, the run its
+rules specialised for that binding (`distir.runtime.specialised`): guards
+on what can change between runs, and the general path whenever one fails.
+A program with `specialise = False` always takes the general path, which
+defines what a run does. Drawn sequences of runs (inputs of the declared
+type or not, strided, transposed, expanded, negation views, efficient zero
+tensors, inputs that require grad, previous results passed back, donated
+or not) must give, on both paths: the same results (and values an oracle
+in plain torch computes: at one rank a sum or a broadcast is the input's
+value), the same aliasing of results and inputs, the same version counter
+moves, and the same refusals with the same named errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import examples
+
+import distir
+from distir.backends.domain import reset_domain
+from distir.errors import DistirError
+from distir.runtime.launch import launch
+
+#: name -> (IR, input (dtype, shape) per argument, what each result is in
+#: plain torch from the ranks' inputs: ("sum", i) the sum of input i over
+#: ranks, ("root", i) rank 0's input i, ("own", i) the rank's own input i,
+#: ("const", v) a constant)
+PROGRAMS: dict[str, tuple[str, list[tuple[torch.dtype, tuple[int, ...]]], list[tuple]]] = {
+    "all-reduce f32": (
+        """
+func.func @main(%x: tensor<2x3xf32>) -> tensor<2x3xf32> {
+  %y = dist.all_reduce sum %x : tensor<2x3xf32>
+  func.return %y : tensor<2x3xf32>
+}""",
+        [(torch.float32, (2, 3))],
+        [("sum", 0)],
+    ),
+    "all-reduce i64": (
+        """
+func.func @main(%x: tensor<3x2xi64>) -> tensor<3x2xi64> {
+  %y = dist.all_reduce sum %x : tensor<3x2xi64>
+  func.return %y : tensor<3x2xi64>
+}""",
+        [(torch.int64, (3, 2))],
+        [("sum", 0)],
+    ),
+    "broadcast": (
+        """
+func.func @main(%x: tensor<2x2xf64>) -> tensor<2x2xf64> {
+  %y = dist.broadcast %x root 0 : tensor<2x2xf64>
+  func.return %y : tensor<2x2xf64>
+}""",
+        [(torch.float64, (2, 2))],
+        [("root", 0)],
+    ),
+    "two sums and a constant": (
+        """
+func.func @main(%x: tensor<2x2xi64>, %y: tensor<2x2xi64>) -> (tensor<2x2xi64>, tensor<2x2xi64>, tensor<2x2xi64>) {
+  %a = dist.all_reduce sum %x : tensor<2x2xi64>
+  %b = dist.all_reduce sum %y : tensor<2x2xi64>
+  %c = arith.constant dense<7> : tensor<2x2xi64>
+  func.return %a, %b, %c : tensor<2x2xi64>, tensor<2x2xi64>, tensor<2x2xi64>
+}""",
+        [(torch.int64, (2, 2)), (torch.int64, (2, 2))],
+        [("sum", 0), ("sum", 1), ("const", 7)],
+    ),
+    "a sum and its input": (
+        """
+func.func @main(%x: tensor<2x2xf32>) -> (tensor<2x2xf32>, tensor<2x2xf32>) {
+  %y = dist.all_reduce sum %x : tensor<2x2xf32>
+  func.return %y, %x : tensor<2x2xf32>, tensor<2x2xf32>
+}""",
+        [(torch.float32, (2, 2))],
+        [("sum", 0), ("own", 0)],
+    ),
+    "dynamic all-reduce": (
+        """
+func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> {
+  %y = dist.all_reduce sum %x : tensor<?xf32>
+  func.return %y : tensor<?xf32>
+}""",
+        [(torch.float32, (5,))],
+        [("sum", 0)],
+    ),
+}
+
+#: how a run's input is made (each accepted, copied or refused by name)
+KINDS = [
+    "contiguous",
+    "strided",
+    "transposed",
+    "expanded",
+    "negated",
+    "zero tensor",
+    "requires grad",
+    "previous result",
+    "wrong dtype",
+    "wrong shape",
+    "not a tensor",
+    "meta",
+]
+
+
+@st.composite
+def run_sequences(draw, max_runs: int = 5) -> tuple[str, bool, list[dict]]:
+    """A program, its agreement mode, and runs: per run its donation, an
+    arity change (rarely) and, per input, a kind and a value seed."""
+    name = draw(st.sampled_from(sorted(PROGRAMS)))
+    trusted = draw(st.booleans())
+    arity = len(PROGRAMS[name][1])
+    runs = []
+    for _ in range(draw(st.integers(1, max_runs))):
+        runs.append(
+            {
+                "donate": draw(st.booleans()),
+                "kinds": [
+                    draw(st.sampled_from(KINDS[:8]) | st.sampled_from(KINDS)) for _ in range(arity)
+                ],
+                "seed": draw(st.integers(0, 2**16)),
+                "extra": draw(st.integers(0, 19)) == 0,  # one input too many
+            }
+        )
+    return name, trusted, runs
+
+
+def make_input(
+    kind: str,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    seed: int,
+    rank: int,
+    previous: Any,
+) -> Any:
+    """Input `kind` of `dtype` and `shape` with values from `seed` and `rank`
+    (the same tensor, as a new object, every time it is asked for)."""
+    g = torch.Generator().manual_seed(seed * 7 + rank)
+    if kind == "previous result" and isinstance(previous, torch.Tensor):
+        return previous
+    if dtype.is_floating_point:
+        value = torch.randint(-50, 50, shape, generator=g).to(dtype) / 4
+    else:
+        value = torch.randint(-50, 50, shape, generator=g).to(dtype)
+    if kind == "strided":
+        wide = torch.zeros(*shape[:-1], shape[-1] * 2, dtype=dtype)
+        wide[..., ::2] = value
+        return wide[..., ::2]
+    if kind == "transposed" and len(shape) == 2:
+        return value.t().contiguous().t()
+    if kind == "expanded":
+        return value[:1].expand(shape) if shape[0] > 1 else value
+    if kind == "negated" and dtype.is_floating_point:
+        return (-value)._neg_view()
+    if kind == "zero tensor":
+        return torch._efficientzerotensor(shape, dtype=dtype)
+    if kind == "requires grad" and dtype.is_floating_point:
+        return value.requires_grad_()
+    if kind == "wrong dtype":
+        return value.to(torch.int32 if dtype.is_floating_point else torch.float32)
+    if kind == "wrong shape":
+        return value.reshape(-1)[: value.numel() - 1].clone()
+    if kind == "not a tensor":
+        return value.tolist()
+    if kind == "meta":
+        return torch.empty(shape, dtype=dtype, device="meta")
+    return value
+
+
+def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> list[tuple]:
+    """Runs `runs` on `group` and returns each run's outcome: its results'
+    values, which results alias which input, the inputs' version moves and
+    values afterwards; or the error's type and text."""
+    _, specs, _ = PROGRAMS[name]
+    warm = [make_input("contiguous", dtype, shape, 0, rank, None) for dtype, shape in specs]
+    program.run(*warm, group=group)  # the binding's general run: specialised from here on
+    previous: list[Any] = [None] * len(specs)
+    outcomes = []
+    for spec in runs:
+        inputs = [
+            make_input(kind, dtype, shape, spec["seed"] + i, rank, previous[i])
+            for i, (kind, (dtype, shape)) in enumerate(zip(spec["kinds"], specs))
+        ]
+        if spec["extra"]:
+            inputs.append(inputs[0])
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor) and x.device.type != "meta"]
+        versions = [x._version for x in tensors]
+        try:
+            results = program.run(*inputs, group=group, donate=spec["donate"])
+        except DistirError as e:
+            outcomes.append(("refused", type(e).__name__, str(e)))
+            reset_domain(group)  # an input refusal leaves the group working
+            continue
+        results = results if isinstance(results, tuple) else (results,)
+        aliasing = [[_storage(r) is not None and _storage(r) == _storage(x) for x in inputs]
+                    for r in results]  # fmt: skip
+        outcomes.append(
+            (
+                "ran",
+                [r.detach().clone() for r in results],
+                aliasing,
+                [x._version - v for x, v in zip(tensors, versions)],
+                [x.detach().clone() for x in tensors],
+            )
+        )
+        previous = [
+            results[i] if i < len(results) and results[i].shape == inputs[i].shape else None
+            for i in range(len(specs))
+        ]
+    return outcomes
+
+
+def _storage(x: Any) -> int | None:
+    """The address of a tensor's storage (None: it has none)."""
+    if not isinstance(x, torch.Tensor) or x.device.type == "meta" or x._is_zerotensor():
+        return None
+    return x.untyped_storage().data_ptr() if x.numel() else None
+
+
+def expected_values(
+    name: str, inputs_per_rank: list[list[torch.Tensor]], rank: int
+) -> list[torch.Tensor]:
+    """What `rank`'s results are, from plain torch on every rank's input values."""
+    _, _, results = PROGRAMS[name]
+    expected = []
+    for what, arg in results:
+        if what == "sum":
+            expected.append(sum(x[arg].detach().clone() for x in inputs_per_rank))
+        elif what == "root":
+            expected.append(inputs_per_rank[0][arg].detach().clone())
+        elif what == "own":
+            expected.append(inputs_per_rank[rank][arg].detach().clone())
+        else:
+            expected.append(torch.full((2, 2), arg, dtype=torch.int64))
+    return expected
+
+
+def same_outcome(general: tuple, specialised: tuple) -> None:
+    assert general[0] == specialised[0], (general, specialised)
+    if general[0] == "refused":
+        assert general[1:] == specialised[1:]
+        return
+    for a, b in zip(general[1], specialised[1], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert general[2] == specialised[2]  # aliasing
+    assert general[3] == specialised[3]  # version moves
+    for a, b in zip(general[4], specialised[4], strict=True):
+        assert torch.equal(a, b)  # the inputs afterwards
+
+
+@pytest.fixture(scope="module")
+def programs(one_rank_world):
+    """Per program and mode: (general, specialised), compiled once."""
+    compiled = {}
+    for name, (source, _, _) in PROGRAMS.items():
+        for trusted in (False, True):
+            general = distir.compile(source, agreement=not trusted)
+            general.specialise = False
+            compiled[name, trusted] = (general, distir.compile(source, agreement=not trusted))
+    return compiled
+
+
+@given(run_sequences())
+@settings(max_examples=examples(1.0))
+def test_the_specialised_run_agrees_with_the_general_path(programs, drawn):
+    name, trusted, runs = drawn
+    general, specialised = programs[name, trusted]
+    group_g, group_s = dist.new_group([0]), dist.new_group([0])
+    try:
+        expected = play(general, group_g, name, runs, 0)
+        got = play(specialised, group_s, name, runs, 0)
+        assert specialised._bindings[group_s].specialised, "no specialised run was made"
+    finally:
+        dist.destroy_process_group(group_g)
+        dist.destroy_process_group(group_s)
+    for e, g in zip(expected, got, strict=True):
+        same_outcome(e, g)
+    # Against plain torch: at one rank each result is its input's value
+    # (runs that pass a previous result back read a value not redrawn here).
+    specs = PROGRAMS[name][1]
+    for position, (spec, outcome) in enumerate(zip(runs, expected)):
+        if outcome[0] != "ran" or (position and "previous result" in spec["kinds"]):
+            continue
+        inputs = [
+            make_input(kind, dtype, shape, spec["seed"] + i, 0, None)
+            for i, (kind, (dtype, shape)) in enumerate(zip(spec["kinds"], specs))
+        ]
+        for want, have in zip(expected_values(name, [inputs], 0), outcome[1], strict=True):
+            assert torch.equal(want.to(have.dtype), have)
+
+
+def test_a_failed_guard_takes_the_general_path(programs):
+    """A run whose input the specialisation cannot take (a negation view)
+    runs the general path, which copies it; the next plain run is
+    specialised again."""
+    _, specialised = programs["all-reduce f32", True]
+    group = dist.new_group([0])
+    x = torch.arange(6.0).reshape(2, 3)
+    specialised.run(x, group=group)
+    fast = specialised._bindings[group].specialised[False]
+    calls = []
+    specialised._bindings[group].specialised[False] = lambda inputs: calls.append(1) or fast(inputs)
+    y = specialised.run((-x)._neg_view(), group=group)
+    assert torch.equal(y, x) and calls == [1]
+    assert torch.equal(specialised.run(x, group=group), x) and calls == [1, 1]
+    dist.destroy_process_group(group)
+
+
+def _ranks_play(ctx, drawn: list[tuple[str, bool, list[dict]]]) -> list:
+    out = []
+    for name, trusted, runs in drawn:
+        source = PROGRAMS[name][0]
+        general = distir.compile(source, agreement=not trusted)
+        general.specialise = False
+        specialised = distir.compile(source, agreement=not trusted)
+        group_g = dist.new_group([0, 1])
+        group_s = dist.new_group([0, 1])
+        out.append(
+            (
+                play(general, group_g, name, runs, ctx.rank),
+                play(specialised, group_s, name, runs, ctx.rank),
+            )
+        )
+    return out
+
+
+@pytest.mark.multirank
+@given(st.lists(run_sequences(max_runs=3), min_size=4, max_size=4))
+@settings(max_examples=examples(0.05))
+def test_on_gloo_ranks_both_paths_agree(drawn):
+    # Every rank makes the same kinds of input (a refusal is every rank's).
+    per_rank = launch(_ranks_play, 2, drawn, pass_context=True, timeout=240)
+    for rank_outcomes in per_rank:
+        for general, specialised in rank_outcomes:
+            for e, g in zip(general, specialised, strict=True):
+                same_outcome(e, g)
+    # Against plain torch, for runs of fresh inputs on both ranks.
+    for index, (name, _, runs) in enumerate(drawn):
+        specs = PROGRAMS[name][1]
+        for position, spec in enumerate(runs):
+            if position and "previous result" in spec["kinds"]:
+                continue
+            inputs = [
+                [
+                    make_input(kind, dtype, shape, spec["seed"] + i, rank, None)
+                    for i, (kind, (dtype, shape)) in enumerate(zip(spec["kinds"], specs))
+                ]
+                for rank in range(2)
+            ]
+            for rank in range(2):
+                outcome = per_rank[rank][index][0][position]
+                if outcome[0] != "ran":
+                    continue
+                want = expected_values(name, inputs, rank)
+                for w, have in zip(want, outcome[1], strict=True):
+                    assert torch.equal(w.to(have.dtype), have)
