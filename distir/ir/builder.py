@@ -873,6 +873,8 @@ HELPERS: dict[type[Operation], Callable[..., object]] = {
     ScatterOp: scatter,
     ReduceToRootOp: reduce,
     ShiftOp: shift,
+    PvaryOp: pvary,
+    PsumOp: psum,
     VariableAllToAllOp: variable_all_to_all,
     WaveOp: wave,
     SendOp: send,

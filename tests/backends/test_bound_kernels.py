@@ -30,6 +30,7 @@ ELEMENTS = ["i1", "i8", "ui8", "i32", "i64", "f16", "bf16", "f32", "f64"]
 CASES: dict[str, list[str]] = {
     "NativeAllReduceImplementation": [f"dist.all_reduce {kind} %x" for kind in REDUCTION_KINDS],
     "BroadcastImplementation": ["dist.broadcast %x root 0", "dist.broadcast %x root 1"],
+    "PsumImplementation": ["dist.psum %x"],
 }
 
 

@@ -488,6 +488,8 @@ def every_op_program():
         from_root = b.scatter(x, 0, group="pairs")
         reduced = b.reduce(x, "max", 1, group="pairs")
         shifted = b.shift(x, -1, rotate=True)
+        varying = b.pvary(x)
+        summed_once = b.psum(varying)
         rows, recv_counts = b.variable_all_to_all(x, counts)
         (waved,) = b.wave(lambda: b.broadcast(x, 1))
         b.send(x, b.constant_index(1))
@@ -511,6 +513,7 @@ def every_op_program():
             from_root,
             reduced,
             shifted,
+            summed_once,
             rows,
             recv_counts,
             waved,

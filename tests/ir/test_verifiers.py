@@ -66,6 +66,14 @@ INVALID: dict[str, tuple[str, str]] = {
         _func(X4, "%y = dist.all_reduce sum %x group @missing : tensor<4xf32>\nfunc.return"),
         "'dist.all_reduce' names group @missing but no `dist.group` of that name is declared at module level",
     ),
+    "psum_group_not_declared": (
+        _func(X4, "%y = dist.psum %x group @missing : tensor<4xf32>\nfunc.return"),
+        "'dist.psum' names group @missing but no `dist.group` of that name is declared at module level",
+    ),
+    "pvary_group_not_declared": (
+        _func(X4, "%y = dist.pvary %x group @missing : tensor<4xf32>\nfunc.return"),
+        "'dist.pvary' names group @missing but no `dist.group` of that name is declared at module level",
+    ),
     "group_size_group_not_declared": (
         _func("", "%p = dist.group_size group @missing : index\nfunc.return"),
         "'dist.group_size' names group @missing but no `dist.group` of that name",
