@@ -35,7 +35,7 @@ EXPECTED = {
     "point_to_point.mlir": (4, None),
     "secure_aggregation.mlir": (4, None),
     # shard ops have no derivative before convert-shard-to-dist (dist ops after)
-    "shard_grid.mlir": (4, "'shard.all_reduce' at"),
+    "shard_grid.mlir": (4, "'shard.all_gather' at"),
     "subgroups.mlir": (4, None),
     "variable_all_to_all.mlir": (4, None),
     "wave.mlir": (4, None),
