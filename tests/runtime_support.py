@@ -147,6 +147,14 @@ def order_sensitive_matrices(world_size: int, seed: int) -> list[torch.Tensor]:
             return ms
 
 
+def example_pipeline(path: Path) -> str:
+    """The pipeline an example runs after, as its first line's `Run:` comment
+    gives it (`... -p convert-shard-to-dist`); "" for none."""
+    first = path.read_text().splitlines()[0]
+    words = first.split("Run:", 1)[-1].split() if "Run:" in first else []
+    return words[words.index("-p") + 1] if "-p" in words else ""
+
+
 def location(text: str, needle: str, filename: str) -> str:
     """`file:line:col` of the op on the first line containing `needle`, as
     distir's parser records it (the column of the line's first character)."""

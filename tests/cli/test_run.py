@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runtime_support import example_pipeline
 
 import distir
 from distir.cli import run as cli
@@ -49,15 +50,11 @@ def smallest_world_size(path: Path, pipeline: str = "") -> int:
     return max(low, 2) if high is None or high >= 2 else low
 
 
-#: examples that run after a conversion pass (the pipeline distir-run takes)
-PIPELINES = {"shard_grid.mlir": "convert-shard-to-dist"}
-
-
 def _example_params():
     return [
         pytest.param(path, n, id=f"{path.name}-nproc{n}")
         for path in EXAMPLES
-        for n in [smallest_world_size(path, PIPELINES.get(path.name, ""))]
+        for n in [smallest_world_size(path, example_pipeline(path))]
     ]
 
 
@@ -141,7 +138,7 @@ def test_examples_exist() -> None:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.parametrize(("path", "nproc"), _example_params())
 def test_example_runs_and_prints_one_block_per_rank(path: Path, nproc: int) -> None:
-    pipeline = PIPELINES.get(path.name, "")
+    pipeline = example_pipeline(path)
     proc = distir_run(str(path.relative_to(ROOT)), "--nproc", str(nproc), "-p", pipeline)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr

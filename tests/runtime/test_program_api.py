@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from runtime_support import as_tuple, location, write_program
+from runtime_support import as_tuple, example_pipeline, location, write_program
 
 import distir
 from distir.errors import CompileError, DistirError, ProgramInputError, UnsupportedOpError
@@ -406,7 +406,7 @@ def test_programs_compile_from_the_examples() -> None:
     examples = sorted((Path(__file__).parents[2] / "examples").glob("*.mlir"))
     assert examples, "no examples found"
     for path in examples:
-        program = distir.compile(path)
+        program = distir.compile(path, example_pipeline(path))
         assert program.plan_summary(), path
 
 
