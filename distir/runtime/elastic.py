@@ -156,11 +156,12 @@ def grow(
     if not admit:
         return current
     new = protocol.agree(current, position, end, window, "grow", admit)
-    # Answered: the admitted, and those admitted that did not make it into
-    # the group (a joiner that died while joining would be admitted again at
-    # every later grow, each time at the cost of a failed group).
+    # Answered: the admitted that made it into the group. A request of one
+    # that did not stays: its replacement may already have written its own
+    # under the same key (deleting it lost the replacement), so a joiner that
+    # died while joining is tried again at the next grow.
     protocol._bounded(
-        lambda: [store.delete_key(_want_key(r)) for r in admit],
+        lambda: [store.delete_key(_want_key(r)) for r in new.joined],
         max(0.5, end - time.monotonic()),
         "clearing join requests",
     )

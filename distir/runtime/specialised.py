@@ -104,6 +104,7 @@ def specialised_run(
                 writable = donation if type(donation) is frozenset else donation(inputs)
                 mark_written(inputs, writable)
                 results = owned(call(inputs, writable), inputs, writable)
+                domain.completed += 1  # as the general path: where `distir.recover` resumes
             except BaseException as e:
                 # As the general path: nothing here enters a collective again.
                 domain.poison(e)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from strategies import examples
 
 import distir
-from distir.backends.domain import reset_domain
+from distir.backends.domain import domain_for, reset_domain
 from distir.errors import DistirError
 from distir.runtime.launch import launch
 
@@ -191,6 +191,7 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
             inputs.append(inputs[0])
         tensors = [x for x in inputs if isinstance(x, torch.Tensor) and x.device.type != "meta"]
         versions = [x._version for x in tensors]
+        completed = domain_for(group).completed
         try:
             results = program.run(*inputs, group=group, donate=spec["donate"])
         except DistirError as e:
@@ -207,6 +208,8 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
                 aliasing,
                 [x._version - v for x, v in zip(tensors, versions)],
                 [x.detach().clone() for x in tensors],
+                # the run position distir.recover agrees on moves once per run
+                domain_for(group).completed - completed,
             )
         )
         previous = [
@@ -252,6 +255,7 @@ def same_outcome(general: tuple, specialised: tuple) -> None:
     assert general[3] == specialised[3]  # version moves
     for a, b in zip(general[4], specialised[4], strict=True):
         assert torch.equal(a, b)  # the inputs afterwards
+    assert general[5] == specialised[5] == 1  # runs counted for recover's resume
 
 
 @pytest.fixture(scope="module")
