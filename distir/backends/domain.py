@@ -154,10 +154,12 @@ class ExecutionDomain:
         key = _STORE_PREFIX + self.key
 
         def read() -> tuple[str | None, DistirError | None]:
-            from distir.backends.epochs import exclusion
+            from distir.backends.epochs import exclusion, read_key
 
-            published = store.get(key).decode(errors="replace") if store.check([key]) else None
-            return published, exclusion()
+            published = read_key(store, key)
+            if published is None:
+                return None, exclusion()
+            return published.decode(errors="replace"), exclusion()
 
         try:
             return call_bounded(read, STORE_READ_BOUND_S, "reading a published failure")

@@ -85,6 +85,24 @@ def default_store() -> Any:
     return c10d._get_default_store()
 
 
+#: what `read_key` asks `compare_set` to expect: no key holds it (a NUL
+#: byte starts no value distir writes), so the call never writes
+_ABSENT = "\x00distir: no such key"
+
+
+def read_key(store: Any, key: str) -> bytes | None:
+    """The value of `key`, or None when it is not set: one atomic request.
+
+    Never `check` then `get`: a key deleted between the two (a joiner that
+    withdraws its request, a domain cleared at release) leaves `get` waiting
+    for the store's whole timeout, holding the store client's lock, so every
+    later store call of the process stalls behind it. `compare_set` with an
+    expected value no key holds returns the value, or the expected value
+    when the key is missing, and writes nothing."""
+    value = store.compare_set(key, _ABSENT, _ABSENT)
+    return None if value == _ABSENT.encode() else value
+
+
 def decision_key(epoch: int) -> str:
     return f"{STORE_PREFIX}decision/{epoch}"
 
@@ -117,10 +135,8 @@ def parse_outcome(value: bytes) -> tuple[str, int, tuple[int, ...]]:
 
 def read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:
     """The members decided for `epoch`, or None while undecided."""
-    key = decision_key(epoch)
-    if not store.check([key]):
-        return None
-    return parse_members(store.get(key))
+    value = read_key(store, decision_key(epoch))
+    return None if value is None else parse_members(value)
 
 
 def excluded(me: int, epoch: int, members: tuple[int, ...]) -> Excluded:

@@ -67,6 +67,7 @@ from distir.backends.epochs import (
     membership,
     parse_members,
     parse_outcome,
+    read_key,
     set_membership,
 )
 from distir.durations import Duration, seconds
@@ -259,10 +260,6 @@ def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
             pass
 
 
-def _read(store: Any, key: str) -> bytes | None:
-    return store.get(key) if store.check([key]) else None
-
-
 def _decide(
     store: Any,
     current: Membership,
@@ -281,7 +278,7 @@ def _decide(
     bound = max(0.5, end - time.monotonic())
 
     def first_look() -> bytes | None:
-        decided = _read(store, key)
+        decided = read_key(store, key)
         if decided is None:
             store.set(_join_key(epoch, me), position)
         return decided
@@ -292,7 +289,7 @@ def _decide(
     pending = [r for r in current.ranks if r != me]
 
     def look() -> tuple[bytes | None, list[int]]:
-        decided = _read(store, key)
+        decided = read_key(store, key)
         if decided is not None:
             return decided, []
         joined = [r for r in current.ranks if store.check([_join_key(epoch, r)])]
@@ -312,7 +309,7 @@ def _decide(
         time.sleep(_POLL_S)
 
     def propose() -> bytes:
-        joined = {r: _read(store, _join_key(epoch, r)) for r in current.ranks}
+        joined = {r: read_key(store, _join_key(epoch, r)) for r in current.ranks}
         records = {r: v.decode().split(":") for r, v in joined.items() if v is not None}
         members = tuple(sorted(records))
         kinds = {kind for kind, _ in records.values()}

@@ -52,6 +52,7 @@ from distir.backends.epochs import (
     membership,
     parse_members,
     parse_outcome,
+    read_key,
 )
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, JoinFailed, JoinRefused
@@ -131,9 +132,9 @@ def grow(
     def look() -> list[int]:
         seen = [0] * world
         for r in outside:
-            key = _want_key(r)
-            if store.check([key]):
-                wanted = store.get(key).decode()
+            wanted_bytes = read_key(store, _want_key(r))
+            if wanted_bytes is not None:
+                wanted = wanted_bytes.decode()
                 if wanted == digest:
                     seen[r] = 1
                 else:
@@ -206,12 +207,15 @@ def join(
 
     protocol._bounded(ask, max(0.5, end - time.monotonic()), "join: asking")
 
-    def answer() -> tuple[str, bytes] | None:
-        if store.check([_refused_key(me)]):
-            return "refused", store.get(_refused_key(me))
-        if store.check([admitted]):
-            epoch = int(store.get(admitted))
-            return "admitted", store.get(decision_key(epoch))
+    def answer() -> tuple[str, bytes, int] | None:
+        refused = read_key(store, _refused_key(me))
+        if refused is not None:
+            return "refused", refused, 0
+        epoch = read_key(store, admitted)
+        if epoch is not None:
+            decision = read_key(store, decision_key(int(epoch)))
+            if decision is not None:  # set before `admitted` names it
+                return "admitted", decision, int(epoch)
         return None
 
     while True:
@@ -225,13 +229,12 @@ def join(
                 "call distir.grow at a point of their loop; none did, or none is left)"
             )
         time.sleep(_POLL_S)
-    kind, value = got
+    kind, value, epoch = got
     if kind == "refused":
         _withdraw(store, me)
         raise JoinRefused(f"join: the members refused rank {me}: {value.decode()}")
     members = parse_members(value)
     _, completed, joined = parse_outcome(value)
-    epoch = int(store.get(admitted))
     before = tuple(r for r in members if r not in joined)
     if protocol._job_store is not None:  # this rank is back: no longer gone
         gone = protocol.GONE_KEY.format(rank=me)
