@@ -198,3 +198,7 @@ class FrozenStore:
 
     def set(self, key, value):
         self.release.wait()
+
+    def compare_set(self, key, expected, desired):
+        self.release.wait()
+        return expected

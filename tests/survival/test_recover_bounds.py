@@ -39,6 +39,9 @@ class GoneStore:
 
     set = check
 
+    def compare_set(self, key, expected, desired):
+        raise dist.DistStoreError("Connection reset by peer")
+
 
 @pytest.mark.parametrize("store", [FrozenStore, GoneStore])
 def test_a_store_that_does_not_answer_ends_recovery_in_time(
