@@ -67,23 +67,8 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from distir.errors import DistirError
-from distir.ir.all_reduce import AllReduceOp
 from distir.ir.attributes import ReductionKind
-from distir.ir.collectives import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AssertReducedOp,
-    AssertUniformOp,
-    BroadcastOp,
-    VariableAllToAllOp,
-    WaveOp,
-    YieldOp,
-)
-from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
-from distir.ir.mesh import MeshOp, TransferOp
-from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
-from distir.ir.reduce_scatter import ReduceScatterOp
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -93,6 +78,17 @@ from distir.ir.tensor_arith import (
     SelectOp,
     like,
 )
+from distir.ops.all_gather.ir import AllGatherOp
+from distir.ops.all_reduce.ciphertext import AllReduceAddCiphertextOp
+from distir.ops.all_reduce.ir import AllReduceOp
+from distir.ops.all_to_all.ir import VariableAllToAllOp
+from distir.ops.asserts.ir import AssertReducedOp, AssertUniformOp
+from distir.ops.broadcast.ir import BroadcastOp
+from distir.ops.groups.ir import GroupOp, GroupSizeOp, RankOp
+from distir.ops.p2p.ir import RecvOp, SendOp, SendRecvOp
+from distir.ops.reduce_scatter.ir import ReduceScatterOp
+from distir.ops.transfer.ir import MeshOp, TransferOp
+from distir.ops.wave.ir import WaveOp, YieldOp
 
 Value = SSAValue | Operation
 GroupRef = SymbolRefAttr | str | None

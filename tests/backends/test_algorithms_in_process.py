@@ -16,13 +16,13 @@ import threading
 import pytest
 import torch
 
-from distir.backends.all_reduce import base
-from distir.backends.all_reduce.combines import LazyModularAdd, ModuliPieces
-from distir.backends.all_reduce.halving_doubling import halving_doubling_all_reduce
-from distir.backends.all_reduce.recursive_doubling import recursive_doubling_all_reduce
-from distir.backends.all_reduce.ring import ring_all_reduce
 from distir.backends.exchange import InProcessWorld
 from distir.he.modular import lazy_reduction_schedule
+from distir.ops.all_reduce.torch import base
+from distir.ops.all_reduce.torch.combines import LazyModularAdd, ModuliPieces
+from distir.ops.all_reduce.torch.halving_doubling import halving_doubling_all_reduce
+from distir.ops.all_reduce.torch.recursive_doubling import recursive_doubling_all_reduce
+from distir.ops.all_reduce.torch.ring import ring_all_reduce
 
 #: sizes past 16 take seconds each in one process: CI runs them, --fast does not
 GROUP_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16] + [
@@ -170,9 +170,9 @@ ALL_REDUCES = {
 
 @pytest.mark.parametrize("case", sorted(ALL_REDUCES))
 def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
-    from distir.backends.collectives import distributed_operation_contributions
-    from distir.ir.all_reduce import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
+    from distir.backends.implementations import distributed_operation_contributions
     from distir.ir.parsing import parse_module
+    from distir.ops.all_reduce.ir import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
 
     text = f"func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {{\n  {ALL_REDUCES[case]}\n"
     module = parse_module(text + "  func.return %y : tensor<8xi64>\n}\n")

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import distir
-from distir.backends.all_reduce import base as algorithm_base
-from distir.backends.all_reduce import combines
-from distir.backends.all_reduce.ciphertext import ciphertext_schedule
 from distir.errors import CompileError, DistirError
 from distir.he.modular import lazy_reduction_schedule
+from distir.ops.all_reduce.torch import base as algorithm_base
+from distir.ops.all_reduce.torch import combines
+from distir.ops.all_reduce.torch.ciphertext import ciphertext_schedule
 
 pytestmark = pytest.mark.multirank
 

@@ -414,8 +414,8 @@ WHOLE_SELECT = """\
     ids=["tensor-condition", "scalar-condition"],
 )
 def test_which_algorithms_a_combine_of_the_new_ops_allows(body, algorithms) -> None:
-    from distir.ir.all_reduce import candidate_algorithms, elementwise_combine
     from distir.ir.dialect import AllReduceOp
+    from distir.ops.all_reduce.ir import candidate_algorithms, elementwise_combine
 
     (op,) = [o for o in parse_module(_region(body)).walk() if isinstance(o, AllReduceOp)]
     assert candidate_algorithms(elementwise_combine(op), True) == algorithms

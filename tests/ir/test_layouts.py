@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import examples
 
-from distir.interpreters.semantics.mesh import apply_transfer_map_reference
 from distir.ir.layouts import Box, Layout, Mesh, local_box, shard_range
-from distir.ir.mesh import Transfer, format_transfer_map, transfer_map
+from distir.ops.transfer.ir import Transfer, format_transfer_map, transfer_map
+from distir.ops.transfer.semantics import apply_transfer_map_reference
 
 FAST = settings(max_examples=examples(1), deadline=None)
 

@@ -1,0 +1,77 @@
+"""The op table: every family of dist ops, in one list.
+
+The dialect's op list (`distir.ir.dialect`), the semantics records
+(`distir.interpreters.semantics.SEMANTICS`) and the default Torch
+implementations (`distir.backends.implementations`) are derived from
+`FAMILIES`; nothing else lists ops by hand. A family that runs has a
+`semantics` module exporting `SEMANTICS` and a `torch` module (or package)
+exporting `implementations(options)`; they are imported by name, from this
+table, by the execution core and the backends, so this module (and the
+dialect) stays torch-free.
+
+Adding a family: a folder `distir/ops/<name>/` (`ir.py`, `semantics.py`,
+`torch.py`, `__init__.py`) and one `Family` line below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.irdl import IRDLOperation
+
+from distir.ops.all_gather.ir import AllGatherOp
+from distir.ops.all_reduce.ciphertext import AllReduceAddCiphertextOp
+from distir.ops.all_reduce.ir import AllReduceOp
+from distir.ops.all_to_all.ir import VariableAllToAllOp
+from distir.ops.asserts.ir import AssertReducedOp, AssertUniformOp
+from distir.ops.broadcast.ir import BroadcastOp
+from distir.ops.groups.ir import GroupOp, GroupSizeOp, RankOp
+from distir.ops.p2p.ir import RecvOp, SendOp, SendRecvOp
+from distir.ops.reduce_scatter.ir import ReduceScatterOp
+from distir.ops.transfer.ir import MeshOp, TransferOp
+from distir.ops.wave.ir import WaveOp, YieldOp
+
+
+@dataclass(frozen=True)
+class Family:
+    """One folder of `distir/ops/`: its name and its op classes, in dialect
+    order; `runs` says it has semantics records and Torch implementations
+    (a family of structural ops, as the wave and its terminator, has none)."""
+
+    name: str
+    ops: tuple[type[IRDLOperation], ...]
+    runs: bool = True
+
+    @property
+    def semantics_module(self) -> str:
+        """The module holding the family's `SEMANTICS`."""
+        return f"distir.ops.{self.name}.semantics"
+
+    @property
+    def torch_module(self) -> str:
+        """The module holding the family's `implementations(options)`."""
+        return f"distir.ops.{self.name}.torch"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("groups", (GroupOp, RankOp, GroupSizeOp)),
+    Family("transfer", (MeshOp, TransferOp)),
+    Family("broadcast", (BroadcastOp,)),
+    Family("all_reduce", (AllReduceOp, AllReduceAddCiphertextOp)),
+    Family("all_gather", (AllGatherOp,)),
+    Family("reduce_scatter", (ReduceScatterOp,)),
+    Family("all_to_all", (VariableAllToAllOp,)),
+    Family("p2p", (SendOp, RecvOp, SendRecvOp)),
+    Family("wave", (WaveOp, YieldOp), runs=False),
+    Family("asserts", (AssertReducedOp, AssertUniformOp)),
+)
+
+
+def dist_ops() -> tuple[type[IRDLOperation], ...]:
+    """Every op class of the dist dialect, family by family."""
+    return tuple(op for family in FAMILIES for op in family.ops)
+
+
+def running_families() -> tuple[Family, ...]:
+    """The families with semantics records and Torch implementations."""
+    return tuple(family for family in FAMILIES if family.runs)
