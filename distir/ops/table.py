@@ -1,6 +1,7 @@
 """The op table: every family of dist ops, in one list.
 
-The dialect's op list (`distir.ir.dialect`), the semantics records
+The dialect's op list (`distir.ir.dialect`), the builder helpers
+(`distir.ir.builder.HELPERS`), the semantics records
 (`distir.interpreters.semantics.SEMANTICS`) and the default Torch
 implementations (`distir.backends.implementations`) are derived from
 `FAMILIES`; nothing else lists ops by hand. A family that runs has a
@@ -9,8 +10,9 @@ exporting `implementations(options)`; they are imported by name, from this
 table, by the execution core and the backends, so this module (and the
 dialect) stays torch-free.
 
-Adding a family: a folder `distir/ops/<name>/` (`ir.py`, `semantics.py`,
-`torch.py`, `__init__.py`) and one `Family` line below.
+Adding a family: a folder `distir/ops/<name>/` (`ir.py`, `build.py`,
+`semantics.py`, `torch.py`, `__init__.py`), one `Family` line below, and its
+helpers' names re-exported by `distir.ir.builder`.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from distir.ops.wave.ir import WaveOp, YieldOp
 
 @dataclass(frozen=True)
 class Family:
-    """One folder of `distir/ops/`: its name and its op classes, in dialect
-    order; `runs` says it has semantics records and Torch implementations
+    """One folder of `distir/ops/`: its name, its op classes in dialect
+    order and the name of the builder helper of each (in its `build.py`,
+    re-exported by `distir.ir.builder`, one per op); `runs` says it has semantics records and Torch implementations
     (a family of structural ops, as the wave and its terminator, has none)."""
 
     name: str
     ops: tuple[type[IRDLOperation], ...]
+    helpers: tuple[str, ...]
     runs: bool = True
 
     @property
@@ -54,16 +58,20 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("groups", (GroupOp, RankOp, GroupSizeOp)),
-    Family("transfer", (MeshOp, TransferOp)),
-    Family("broadcast", (BroadcastOp,)),
-    Family("all_reduce", (AllReduceOp, AllReduceAddCiphertextOp)),
-    Family("all_gather", (AllGatherOp,)),
-    Family("reduce_scatter", (ReduceScatterOp,)),
-    Family("all_to_all", (VariableAllToAllOp,)),
-    Family("p2p", (SendOp, RecvOp, SendRecvOp)),
-    Family("wave", (WaveOp, YieldOp), runs=False),
-    Family("asserts", (AssertReducedOp, AssertUniformOp)),
+    Family("groups", (GroupOp, RankOp, GroupSizeOp), ("declare_group", "rank", "group_size")),
+    Family("transfer", (MeshOp, TransferOp), ("declare_mesh", "transfer")),
+    Family("broadcast", (BroadcastOp,), ("broadcast",)),
+    Family(
+        "all_reduce",
+        (AllReduceOp, AllReduceAddCiphertextOp),
+        ("all_reduce", "all_reduce_add_ciphertext"),
+    ),
+    Family("all_gather", (AllGatherOp,), ("all_gather",)),
+    Family("reduce_scatter", (ReduceScatterOp,), ("reduce_scatter",)),
+    Family("all_to_all", (VariableAllToAllOp,), ("variable_all_to_all",)),
+    Family("p2p", (SendOp, RecvOp, SendRecvOp), ("send", "recv", "sendrecv")),
+    Family("wave", (WaveOp, YieldOp), ("wave", "make_combine_region"), runs=False),
+    Family("asserts", (AssertReducedOp, AssertUniformOp), ("assert_reduced", "assert_uniform")),
 )
 
 
@@ -75,3 +83,14 @@ def dist_ops() -> tuple[type[IRDLOperation], ...]:
 def running_families() -> tuple[Family, ...]:
     """The families with semantics records and Torch implementations."""
     return tuple(family for family in FAMILIES if family.runs)
+
+
+def helper_names() -> dict[type[IRDLOperation], str]:
+    """Op class -> the name of its builder helper (`distir.ir.builder.HELPERS`
+    resolves them; the table stays free of the builder, which the dialect
+    does not need)."""
+    return {
+        op: helper
+        for family in FAMILIES
+        for op, helper in zip(family.ops, family.helpers, strict=True)
+    }
