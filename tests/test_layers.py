@@ -161,6 +161,16 @@ def test_the_op_table_names_every_family_folder() -> None:
     assert {n for n in on_disk if n.endswith(".torch")} == torch
 
 
+def test_op_specific_tests_lie_in_family_folders() -> None:
+    """tests/ops/<family>/ holds the tests of one family: each folder there
+    is a family of the table."""
+    from distir.ops.table import FAMILIES
+
+    tests = Path(__file__).resolve().parent / "ops"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith("_")}
+    assert folders <= {f.name for f in FAMILIES}
+
+
 def test_the_pass_table_names_every_pass_module() -> None:
     helpers = {"passes", "passes.options", "passes._rewrite_utils"}
     on_disk = {n for n in MODULES if _layer(n) == "passes"} - helpers
