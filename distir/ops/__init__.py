@@ -15,3 +15,9 @@ folder plus one line there. Modules named `semantics` sit on the execution
 core's layer and modules named `torch` on the backends' layer; every other
 module of a family is IR and imports no torch.
 """
+
+# The dialect (`distir.ir`) imports every family through the op table, and a
+# family's IR imports modules of `distir.ir`: importing the dialect first
+# makes a family module safe to import on its own (an example importing
+# `distir.ops.all_reduce.ir` before anything else).
+import distir.ir  # noqa: E402, F401
