@@ -1,9 +1,9 @@
 """The package's layers import one way, as its folders say:
 
     ir <- passes;  ir <- interpreters <- backends <- runtime <- cli
-    (he: modular.py is torch-free, for passes; rns, seal, ntt and threshold's
-    arithmetic sit beside backends; aggregation, the threshold protocol made
-    of distir programs, above runtime)
+    (ir/modular.py, the int64 headroom proof, is torch-free, for passes;
+    he/ (rns, seal, ntt and threshold's arithmetic) sits beside backends;
+    aggregation, the threshold protocol made of distir programs, above runtime)
 
 `ir/` and `passes/` never import torch (distir-opt and other IR-only tools
 stay light); no module imports a higher layer, or a private name of another
@@ -31,7 +31,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "distir"
 #: layer -> rank; a module may import modules of its own rank or lower
 LAYERS = {
     "durations": 0,
-    "errors": 1, "ir": 1, "he.modular": 1,
+    "errors": 1, "ir": 1,
     "passes": 2,
     "interpreters": 3,
     "he": 4, "backends": 4,
@@ -42,7 +42,7 @@ LAYERS = {
 #: name: the records on the execution core's, the Torch implementations on
 #: the backends'; every other module of a family (and the op table) is IR
 OPS_LAYERS = {"semantics": "interpreters", "torch": "backends"}
-TORCH_FREE = ("ir", "passes", "he.modular", "errors", "durations")
+TORCH_FREE = ("ir", "passes", "errors", "durations")
 
 
 def _modules() -> dict[str, Path]:

@@ -53,7 +53,6 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.he.modular import int64_sum_is_exact
 from distir.ir.dialect import (
     ASSUMED_GROUP_SIZE,
     AllReduceAddCiphertextOp,
@@ -62,6 +61,7 @@ from distir.ir.dialect import (
     AssertUniformOp,
     ReductionKind,
 )
+from distir.ir.modular import int64_sum_is_exact
 from distir.ir.parsing import format_location
 from distir.ops.all_reduce.ir import broadcast_moduli
 from distir.passes._rewrite_utils import rewrite_once, with_location

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from distir.backends.exchange import InProcessWorld
-from distir.he.modular import lazy_reduction_schedule
+from distir.ir.modular import lazy_reduction_schedule
 from distir.ops.all_reduce.torch import base
 from distir.ops.all_reduce.torch.combines import LazyModularAdd, ModuliPieces
 from distir.ops.all_reduce.torch.halving_doubling import halving_doubling_all_reduce

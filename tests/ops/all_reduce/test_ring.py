@@ -18,7 +18,7 @@ import torch
 
 import distir
 from distir.errors import CompileError, DistirError
-from distir.he.modular import lazy_reduction_schedule
+from distir.ir.modular import lazy_reduction_schedule
 from distir.ops.all_reduce.torch import base as algorithm_base
 from distir.ops.all_reduce.torch import combines
 from distir.ops.all_reduce.torch.ciphertext import ciphertext_schedule

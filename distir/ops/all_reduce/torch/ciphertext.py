@@ -42,8 +42,8 @@ from distir.backends.buffers import pooled_copy, pooled_empty
 from distir.backends.exchange import TorchExchange
 from distir.backends.registry import Implementation
 from distir.backends.results import gather_stacked, writable_result
-from distir.he.modular import int64_sum_is_exact, lazy_reduction_schedule
 from distir.he.rns import TorchRNSBackend
+from distir.ir.modular import int64_sum_is_exact, lazy_reduction_schedule
 from distir.ops.all_reduce.ciphertext import AllReduceAddCiphertextOp
 from distir.ops.all_reduce.torch.combines import LazyModularAdd, ModuliPieces, reduce_bounded
 from distir.ops.all_reduce.torch.ring import ring_all_reduce

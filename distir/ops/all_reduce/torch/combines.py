@@ -23,7 +23,6 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IndexType
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.ir import Block, Operation, SSAValue
 
-from distir.he.modular import INT64_MAX
 from distir.he.rns import subtract_and_mask_
 from distir.interpreters.kernels import (
     BINARY_TORCH_OPS,
@@ -33,6 +32,7 @@ from distir.interpreters.kernels import (
     constant_tensor,
 )
 from distir.ir.analysis import broadcast_extra, single_op
+from distir.ir.modular import INT64_MAX
 from distir.ops.all_reduce.ir import MODULAR_ADD, AllReduceOp, known_combine
 
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
