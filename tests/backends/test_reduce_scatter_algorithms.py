@@ -18,9 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distir.backends.all_reduce import base
 from distir.backends.exchange import InProcessWorld
-from distir.backends.reduce_scatter import direct_reduce_scatter, ring_reduce_scatter
+from distir.ops.all_reduce.torch import base
+from distir.ops.reduce_scatter.torch import direct_reduce_scatter, ring_reduce_scatter
 
 
 def _run(size: int, body) -> list:
@@ -137,8 +137,8 @@ def test_the_transports_own_reduce_scatter_runs_only_where_it_is_native():
     all-reduces the whole input: a native kind split evenly runs the
     transport's on NCCL only; uneven counts, combine regions and gloo run
     point to point; a combine that is not elementwise folds whole inputs."""
-    from distir.backends.reduce_scatter import DIRECT, GATHER_FOLD, NATIVE, choose_schedule
     from distir.ir.parsing import parse_module
+    from distir.ops.reduce_scatter.torch import DIRECT, GATHER_FOLD, NATIVE, choose_schedule
 
     t = "tensor<4x2xf32>"
     text = f"""func.func @main(%x: {t}, %w: tensor<2x2xf32>) {{
