@@ -114,3 +114,9 @@ class AssertUniformOp(CollectiveOp, Transposable):
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
         return [None]  # a check: no result, no gradient
+
+
+def uniform_check(value: SSAValue, group: GroupName) -> AssertUniformOp:
+    """The check that `value` is equal on every rank of `group` (what the
+    vjp pass emits for the cotangent of a replicated result)."""
+    return AssertUniformOp(value, group)
