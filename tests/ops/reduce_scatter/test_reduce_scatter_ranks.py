@@ -34,7 +34,11 @@ def _refused_by_design(case: strategies.DrawnCase) -> bool:
     ui32, ...): refused when the program is compiled, as the native
     all-reduce is, whatever the schedule."""
     kind = case.name.split()[1:2]
-    return bool(kind) and kind[0] in strategies.NATIVE_KINDS and case.inputs[0][0].dtype not in COLLECTIVE_DTYPES
+    return (
+        bool(kind)
+        and kind[0] in strategies.NATIVE_KINDS
+        and case.inputs[0][0].dtype not in COLLECTIVE_DTYPES
+    )
 
 
 def _judge(case: strategies.DrawnCase, server: RankServer) -> None:
@@ -42,7 +46,9 @@ def _judge(case: strategies.DrawnCase, server: RankServer) -> None:
     where = f"{case.name}, P={server.world_size}"
     if _refused_by_design(case):
         for rank, o in enumerate(outcomes):
-            assert o.compile_error and "cannot run" in str(o.error), f"{where}: rank {rank}: {o.error}"
+            assert o.compile_error and "cannot run" in str(o.error), (
+                f"{where}: rank {rank}: {o.error}"
+            )
         return
     assert not any(o.compile_error for o in outcomes), f"{where}: {outcomes[0].error}"
     for rank, o in enumerate(outcomes):
