@@ -12,7 +12,8 @@ dialect) stays torch-free.
 
 Adding a family: a folder `distir/ops/<name>/` (`ir.py`, `build.py`,
 `semantics.py`, `torch.py`, `__init__.py`), one `Family` line below, and its
-helpers' names re-exported by `distir.ir.builder`.
+helpers re-exported by `distir.ir.builder` (tests/test_layers.py lists what
+else a new op needs: its oracle, strategies, bench family and test cases).
 """
 
 from __future__ import annotations
