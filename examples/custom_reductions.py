@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import distir
-from distir.ir.all_reduce import candidate_algorithms, elementwise_combine
+from distir.ops.all_reduce.ir import candidate_algorithms, elementwise_combine
 
 N = 6  # elements per rank (abs_max.mlir is written for 6 too)
 

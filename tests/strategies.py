@@ -363,8 +363,8 @@ def _modular_add_reduce_scatter(t, tq, to, counts, axis) -> str:
     from xdsl.dialects.builtin import StringAttr
     from xdsl.ir import Block
 
-    from distir.ir.all_reduce import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
-    from distir.ir.reduce_scatter import ReduceScatterOp
+    from distir.ops.all_reduce.ir import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
+    from distir.ops.reduce_scatter.ir import ReduceScatterOp
 
     block = Block(arg_types=[t, tq])
     block.args[0].name_hint, block.args[1].name_hint = "a0", "a1"

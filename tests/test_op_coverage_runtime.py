@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from xdsl.irdl import IRDLOperation
 
-from distir.backends.collectives import distributed_operation_contributions
+from distir.backends.implementations import distributed_operation_contributions
 from distir.interpreters.kernels import LOCAL_KERNELS
 from distir.ir.dialect import GroupOp, MeshOp, WaveOp, YieldOp, dist_ops
 

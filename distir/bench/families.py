@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distir.ir.all_reduce import GATHER_FOLD, HALVING_DOUBLING, RECURSIVE_DOUBLING, RING
+from distir.ops.all_reduce.ir import GATHER_FOLD, HALVING_DOUBLING, RECURSIVE_DOUBLING, RING
 
 #: dtypes the native families take with `-d`, and their IR element types.
 DTYPES: Mapping[str, str] = {

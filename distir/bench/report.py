@@ -223,7 +223,7 @@ def fit_cost_model(rows: Sequence[dict]) -> dict | None:
     algorithms run on the same data side by side; None without such rows."""
     import numpy as np
 
-    from distir.ir.all_reduce import ALGORITHM_NEEDS, CostModel
+    from distir.ops.all_reduce.ir import ALGORITHM_NEEDS, CostModel
 
     unit = (CostModel(1.0, 0.0, 0.0), CostModel(0.0, 1.0, 0.0), CostModel(0.0, 0.0, 1.0))
     lhs, rhs = [], []

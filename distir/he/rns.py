@@ -41,12 +41,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from distir.he.modular import MAX_MODULUS_EXCLUSIVE
 from distir.interpreters.checks import (
     limb_layout_problem,
     moduli_problem,
     unreduced_limb_problem,
 )
+from distir.ir.modular import MAX_MODULUS_EXCLUSIVE
 
 __all__ = [
     "IMPLEMENTATIONS",

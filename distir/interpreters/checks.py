@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from distir.errors import CollectiveMismatchError, OpError
-from distir.he.modular import MAX_MODULUS_EXCLUSIVE
 from distir.interpreters.dtypes import fits_shape
 from distir.interpreters.invocation import Invocation
+from distir.ir.modular import MAX_MODULUS_EXCLUSIVE
 
 
 def fail(invocation: Invocation, message: str) -> OpError:

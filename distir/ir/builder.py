@@ -30,783 +30,108 @@ the line that called the helper) as its location, so errors found later
 helper given operands it cannot build an op from raises `BuilderError`,
 naming the call (`arith("addi", f32, f32)`) and its call site.
 
-`HELPERS` maps every op of the dialect to the helper that builds it.
+`HELPERS` maps every op of the dialect to the helper that builds it,
+derived from the op table (`distir.ops.table`): each helper lives in its
+family's folder (`distir/ops/<family>/build.py`), the shared machinery in
+`distir.ir.building`; this module is the public surface that gathers them.
 """
 
 from __future__ import annotations
 
-import difflib
-import functools
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 
-from xdsl import builder as _xdsl_builder
 from xdsl.builder import ImplicitBuilder
-from xdsl.dialects import arith as _arith
-from xdsl.dialects import func, tensor
-from xdsl.dialects import math as _math
-from xdsl.dialects.builtin import (
-    DYNAMIC_INDEX,
-    DenseIntOrFPElementsAttr,
-    FileLineColLoc,
-    Float16Type,
-    Float32Type,
-    Float64Type,
-    IndexType,
-    IntAttr,
-    IntegerAttr,
-    IntegerType,
-    ModuleOp,
-    StringAttr,
-    SymbolRefAttr,
-    TensorType,
-    UnknownLoc,
-)
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, UnknownLoc
+from xdsl.ir import Attribute, Block, Operation, Region
 from xdsl.utils.exceptions import DiagnosticException
 
-from distir.errors import DistirError
-from distir.ir.all_reduce import AllReduceOp
-from distir.ir.attributes import ReductionKind
-from distir.ir.collectives import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AssertReducedOp,
-    AssertUniformOp,
-    BroadcastOp,
-    VariableAllToAllOp,
-    WaveOp,
-    YieldOp,
+from distir.ir.building import (
+    Body,
+    BuilderError,
+    GroupRef,
+    Peer,
+    Value,
+    arith,
+    as_values,
+    call_site,
+    cast,
+    cmpf,
+    cmpi,
+    concat,
+    constant_index,
+    constant_tensor,
+    element_type,
+    extract_slice,
+    located_at_callers_of,
+    math,
+    select,
+    tensor_type,
 )
-from distir.ir.gather_scatter import GatherOp, ScatterOp
-from distir.ir.groups import GroupOp, GroupSizeOp, RankOp
-from distir.ir.mesh import MeshOp, TransferOp
-from distir.ir.p2p import RecvOp, SendOp, SendRecvOp
 from distir.ir.parsing import describe_op, find_verify_failure
-from distir.ir.reduce import ReduceToRootOp
-from distir.ir.reduce_scatter import ReduceScatterOp
-from distir.ir.replication import PsumOp, PvaryOp
-from distir.ir.shift import ShiftOp
-from distir.ir.tensor_arith import (
-    CMPF_COMPARISON_OPERATIONS,
-    CMPI_COMPARISON_OPERATIONS,
-    TENSOR_ARITH_OPS,
-    CmpfOp,
-    CmpiOp,
-    SelectOp,
-    like,
-)
-
-Value = SSAValue | Operation
-GroupRef = SymbolRefAttr | str | None
-Peer = int | Value
-Body = Callable[..., Value | Sequence[Value] | None]
-
-
-class BuilderError(DistirError, ValueError):
-    """A builder helper was called with operands it cannot build an op from;
-    the message names the call and the line that made it."""
-
-    located = False
-
-
-_THIS_FILE = str(Path(__file__).resolve())
-
-#: files whose frames are never a program's source: this one, and the
-#: modules that build programs on a caller's behalf (`located_at_callers_of`)
-_LIBRARY_FILES = {_THIS_FILE}
-
-
-def located_at_callers_of(filename: str) -> None:
-    """Ops built from code in `filename` (a module building programs for its
-    callers, as `distir.all_reduce` does) take the location of the line that
-    called into it, not a line of its own."""
-    _LIBRARY_FILES.add(str(Path(filename).resolve()))
-
-
-def call_site() -> FileLineColLoc | None:
-    """The location ops built now get: the innermost frame outside the
-    builder, the library files and xDSL."""
-    return _call_site()
-
-
-def _call_site() -> FileLineColLoc | None:
-    """The location of the innermost frame outside the library files and xDSL."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename not in _LIBRARY_FILES and "/xdsl/" not in filename:
-            # The column of the call being executed (Python >= 3.11).
-            positions = list(frame.f_code.co_positions())
-            col = positions[frame.f_lasti // 2][2] if frame.f_lasti // 2 < len(positions) else None
-            column = 1 if col is None else col + 1
-            return FileLineColLoc(StringAttr(filename), IntAttr(frame.f_lineno), IntAttr(column))
-        frame = frame.f_back
-    return None
-
-
-def _stamp_new_ops(location: FileLineColLoc | None) -> None:
-    """Give the ops just appended to the current insertion block (those
-    still without a location) the caller's location."""
-    current = _xdsl_builder._current_builder.builder
-    if location is None or current is None:
-        return
-    op = current.insertion_point.block.last_op
-    while op is not None and isinstance(op.location, UnknownLoc):
-        op.location = location
-        for nested in op.walk():
-            if isinstance(nested.location, UnknownLoc):
-                nested.location = location
-        op = op.prev_op
-
-
-def _describe_call(helper: Callable, args: tuple, kwargs: dict) -> str:
-    def show(value: object) -> str:
-        if isinstance(value, Operation) and value.results:
-            value = value.results[0]
-        if isinstance(value, SSAValue):
-            return str(value.type)
-        return repr(value) if not callable(value) else getattr(value, "__name__", "<callback>")
-
-    shown = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in kwargs.items()]
-    return f"{helper.__name__}({', '.join(shown)})"
-
-
-def _builder_error(
-    helper: Callable, args: tuple, kwargs: dict, site: FileLineColLoc | None, message: str
-) -> BuilderError:
-    where = f" at {site.filename.data}:{site.line.data}:{site.column.data}" if site else ""
-    one_line = " ".join(message.split())
-    error = BuilderError(f"{_describe_call(helper, args, kwargs)}{where}: {one_line}")
-    error.located = True
-    return error
-
-
-def _located(helper: Callable) -> Callable:
-    """Stamps the ops `helper` builds with its caller's location, and turns
-    xDSL's exceptions about its operands into a `BuilderError` naming the
-    call."""
-
-    @functools.wraps(helper)
-    def build(*args, **kwargs):
-        site = _call_site()
-        try:
-            result = helper(*args, **kwargs)
-        except BuilderError as e:
-            if e.located:
-                raise
-            raise _builder_error(helper, args, kwargs, site, str(e)) from None
-        except DistirError:
-            raise
-        except (DiagnosticException, AttributeError, TypeError, ValueError, KeyError) as e:
-            raise _builder_error(helper, args, kwargs, site, str(e)) from None
-        _stamp_new_ops(site)
-        return result
-
-    return build
-
-
-def _values(out: Value | Sequence[Value] | None) -> list[SSAValue]:
-    if out is None:
-        return []
-    if isinstance(out, Sequence):
-        return [SSAValue.get(v) for v in out]
-    return [SSAValue.get(out)]
-
-
-###############################################################################
-# Types and constants
-###############################################################################
-
-_ELEMENT_TYPES: dict[str, Attribute] = {
-    "i1": IntegerType(1),
-    "i8": IntegerType(8),
-    "i16": IntegerType(16),
-    "i32": IntegerType(32),
-    "i64": IntegerType(64),
-    "f16": Float16Type(),
-    "f32": Float32Type(),
-    "f64": Float64Type(),
-    "index": IndexType(),
-}
-
-
-def element_type(element: str | Attribute) -> Attribute:
-    """`element_type("f32")` is `f32`; types pass through."""
-    if not isinstance(element, str):
-        return element
-    if element not in _ELEMENT_TYPES:
-        raise BuilderError(
-            f"no element type {element!r}; known: {', '.join(_ELEMENT_TYPES)} (or an xDSL type)"
-        )
-    return _ELEMENT_TYPES[element]
-
-
-def tensor_type(element: str | Attribute, shape: Sequence[int | None]) -> TensorType:
-    """`tensor_type("f32", [None, 4])` is `tensor<?x4xf32>`."""
-    return TensorType(element_type(element), [DYNAMIC_INDEX if d is None else d for d in shape])
-
-
-def _with_dynamic_axis(t: Attribute, axis: int) -> TensorType:
-    assert isinstance(t, TensorType)
-    shape = list(t.get_shape())
-    shape[axis] = DYNAMIC_INDEX
-    return TensorType(t.element_type, shape)
-
-
-@_located
-def constant_index(value: int) -> SSAValue:
-    """`arith.constant 3 : index`, e.g. a peer or root computed at run time."""
-    return _arith.ConstantOp(IntegerAttr(value, IndexType())).result
-
-
-@_located
-def constant_tensor(
-    values: Sequence[int | float] | int | float,
-    element: str | Attribute = "i64",
-    shape: Sequence[int] | None = None,
-) -> SSAValue:
-    """A constant tensor: `constant_tensor([1, 2, 3])` is
-    `arith.constant dense<[1, 2, 3]> : tensor<3xi64>`. `values` is flat, in
-    row-major order, with `shape` (default: one dim of `len(values)`); one
-    value with a `shape` is splat (`constant_tensor(0.0, "f32", [4])`)."""
-    flat = [values] if isinstance(values, int | float) else list(values)
-    t = tensor_type(element, shape if shape is not None else [len(flat)])
-    return _arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, flat)).result
-
-
-_ARITH_OPS: dict[str, type[Operation]] = {
-    op.name.removeprefix("arith."): TENSOR_ARITH_OPS.get(op, op) for op in _arith.Arith.operations
-}
-#: the casts, built from an operand and an element type
-_CASTS = ("extsi", "extui", "trunci", "sitofp", "uitofp", "fptosi", "fptoui", "extf",
-          "truncf", "bitcast", "index_cast")  # fmt: skip
-_MATH_OPS: dict[str, type[Operation]] = {
-    op.name.removeprefix("math."): op for op in _math.Math.operations
-}
-
-
-def _typed(name: str, operands: Sequence[Value]) -> list[SSAValue]:
-    values = [SSAValue.get(v) for v in operands]
-    types = {str(v.type) for v in values}
-    if len(types) > 1:
-        raise BuilderError(
-            f"{name} needs operands of one type, got {', '.join(map(str, (v.type for v in values)))}"
-        )
-    return values
-
-
-def _verified(op: Operation) -> Operation:
-    op.verify()
-    return op
-
-
-@_located
-def arith(name: str, *operands: Value) -> SSAValue:
-    """The arith op `name` on `operands`: `arith("addi", a, b)` is
-    `arith.addi %a, %b`. For the ops built from their operands alone (the
-    binary integer and float ops, `negf`); comparisons, `select` and casts
-    have their own helpers."""
-    op = _ARITH_OPS.get(name)
-    if op is None or name in _CASTS or name in ("cmpf", "cmpi", "constant"):
-        others = {"cmpf": "cmpf(...)", "cmpi": "cmpi(...)", "select": "select(...)",
-                  "constant": "constant_tensor(...)"}  # fmt: skip
-        if name in others or name in _CASTS:
-            raise BuilderError(
-                f"arith({name!r}, ...): build it with {others.get(name, 'cast(...)')}"
-            )
-        raise BuilderError(
-            f"no arith op {name!r}{_did_you_mean(name, _ARITH_OPS)}; "
-            f"known: {', '.join(sorted(_ARITH_OPS))}"
-        )
-    if op is SelectOp:
-        return select(*operands)
-    values = _typed(f"arith.{name}", operands)
-    _check_arith_element(name, values)
-    return _verified(op(*values)).results[0]  # type: ignore[call-arg]
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """` (did you mean 'sum'?)` for the closest choice, or nothing."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-#: the arith ops of one operand family, and the other family's counterpart
-#: (an `addi` on floats is an `addf`): checked before xDSL's verifier, whose
-#: wording ("Unexpected attribute f32") names neither the op nor the fix
-_FLOAT_ARITH = {"addf": "addi", "subf": "subi", "mulf": "muli", "divf": "divsi",
-                "maximumf": "maxsi", "minimumf": "minsi",
-                "maxnumf": "maxsi", "minnumf": "minsi", "negf": None}  # fmt: skip
-_INT_ARITH = {"addi": "addf", "subi": "subf", "muli": "mulf", "divsi": "divf", "divui": "divf",
-              "ceildivsi": None, "ceildivui": None, "floordivsi": None, "remsi": None,
-              "remui": None, "andi": None, "ori": None, "xori": None, "shli": None,
-              "shrsi": None, "shrui": None, "maxsi": "maximumf", "maxui": "maximumf",
-              "minsi": "minimumf", "minui": "minimumf", "addui_extended": None,
-              "mulsi_extended": None, "mului_extended": None}  # fmt: skip
-
-
-def _check_arith_element(name: str, values: Sequence[SSAValue]) -> None:
-    if not values:
-        return
-    t = values[0].type
-    element = t.element_type if isinstance(t, TensorType) else t
-    is_int = isinstance(element, IntegerType | IndexType)
-    if name in _FLOAT_ARITH and is_int:
-        family, other = "float", _FLOAT_ARITH[name]
-    elif name in _INT_ARITH and not is_int:
-        family, other = "integer", _INT_ARITH[name]
-    else:
-        return
-    hint = f"; for {element} use arith({other!r}, ...)" if other else ""
-    raise BuilderError(f"arith.{name} takes {family} operands, got {t}{hint}")
-
-
-@_located
-def cmpf(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
-    """`arith.cmpf`: element-wise float comparison, an `i1` of the operands'
-    shape. Predicates: ordered `oeq`, `ogt`, `oge`, `olt`, `ole`, `one`,
-    `ord` (false where either is NaN), unordered `ueq` ... `uno` (true
-    there), `false`, `true`."""
-    return _compare(CmpfOp, CMPF_COMPARISON_OPERATIONS, predicate, lhs, rhs)
-
-
-@_located
-def cmpi(predicate: str, lhs: Value, rhs: Value) -> SSAValue:
-    """`arith.cmpi`: element-wise integer comparison (`eq`, `ne`, signed
-    `slt` ... `sge`, unsigned `ult` ... `uge`), an `i1` of the operands' shape."""
-    return _compare(CmpiOp, CMPI_COMPARISON_OPERATIONS, predicate, lhs, rhs)
-
-
-def _compare(
-    op_type: type[CmpfOp | CmpiOp],
-    predicates: Sequence[str],
-    predicate: str,
-    lhs: Value,
-    rhs: Value,
-) -> SSAValue:
-    if predicate not in predicates:
-        raise BuilderError(
-            f"no {op_type.name.removeprefix('arith.')} predicate {predicate!r}; "
-            f"the predicates are {', '.join(predicates)}"
-        )
-    a, b = _typed(op_type.name, (lhs, rhs))
-    return _verified(op_type(a, b, predicate)).results[0]
-
-
-@_located
-def select(condition: Value, if_true: Value, if_false: Value) -> SSAValue:
-    """`arith.select`: `if_true` where `condition` holds, else `if_false`;
-    an `i1` condition picks a whole operand, an `i1` tensor of the operands'
-    shape picks element by element."""
-    a, b = _typed("arith.select", (if_true, if_false))
-    return _verified(SelectOp(SSAValue.get(condition), a, b)).results[0]
-
-
-@_located
-def cast(name: str, x: Value, element: str | Attribute) -> SSAValue:
-    """The cast `name` (`extsi`, `extui`, `trunci`, `sitofp`, `uitofp`,
-    `fptosi`, `fptoui`, `extf`, `truncf`, `bitcast`, `index_cast`) of `x` to
-    element type `element`, keeping `x`'s shape: `cast("sitofp", i, "f32")`."""
-    if name not in _CASTS:
-        raise BuilderError(f"no cast {name!r}; the casts are {', '.join(_CASTS)}")
-    value = SSAValue.get(x)
-    target = like(value.type, element_type(element))
-    return _verified(_ARITH_OPS[name](value, target)).results[0]  # type: ignore[call-arg]
-
-
-@_located
-def math(name: str, *operands: Value) -> SSAValue:
-    """The `math` op `name` on `operands`, element by element:
-    `math("exp", x)`, `math("powf", a, b)`, `math("fma", a, b, c)`."""
-    op = _MATH_OPS.get(name)
-    if op is None:
-        raise BuilderError(f"no math op {name!r}; known: {', '.join(sorted(_MATH_OPS))}")
-    return _verified(op(*(SSAValue.get(v) for v in operands))).results[0]  # type: ignore[call-arg]
-
-
-@_located
-def concat(values: Sequence[Value], axis: int = 0) -> SSAValue:
-    """`tensor.concat` of `values` along `axis` (the packing of a multi-part
-    reduction: `concat([maxes, sums])`); the result's size on `axis` is the
-    sum of theirs (dynamic if any is), its other dimensions theirs."""
-    parts = [SSAValue.get(v) for v in values]
-    if not parts:
-        raise BuilderError("concat needs at least one value")
-    types = [p.type for p in parts]
-    if not all(isinstance(t, TensorType) for t in types):
-        raise BuilderError(f"concat takes tensors, got {', '.join(map(str, types))}")
-    shapes = [list(t.get_shape()) for t in types]  # type: ignore[union-attr]
-    rank = len(shapes[0])
-    if not -rank <= axis < rank:
-        raise BuilderError(f"axis {axis} is out of range for tensors of rank {rank}")
-    axis %= rank
-    if any(len(s) != rank for s in shapes) or any(
-        s[:axis] + s[axis + 1 :] != shapes[0][:axis] + shapes[0][axis + 1 :] for s in shapes
-    ):
-        raise BuilderError(
-            f"concat along axis {axis} needs the other dimensions equal, got "
-            f"{', '.join(map(str, types))}"
-        )
-    sizes = [s[axis] for s in shapes]
-    shape = list(shapes[0])
-    shape[axis] = DYNAMIC_INDEX if DYNAMIC_INDEX in sizes else sum(sizes)
-    result = TensorType(types[0].element_type, shape)  # type: ignore[union-attr]
-    return _verified(tensor.ConcatOp(parts, axis, result)).results[0]
-
-
-@_located
-def extract_slice(x: Value, offsets: Sequence[int], sizes: Sequence[int]) -> SSAValue:
-    """`tensor.extract_slice` of `x` with static `offsets` and `sizes` and
-    unit strides (taking a multi-part reduction apart: `extract_slice(v,
-    [n], [n])` is its second part of n)."""
-    value = SSAValue.get(x)
-    t = value.type
-    if not isinstance(t, TensorType):
-        raise BuilderError(f"extract_slice takes a tensor, got {t}")
-    shape = list(t.get_shape())
-    if len(offsets) != len(shape) or len(sizes) != len(shape):
-        raise BuilderError(
-            f"extract_slice of a rank-{len(shape)} tensor needs {len(shape)} offsets and "
-            f"sizes, got {len(offsets)} and {len(sizes)}"
-        )
-    for d, (o, n, extent) in enumerate(zip(offsets, sizes, shape)):
-        if o < 0 or n < 0 or (extent != DYNAMIC_INDEX and o + n > extent):
-            raise BuilderError(
-                f"extract_slice: dimension {d} takes [{o}, {o + n}) of a size {extent}"
-            )
-    result = TensorType(t.element_type, list(sizes))
-    op = tensor.ExtractSliceOp(value, list(offsets), list(sizes), [1] * len(shape), result)
-    return _verified(op).results[0]
-
-
-###############################################################################
-# Declarations
-###############################################################################
-
-
-@_located
-def declare_group(name: str, subgroups: Sequence[Sequence[int]]) -> str:
-    """`dist.group @name [[...], ...]` (subgroups of global ranks) at the
-    current insertion point, which must be a module body; returns `name`,
-    for the ops' `group=` argument. `build_program(groups=...)` calls it."""
-    GroupOp(name, subgroups)
-    return name
-
-
-@_located
-def declare_mesh(name: str, shape: Sequence[int], ranks: Sequence[int]) -> str:
-    """`dist.mesh @name [shape] ranks [...]` (global ranks, row-major) at the
-    current insertion point, which must be a module body; returns `name`.
-    `build_program(meshes=...)` calls it."""
-    MeshOp(name, shape, ranks)
-    return name
-
-
-###############################################################################
-# Rank queries and collectives
-###############################################################################
-
-
-@_located
-def rank(group: GroupRef = None) -> SSAValue:
-    """This rank within `group` (the world by default), as an index."""
-    return RankOp(group).result
-
-
-@_located
-def group_size(group: GroupRef = None) -> SSAValue:
-    """The number of ranks in `group`, as an index."""
-    return GroupSizeOp(group).result
-
-
-@_located
-def broadcast(x: Value, root: int | Value = 0, group: GroupRef = None) -> SSAValue:
-    """Every rank gets `x` of group rank `root` (an int, or an index value)."""
-    return BroadcastOp(x, root, group).result
-
-
-@_located
-def make_combine_region(arg_types: Sequence[Attribute], combine: Body) -> Region:
-    """A single-block region whose body `combine(*block_args)` builds,
-    ended by a `dist.yield` of what it returns (`all_reduce(combine=...)`
-    calls it; `wave` ends its body the same way)."""
-    block = Block(arg_types=arg_types)
-    with ImplicitBuilder(block):
-        YieldOp(*_values(combine(*block.args)))
-    return Region(block)
-
-
-@_located
-def all_reduce(
-    x: Value,
-    kind: ReductionKind | str | None = None,
-    *,
-    combine: Body | None = None,
-    extras: Sequence[Value] = (),
-    commutative: bool = False,
-    group: GroupRef = None,
-) -> SSAValue:
-    """Native (`kind`: "sum", "max", ...) or generic (`combine` callback on
-    `(lhs, rhs, *extras)`) all-reduce."""
-    if (kind is None) == (combine is None):
-        raise ValueError("all_reduce needs exactly one of `kind` and `combine`")
-    if kind is not None:
-        return AllReduceOp(x, kind=_native_kind(kind, "or pass combine= for your own"), group=group).result
-    assert combine is not None
-    x_type = SSAValue.get(x).type
-    region = make_combine_region([x_type, x_type, *(SSAValue.get(e).type for e in extras)], combine)
-    return AllReduceOp(
-        x, combine=region, extras=extras, commutative=commutative, group=group
-    ).result
-
-
-@_located
-def all_reduce_add_ciphertext(
-    ciphertext: Value,
-    moduli: Value,
-    *,
-    modulus_basis: str = "Q",
-    max_modulus_bits: int | None = None,
-    group: GroupRef = None,
-) -> SSAValue:
-    """The per-limb modular sum of RNS ciphertexts `[..., L, N]` with moduli `[L]`."""
-    return AllReduceAddCiphertextOp(
-        ciphertext,
-        moduli,
-        modulus_basis=modulus_basis,
-        max_modulus_bits=max_modulus_bits,
-        group=group,
-    ).result
-
-
-@_located
-def assert_reduced(limbs: Value, moduli: Value, *, max_modulus_bits: int | None = None) -> None:
-    """The local check that every limb is reduced modulo its modulus."""
-    AssertReducedOp(limbs, moduli, max_modulus_bits)
-
-
-@_located
-def assert_uniform(x: Value, *, group: GroupRef = None) -> None:
-    """The collective check that every rank of the group passes the same `x`."""
-    AssertUniformOp(x, group)
-
-
-@_located
-def all_gather(
-    x: Value,
-    *,
-    axis: int = 0,
-    counts: Value | None = None,
-    result_type: TensorType | None = None,
-    group: GroupRef = None,
-) -> SSAValue:
-    """Even (or, with `counts`, uneven) all-gather; the gathered axis is
-    dynamic unless `result_type` says otherwise."""
-    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    return AllGatherOp(x, t, axis=axis, counts=counts, group=group).result
-
-
-@_located
-def reduce_scatter(
-    x: Value,
-    kind: ReductionKind | str | None = "sum",
-    *,
-    axis: int = 0,
-    counts: Sequence[int] | None = None,
-    combine: Body | None = None,
-    extras: Sequence[Value] = (),
-    commutative: bool = False,
-    result_type: TensorType | None = None,
-    group: GroupRef = None,
-) -> SSAValue:
-    """Reduce-scatter: rank r gets part r of the reduction of every rank's
-    `x` along `axis`, split evenly or, with `counts`, `counts[r]` rows. The
-    reduction is a native `kind`, or, with `combine` (then no kind), a
-    callback on `(lhs, rhs, *extras)` as for `all_reduce`. The axis is
-    dynamic unless `result_type` says otherwise."""
-    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    if combine is None:
-        if kind is None:
-            raise ValueError("reduce_scatter needs a `kind` or a `combine`")
-        native = _native_kind(kind, "or pass combine= for your own")
-        return ReduceScatterOp(x, t, kind=native, counts=counts, axis=axis, group=group).result
-    x_type = SSAValue.get(x).type
-    region = make_combine_region([x_type, x_type, *(SSAValue.get(e).type for e in extras)], combine)
-    return ReduceScatterOp(x, t, combine=region, extras=extras, commutative=commutative,
-                           counts=counts, axis=axis, group=group).result  # fmt: skip
-
-
-@_located
-def gather(
-    x: Value,
-    root: int = 0,
-    *,
-    axis: int = 0,
-    counts: Value | None = None,
-    result_type: TensorType | None = None,
-    group: GroupRef = None,
-) -> SSAValue:
-    """Even (or, with `counts`, uneven) gather to `root` (zeros on the other
-    ranks); the gathered axis is dynamic unless `result_type` says otherwise."""
-    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    return GatherOp(x, t, root=root, axis=axis, counts=counts, group=group).result
-
-
-@_located
-def scatter(
-    x: Value,
-    root: int = 0,
-    *,
-    axis: int = 0,
-    counts: Value | None = None,
-    result_type: TensorType | None = None,
-    group: GroupRef = None,
-) -> SSAValue:
-    """Even (or, with `counts`, uneven) scatter of `root`'s `x`: rank r gets
-    part r; the split axis is dynamic unless `result_type` says otherwise."""
-    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    return ScatterOp(x, t, root=root, axis=axis, counts=counts, group=group).result
-
-
-@_located
-def reduce(
-    x: Value, kind: ReductionKind | str = "sum", root: int = 0, *, group: GroupRef = None
-) -> SSAValue:
-    """Native reduce: `root` gets the reduction of every rank's `x` (the other
-    ranks get zeros)."""
-    return ReduceToRootOp(x, kind=_native_kind(kind), root=root, group=group).result
-
-
-@_located
-def shift(x: Value, offset: int = 1, *, rotate: bool = False, group: GroupRef = None) -> SSAValue:
-    """Neighbour exchange: rank r gets rank r-offset's `x` (modulo the group
-    size with `rotate`; zeros where there is no such rank otherwise)."""
-    return ShiftOp(x, offset=offset, rotate=rotate, group=group).result
-
-
-@_located
-def pvary(x: Value, *, group: GroupRef = None) -> SSAValue:
-    """Megatron's `f`: `x` (replicated over the group) unchanged, as a
-    varying value; the gradient of `x` is the sum over ranks of the
-    result's cotangent."""
-    return PvaryOp(x, group).result
-
-
-@_located
-def psum(x: Value, *, group: GroupRef = None) -> SSAValue:
-    """Megatron's `g`: the sum of every rank's `x`, replicated over the
-    group; the gradient of `x` is the result's cotangent, unchanged."""
-    return PsumOp(x, group).result
-
-
-def _native_kind(kind: ReductionKind | str, hint: str = "") -> ReductionKind:
-    """`kind` as a native reduction kind, or a `BuilderError` naming the kinds
-    (and the nearest, for a typo)."""
-    kinds = [k.value for k in ReductionKind]
-    if str(kind) not in kinds:
-        raise BuilderError(
-            f"no native reduction {kind!r}{_did_you_mean(str(kind), kinds)}; the native "
-            f"reductions are {', '.join(kinds)}" + (f" ({hint})" if hint else "")
-        )
-    return ReductionKind(kind)
-
-
-@_located
-def variable_all_to_all(
-    x: Value,
-    send_counts: Value,
-    *,
-    axis: int = 0,
-    result_type: TensorType | None = None,
-    group: GroupRef = None,
-) -> tuple[SSAValue, SSAValue]:
-    """Returns `(received rows, recv_counts)`; the received axis is dynamic
-    unless `result_type` says otherwise."""
-    t = result_type or _with_dynamic_axis(SSAValue.get(x).type, axis)
-    op = VariableAllToAllOp(x, send_counts, t, axis=axis, group=group)
-    return op.result, op.recv_counts
-
-
-@_located
-def wave(body: Callable[[], Value | Sequence[Value] | None]) -> tuple[SSAValue, ...]:
-    """`dist.wave`: `body()` builds collectives and point-to-point ops, all
-    submitted before any is awaited, and returns the values the wave
-    yields; returns the wave's results (one per yielded value)."""
-    block = Block()
-    with ImplicitBuilder(block):
-        values = _values(body())
-        YieldOp(*values)
-    return tuple(WaveOp(Region(block), [v.type for v in values]).outputs)
-
-
-###############################################################################
-# Point-to-point and mesh transfers
-###############################################################################
-
-
-@_located
-def send(x: Value, dest: Peer, group: GroupRef = None) -> None:
-    """Sends `x` to group rank `dest` (an int, or an index value)."""
-    SendOp(x, dest, group)
-
-
-@_located
-def recv(source: Peer, result_type: TensorType, group: GroupRef = None) -> SSAValue:
-    """Receives a tensor of `result_type` from group rank `source`."""
-    return RecvOp(source, result_type, group).result
-
-
-@_located
-def sendrecv(
-    x: Value,
-    dest: Peer,
-    source: Peer,
-    *,
-    result_type: TensorType | None = None,
-    group: GroupRef = None,
-) -> SSAValue:
-    """Sends `x` to `dest` and receives from `source` in one exchange that
-    cannot deadlock; the received type is `x`'s unless `result_type` says."""
-    return SendRecvOp(x, dest, source, result_type, group).result
-
-
-@_located
-def transfer(
-    x: Value,
-    *,
-    source_mesh: str,
-    source_layout: Sequence[int | None],
-    dest_mesh: str,
-    dest_layout: Sequence[int | None],
-    global_shape: Sequence[int],
-    source_partial: Sequence[int] = (),
-    result_type: TensorType | None = None,
-) -> SSAValue:
-    """Moves a global tensor of `global_shape` from its layout on one mesh to
-    a layout on another. A layout gives, per tensor dim, the mesh axis that
-    shards it or None (replicated); `source_partial` lists the source mesh
-    axes that hold partial sums. The local shard is fully dynamic
-    (`tensor<?x?xf32>`) unless `result_type` says otherwise."""
-    element = SSAValue.get(x).type
-    assert isinstance(element, TensorType)
-    t = result_type or tensor_type(element.element_type, [None] * len(global_shape))
-    return TransferOp(
-        x,
-        source_mesh=source_mesh,
-        source_layout=source_layout,
-        dest_mesh=dest_mesh,
-        dest_layout=dest_layout,
-        global_shape=global_shape,
-        source_partial=source_partial,
-        result_type=t,
-    ).result
-
-
-###############################################################################
-# Programs
-###############################################################################
+from distir.ops.all_gather.build import all_gather
+from distir.ops.all_reduce.build import all_reduce, all_reduce_add_ciphertext
+from distir.ops.all_to_all.build import variable_all_to_all
+from distir.ops.asserts.build import assert_reduced, assert_uniform
+from distir.ops.broadcast.build import broadcast
+from distir.ops.gather_scatter.build import gather, scatter
+from distir.ops.groups.build import declare_group, group_size, rank
+from distir.ops.p2p.build import recv, send, sendrecv
+from distir.ops.reduce.build import reduce
+from distir.ops.reduce_scatter.build import reduce_scatter
+from distir.ops.replication.build import psum, pvary
+from distir.ops.shift.build import shift
+from distir.ops.table import helper_names
+from distir.ops.transfer.build import declare_mesh, transfer
+from distir.ops.wave.build import make_combine_region, wave
+
+__all__ = [
+    "HELPERS",
+    "Body",
+    "BuilderError",
+    "GroupRef",
+    "Peer",
+    "Value",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_add_ciphertext",
+    "arith",
+    "assert_reduced",
+    "assert_uniform",
+    "broadcast",
+    "build_program",
+    "call_site",
+    "cast",
+    "cmpf",
+    "cmpi",
+    "concat",
+    "constant_index",
+    "constant_tensor",
+    "declare_group",
+    "declare_mesh",
+    "element_type",
+    "extract_slice",
+    "gather",
+    "group_size",
+    "located_at_callers_of",
+    "make_combine_region",
+    "math",
+    "psum",
+    "pvary",
+    "rank",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "select",
+    "send",
+    "sendrecv",
+    "shift",
+    "tensor_type",
+    "transfer",
+    "variable_all_to_all",
+    "wave",
+]
 
 
 def build_program(
@@ -822,7 +147,7 @@ def build_program(
     whose body is built by `body(*args)`; what `body` returns is returned.
     Ops that no helper located (the function, its return, xDSL ops built
     directly) get the location of this call."""
-    site = _call_site()
+    site = call_site()
     module = ModuleOp([])
     with ImplicitBuilder(module.body.block):
         for sym, parts in (groups or {}).items():
@@ -833,7 +158,7 @@ def build_program(
     for i, arg in enumerate(block.args):
         arg.name_hint = f"arg{i}"
     with ImplicitBuilder(block):
-        values = _values(body(*block.args))
+        values = as_values(body(*block.args))
         func.ReturnOp(*values)
     fn = func.FuncOp(name, (list(arg_types), [v.type for v in values]), Region(block))
     module.body.block.add_op(fn)
@@ -857,29 +182,6 @@ def _failing(module: ModuleOp, error: Exception) -> str:
 
 
 HELPERS: dict[type[Operation], Callable[..., object]] = {
-    GroupOp: declare_group,
-    MeshOp: declare_mesh,
-    RankOp: rank,
-    GroupSizeOp: group_size,
-    BroadcastOp: broadcast,
-    YieldOp: make_combine_region,
-    AllReduceOp: all_reduce,
-    AllReduceAddCiphertextOp: all_reduce_add_ciphertext,
-    AssertReducedOp: assert_reduced,
-    AssertUniformOp: assert_uniform,
-    AllGatherOp: all_gather,
-    ReduceScatterOp: reduce_scatter,
-    GatherOp: gather,
-    ScatterOp: scatter,
-    ReduceToRootOp: reduce,
-    ShiftOp: shift,
-    PvaryOp: pvary,
-    PsumOp: psum,
-    VariableAllToAllOp: variable_all_to_all,
-    WaveOp: wave,
-    SendOp: send,
-    RecvOp: recv,
-    SendRecvOp: sendrecv,
-    TransferOp: transfer,
+    op: globals()[name] for op, name in helper_names().items()
 }
-"""Op class -> the helper of this module that builds it."""
+"""Op class -> the helper that builds it (from the op table)."""

@@ -7,21 +7,18 @@ default (world) group; an op with `group @name` runs on the group declared by
 the module-level `dist.group @name` op, in which every rank finds the
 subgroup that contains it.
 
-The ops live with their family, each with its semantics, syntax and
-verifier: `attributes` (reduction kinds and their facts, effects), `groups`
-(group declarations, rank queries), `all_reduce`, `collectives` (the other
-collectives), `p2p`, `mesh` (meshes and
-transfers); `syntax` holds the custom directives their formats share. This
-module holds the `Dist` dialect object and re-exports every name, so
-`from distir.ir.dialect import X` works for all of them.
+The ops live with their family, one folder each under `distir/ops/`
+(`distir.ops.table` lists them); `attributes` holds the reduction kinds and
+their facts, effects, and `syntax` the custom directives the formats share.
+This module holds the `Dist` dialect object, derived from the op table, and
+re-exports every name, so `from distir.ir.dialect import X` works for all of
+them.
 """
 
 from __future__ import annotations
 
 from xdsl.ir import Dialect
-from xdsl.irdl import IRDLOperation
 
-from distir.ir.all_reduce import AllReduceOp, CombineIsolatedFromAbove
 from distir.ir.attributes import (
     ASSUMED_GROUP_SIZE,
     BITWISE_KINDS,
@@ -32,19 +29,16 @@ from distir.ir.attributes import (
     ReductionKindAttr,
     ReductionKindFacts,
 )
-from distir.ir.collectives import (
-    AllGatherOp,
-    AllReduceAddCiphertextOp,
-    AssertReducedOp,
-    AssertUniformOp,
-    BroadcastOp,
-    CollectiveOp,
-    VariableAllToAllOp,
-    WaveOp,
-    YieldOp,
-)
-from distir.ir.gather_scatter import GatherOp, ScatterOp
-from distir.ir.groups import (
+from distir.ir.collectives import CollectiveOp
+from distir.ir.syntax import REPLICATED
+from distir.ops.all_gather.ir import AllGatherOp
+from distir.ops.all_reduce.ciphertext import AllReduceAddCiphertextOp
+from distir.ops.all_reduce.ir import AllReduceOp, CombineIsolatedFromAbove
+from distir.ops.all_to_all.ir import VariableAllToAllOp
+from distir.ops.asserts.ir import AssertReducedOp, AssertUniformOp
+from distir.ops.broadcast.ir import BroadcastOp
+from distir.ops.gather_scatter.ir import GatherOp, ScatterOp
+from distir.ops.groups.ir import (
     GroupMemberOp,
     GroupOp,
     GroupSizeOp,
@@ -52,50 +46,22 @@ from distir.ir.groups import (
     group_declarations,
     lookup_group,
 )
-from distir.ir.mesh import MeshOp, TransferOp
-from distir.ir.p2p import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
-from distir.ir.reduce import ReduceToRootOp
-from distir.ir.reduce_scatter import ReduceScatterOp
-from distir.ir.replication import PsumOp, PvaryOp
-from distir.ir.shift import ShiftOp
-from distir.ir.syntax import REPLICATED
+from distir.ops.p2p.ir import PEER_OPS, PeerOp, RecvOp, SendOp, SendRecvOp
+from distir.ops.reduce.ir import ReduceToRootOp
+from distir.ops.reduce_scatter.ir import ReduceScatterOp
+from distir.ops.replication.ir import PsumOp, PvaryOp
+from distir.ops.shift.ir import ShiftOp
+from distir.ops.table import dist_ops
+from distir.ops.transfer.ir import MeshOp, TransferOp
+from distir.ops.wave.ir import WaveOp, YieldOp
 
-COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = (
-    BroadcastOp,
-    AllReduceOp,
-    AllReduceAddCiphertextOp,
-    AllGatherOp,
-    ReduceScatterOp,
-    VariableAllToAllOp,
-    PsumOp,
-    PvaryOp,
-    GatherOp,
-    ScatterOp,
-    ReduceToRootOp,
-    ShiftOp,
-)
-
-_OPS: tuple[type[IRDLOperation], ...] = (
-    GroupOp,
-    MeshOp,
-    RankOp,
-    GroupSizeOp,
-    *COLLECTIVE_OPS,
-    *PEER_OPS,
-    WaveOp,
-    TransferOp,
-    AssertReducedOp,
-    AssertUniformOp,
-    YieldOp,
+#: the collectives (every rank of the group enters them), in dialect order
+COLLECTIVE_OPS: tuple[type[CollectiveOp], ...] = tuple(
+    op for op in dist_ops() if issubclass(op, CollectiveOp)
 )
 
 
-def dist_ops() -> tuple[type[IRDLOperation], ...]:
-    """Every op class of the dist dialect, in the order `Dist` registers them."""
-    return _OPS
-
-
-Dist = Dialect("dist", list(_OPS), [ReductionKindAttr])
+Dist = Dialect("dist", list(dist_ops()), [ReductionKindAttr])
 
 __all__ = [
     "ASSUMED_GROUP_SIZE",

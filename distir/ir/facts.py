@@ -114,6 +114,17 @@ class ChoosesAlgorithm(ABC):
         when none is recorded; None: the registry's default implementation."""
 
 
+class ImpliesGroupSize(ABC):
+    """An op whose static types fix the size of its group (an even
+    all-gather of 2 rows per rank into 8 rows: 4 ranks); the runtime's
+    world-size requirements ask it."""
+
+    @abstractmethod
+    def implied_group_size(self) -> tuple[str, int | None] | None:
+        """`(why, size)` when the op's types fix its group's size (`size`
+        None: no size fits them), else None; `why` follows the op's name."""
+
+
 class DescribesPlan(ABC):
     """An op whose traffic is decided at compile time (the mesh transfer's
     map) and can be shown before it runs (`print-transfer-maps`)."""

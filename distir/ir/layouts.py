@@ -4,7 +4,7 @@ A *mesh* is an n-D grid of global ranks; a *layout* says how one logically
 global tensor lives on a mesh: which tensor dim each mesh axis shards, which
 axes replicate it, and which axes hold a *partial sum* of it. `local_box`
 says which part of the global tensor a rank holds. The transfer map between
-two (mesh, layout) pairs is `distir.ir.mesh`'s.
+two (mesh, layout) pairs is `distir.ops.transfer.ir`'s.
 
 Everything here is pure Python (no torch), and every rule of what a valid
 mesh and layout are is written here once: `dist.mesh` and `dist.transfer`

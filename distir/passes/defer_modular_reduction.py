@@ -53,8 +53,6 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.he.modular import int64_sum_is_exact
-from distir.ir.all_reduce import broadcast_moduli
 from distir.ir.dialect import (
     ASSUMED_GROUP_SIZE,
     AllReduceAddCiphertextOp,
@@ -63,7 +61,9 @@ from distir.ir.dialect import (
     AssertUniformOp,
     ReductionKind,
 )
+from distir.ir.modular import int64_sum_is_exact
 from distir.ir.parsing import format_location
+from distir.ops.all_reduce.ir import broadcast_moduli
 from distir.passes._rewrite_utils import rewrite_once, with_location
 from distir.passes.options import check_options, option
 

@@ -69,8 +69,8 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.all_reduce import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, AssertReducedOp
+from distir.ops.all_reduce.ir import KNOWN_COMBINE, MODULAR_ADD, modular_add_region
 from distir.passes._rewrite_utils import rewrite_once, with_location
 
 

@@ -5,7 +5,7 @@ rank and slice, destination rank and slice, bytes, and whether the piece is a
 partial sum added on arrival or a local copy — as `//` comment lines, so the
 output of `distir-opt -p print-transfer-maps` is still valid IR. The module
 itself is left unchanged. The op formats its own map
-(`DescribesPlan.describe_plan`, `TransferOp`'s in `ir/mesh.py`): the pass
+(`DescribesPlan.describe_plan`, `TransferOp`'s in `ops/transfer/ir.py`): the pass
 walks and prints.
 """
 

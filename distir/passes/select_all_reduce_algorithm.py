@@ -58,8 +58,8 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from distir.ir.all_reduce import candidate_algorithms
 from distir.ir.dialect import AllReduceOp
+from distir.ops.all_reduce.ir import candidate_algorithms
 from distir.passes._rewrite_utils import rewrite_once
 from distir.passes.options import check_options, option
 

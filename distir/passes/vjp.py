@@ -99,15 +99,16 @@ from xdsl.passes import ModulePass
 
 from distir.errors import NotDifferentiable
 from distir.ir import tensor_arith
-from distir.ir.all_reduce import sum_all_reduce
 from distir.ir.analysis import is_sum_reduction
-from distir.ir.dialect import AssertUniformOp, CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
+from distir.ir.dialect import CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
 from distir.ir.facts import UniformResults
-from distir.ir.groups import group_declarations
 from distir.ir.parsing import describe_op, function_named
-from distir.ir.reduce import sum_reduce
-from distir.ir.reduce_scatter import sum_reduce_scatter
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable
+from distir.ops.all_reduce.ir import sum_all_reduce
+from distir.ops.asserts.ir import uniform_check
+from distir.ops.groups.ir import group_declarations
+from distir.ops.reduce.ir import sum_reduce
+from distir.ops.reduce_scatter.ir import sum_reduce_scatter
 from distir.passes._rewrite_utils import with_location
 
 #: element types that carry gradients
@@ -574,7 +575,7 @@ class _Transposer:
                     f"{describe_op(result.owner)}: a replicated scalar result has no "
                     "derivative here; return it as a tensor"
                 )
-            self.emit(AssertUniformOp(cotangent, self._replicated[result]))  # type: ignore[arg-type]
+            self.emit(uniform_check(cotangent, self._replicated[result]))  # type: ignore[arg-type]
         self.accumulate(result, cotangent)
 
     def primal(self, value: SSAValue) -> SSAValue:

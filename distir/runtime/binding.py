@@ -32,7 +32,7 @@ from distir.backends.registry import Implementation
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock, DistKernel
 from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
 from distir.interpreters.invocation import Invocation
-from distir.ir.dialect import BroadcastOp
+from distir.interpreters.semantics import semantics_of
 from distir.runtime.concurrency import gate_for
 from distir.runtime.planning import Plan
 from distir.runtime.requirements import WorldSizeError, check_declarations, check_world_size
@@ -168,9 +168,11 @@ class Binding:
             implementation = plan.choices[op]
             if isinstance(resource, ProcessGroupResource):
                 check_group_assumption(invocation, resource.size)
-                root = invocation.properties.get("root")
-                if isinstance(op, BroadcastOp) and root is not None:
-                    check_group_rank(invocation, "root", root, resource.size)  # same on every rank
+                record = semantics_of(type(op))
+                for name in () if record is None else record.group_ranks:
+                    value = invocation.properties.get(name)
+                    if value is not None:  # same on every rank
+                        check_group_rank(invocation, name, value, resource.size)
                 # What the fingerprint covered for this size.
                 implementation = plan.implementation_for(op, resource.size)
             return implementation, invocation, resource

@@ -32,7 +32,6 @@ from distir.interpreters.block_compiler import BlockCompiler
 from distir.interpreters.dtypes import RUNNABLE_ELEMENT_TYPES, element_dtype, static_shape
 from distir.interpreters.invocation import Invocation
 from distir.interpreters.semantics import make_invocation, precondition_rule
-from distir.ir.all_reduce import known_combine_error
 from distir.ir.dialect import (
     GroupMemberOp,
     GroupOp,
@@ -48,6 +47,7 @@ from distir.ir.facts import (
     needs_agreement,
 )
 from distir.ir.parsing import describe_op, function_named, reachable_functions
+from distir.ops.all_reduce.ir import known_combine_error
 from distir.runtime.inputs import check_inputs
 from distir.runtime.ownership import check_unchanged, is_plain, plain_inputs
 

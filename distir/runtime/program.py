@@ -96,7 +96,7 @@ class Program:
         agreement: bool = True,
     ):
         if registry is None:
-            from distir.backends.collectives import distributed_operation_contributions
+            from distir.backends.implementations import distributed_operation_contributions
 
             registry = ImplementationRegistry(distributed_operation_contributions())
         self.module = module

@@ -34,8 +34,8 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, TensorTy
 from xdsl.ir import Operation
 
 from distir.errors import DistirError, count
-from distir.ir.dialect import ASSUMED_GROUP_SIZE, AllGatherOp, GroupOp, MeshOp, WaveOp
-from distir.ir.facts import OperandRole, operand_roles
+from distir.ir.dialect import ASSUMED_GROUP_SIZE, GroupOp, MeshOp, WaveOp
+from distir.ir.facts import ImpliesGroupSize, OperandRole, operand_roles
 from distir.ir.parsing import describe_op, function_named, reachable_functions
 
 #: what an operand of each counting role holds, for messages
@@ -147,21 +147,14 @@ def _world_group_op(op: Operation) -> Iterator[WorldSizeRequirement]:
                 "(one per rank)",
                 exactly=n,
             )
-    if isinstance(op, AllGatherOp) and op.counts is None:
-        axis = op.axis.value.data
-        t_in, t_out = op.input.type, op.result.type
-        if isinstance(t_in, TensorType) and isinstance(t_out, TensorType):
-            rows_in, rows_out = t_in.get_shape()[axis], t_out.get_shape()[axis]
-            if rows_in > 0 and rows_out >= 0:
-                size, rest = divmod(rows_out, rows_in)
-                reason = (
-                    f"{describe_op(op)} gathers {t_in} into {t_out} "
-                    f"({rows_out} rows along axis {axis} from {rows_in} per rank)"
-                )
-                if rest:
-                    yield WorldSizeRequirement(reason=reason, never=True)
-                else:
-                    yield WorldSizeRequirement(reason=reason, exactly=size)
+    implied = op.implied_group_size() if isinstance(op, ImpliesGroupSize) else None
+    if implied is not None:
+        why, size = implied
+        reason = f"{describe_op(op)} {why}"
+        if size is None:
+            yield WorldSizeRequirement(reason=reason, never=True)
+        else:
+            yield WorldSizeRequirement(reason=reason, exactly=size)
     assumed = op.attributes.get(ASSUMED_GROUP_SIZE)
     if isinstance(assumed, IntegerAttr):
         limit = assumed.value.data

@@ -4,7 +4,7 @@ A trainer holds each named tensor in one layout on its mesh (sharded,
 replicated or partial per mesh axis); the inference ranks want it in another
 layout on theirs (disjoint or overlapping ranks). `plan_weight_sync` takes
 both sides' declarations per tensor name and builds one plan, once, from the
-same transfer map that `dist.transfer` executes (`distir.ir.mesh.transfer_map`):
+same transfer map that `dist.transfer` executes (`distir.ops.transfer.ir.transfer_map`):
 every piece of every tensor, then the remote pieces packed into a few large
 buckets, each bucket one message per (source rank, destination rank) pair.
 `WeightSyncPlan.describe` prints it; `WeightSyncPlan.run` executes it on the
@@ -37,7 +37,7 @@ from distir.backends.domain import domain_for
 from distir.backends.epochs import membership
 from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError, Excluded
 from distir.ir.layouts import Box, Layout, Mesh, local_box
-from distir.ir.mesh import Transfer, transfer_map
+from distir.ops.transfer.ir import Transfer, transfer_map
 
 __all__ = [
     "WIRE_DTYPES",

@@ -102,7 +102,7 @@ def test_what_the_backward_runs_on_gloo_sends_half_an_all_reduce(P, schedule):
     import torch
 
     from distir.backends.exchange import InProcessWorld
-    from distir.backends.reduce_scatter import (
+    from distir.ops.reduce_scatter.torch import (
         DIRECT,
         choose_schedule,
         direct_reduce_scatter,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import distir
-from distir.backends.collectives import distributed_operation_contributions
+from distir.backends.implementations import distributed_operation_contributions
 from distir.backends.registry import Implementation
 from distir.errors import CompileError
 from distir.ir.attributes import REDUCTION_KINDS

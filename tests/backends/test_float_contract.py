@@ -28,8 +28,8 @@ from strategies import examples
 from xdsl.dialects import arith
 
 import distir
-from distir.backends.all_reduce import native
 from distir.interpreters import kernels
+from distir.ops.all_reduce.torch import native
 from distir.runtime.launch import launch
 from tests.backends.float_cases import CONTRACT, run_variants, variants
 

@@ -10,9 +10,9 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distir.backends.all_reduce.native import C10D_REDUCTIONS
 from distir.interpreters.kernels import LOCAL_KERNELS, NATIVE_FOLDS, fold_in_rank_order
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
+from distir.ops.all_reduce.torch.native import C10D_REDUCTIONS
 
 
 def test_every_kind_has_one_fold_and_one_c10d_reduction() -> None:

@@ -124,7 +124,7 @@ def test_the_simulator_runs_the_records_it_is_handed() -> None:
     from distir.interpreters.block_compiler import BlockCompiler
     from distir.interpreters.reference import run_simulation
     from distir.interpreters.semantics import SEMANTICS
-    from distir.interpreters.semantics.collectives import GroupSizeSemantics
+    from distir.ops.groups.semantics import GroupSizeSemantics
 
     program = """
 func.func @main() -> index {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import pkgutil
 
 import pytest
 from xdsl.utils.exceptions import VerifyException
@@ -863,7 +864,23 @@ UNREACHABLE = {
 
 # The op modules, and the functions of `layouts` that the mesh and transfer
 # verifiers delegate their rules to (each rule written once, there).
-OP_MODULES = ("attributes", "groups", "all_reduce", "collectives", "p2p", "mesh")
+def _op_modules() -> list[str]:
+    """The IR modules of the dialect: the shared ones and every family's
+    (each module of `distir/ops/<family>/` but its semantics and Torch code)."""
+    from distir.ops.table import FAMILIES
+
+    modules = ["distir.ir.attributes", "distir.ir.collectives"]
+    for family in FAMILIES:
+        package = importlib.import_module(f"distir.ops.{family.name}")
+        modules += [
+            f"{package.__name__}.{info.name}"
+            for info in pkgutil.iter_modules(package.__path__)
+            if info.name not in ("semantics", "torch")
+        ]
+    return modules
+
+
+OP_MODULES = _op_modules()
 DELEGATED_RULES = (
     "check_shape",
     "Mesh.__post_init__",
@@ -912,7 +929,7 @@ def verifier_rule_fragments() -> list[str]:
     layout rules its verifiers delegate to."""
     fragments = []
     for name in OP_MODULES:
-        module = importlib.import_module(f"distir.ir.{name}")
+        module = importlib.import_module(name)
         fragments += _raised_messages(ast.parse(inspect.getsource(module)), "VerifyException")
     layouts = _definitions(
         ast.parse(inspect.getsource(importlib.import_module("distir.ir.layouts")))

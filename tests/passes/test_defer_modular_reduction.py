@@ -10,8 +10,8 @@ from pass_support import FILENAME, line_of, locations, op_names, ops_named, reru
 from strategies import examples
 from xdsl.dialects.builtin import ModuleOp
 
-from distir.he.modular import INT64_MAX
 from distir.ir.dialect import AllReduceAddCiphertextOp, AllReduceOp, ReductionKind
+from distir.ir.modular import INT64_MAX
 from distir.ir.parsing import parse_module
 from distir.passes import parse_pipeline
 from distir.passes.defer_modular_reduction import (

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 import distir
 from distir.errors import DistirError
-from distir.ir.all_reduce import default_algorithm
 from distir.ir.dialect import AllReduceOp
+from distir.ops.all_reduce.ir import default_algorithm
 from distir.runtime.launch import launch
 
 PROGRAMS = {

@@ -1,9 +1,11 @@
 """The run-time meaning of every dist op: one semantics record per op.
 
-`SEMANTICS` lists the records, explicitly, one module per op family
-(`collectives`, `p2p`, `mesh`); the simulator, the checks and the runtime
-read it from here, and nothing registers itself on import. A record
-(`base.OpSemantics`) holds, in one block, how its op decodes into an
+`SEMANTICS` lists the records, derived from the op table
+(`distir.ops.table`): each running family's `semantics` module contributes
+its `SEMANTICS`, imported by name from the table (declared edges of the
+import graph, as the pass table's). The simulator, the checks and the
+runtime read it from here, and nothing registers itself on import. A record
+(`distir.interpreters.records.OpSemantics`) holds, in one block, how its op decodes into an
 `Invocation`, its precondition and its reference meaning.
 
 Local checks with no communication (`dist.assert_reduced`) are kernels
@@ -14,6 +16,7 @@ Local checks with no communication (`dist.assert_reduced`) are kernels
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from importlib import import_module
 from typing import Any
 
 import torch
@@ -22,50 +25,18 @@ from xdsl.ir import Operation
 from distir.interpreters.checks import PreconditionRule
 from distir.interpreters.dtypes import static_shape
 from distir.interpreters.invocation import Invocation
-from distir.interpreters.semantics.base import OpSemantics
-from distir.interpreters.semantics.collectives import (
-    AllGatherSemantics,
-    AllReduceAddCiphertextSemantics,
-    AllReduceSemantics,
-    AssertUniformSemantics,
-    BroadcastSemantics,
-    GroupSizeSemantics,
-    RankSemantics,
-    VariableAllToAllSemantics,
-)
-from distir.interpreters.semantics.gather_scatter import GatherSemantics, ScatterSemantics
-from distir.interpreters.semantics.mesh import TransferSemantics
-from distir.interpreters.semantics.p2p import RecvSemantics, SendRecvSemantics, SendSemantics
-from distir.interpreters.semantics.reduce import ReduceSemantics
-from distir.interpreters.semantics.reduce_scatter import ReduceScatterSemantics
-from distir.interpreters.semantics.replication import PsumSemantics, PvarySemantics
-from distir.interpreters.semantics.shift import ShiftSemantics
+from distir.interpreters.records import OpSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
+from distir.ops.table import running_families
 
 __all__ = ["SEMANTICS", "OpSemantics", "make_invocation", "precondition_rule", "semantics_of"]
 
 #: every dist op's semantics record
-SEMANTICS: tuple[OpSemantics, ...] = (
-    RankSemantics(),
-    GroupSizeSemantics(),
-    BroadcastSemantics(),
-    AllReduceSemantics(),
-    AllReduceAddCiphertextSemantics(),
-    AssertUniformSemantics(),
-    AllGatherSemantics(),
-    ReduceScatterSemantics(),
-    PsumSemantics(),
-    PvarySemantics(),
-    GatherSemantics(),
-    ScatterSemantics(),
-    ReduceSemantics(),
-    ShiftSemantics(),
-    VariableAllToAllSemantics(),
-    SendSemantics(),
-    RecvSemantics(),
-    SendRecvSemantics(),
-    TransferSemantics(),
+SEMANTICS: tuple[OpSemantics, ...] = tuple(
+    record
+    for family in running_families()
+    for record in import_module(family.semantics_module).SEMANTICS
 )
 
 _BY_OP: Mapping[type[Operation], OpSemantics] = {record.op: record for record in SEMANTICS}

@@ -1,0 +1,1 @@
+"""`dist.all_gather`: every rank's tensor, concatenated along an axis in rank order."""

@@ -1,0 +1,1 @@
+"""The assertions: `dist.assert_reduced` (local) and `dist.assert_uniform` (collective)."""

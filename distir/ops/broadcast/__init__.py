@@ -1,0 +1,1 @@
+"""`dist.broadcast`: every rank gets the root's tensor."""

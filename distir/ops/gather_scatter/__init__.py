@@ -1,0 +1,1 @@
+"""`dist.gather` and `dist.scatter`: rows along an axis, to and from a root."""

@@ -1,0 +1,1 @@
+"""Group declarations (`dist.group`) and the rank queries (`dist.rank`, `dist.group_size`)."""

@@ -1,0 +1,25 @@
+"""Torch implementation of the rank queries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from distir.backends.registry import Implementation
+from distir.ops.groups.ir import GroupSizeOp, RankOp
+
+
+class GroupQueryImplementation(Implementation):
+    name = "group-query"
+    operation_types = (RankOp, GroupSizeOp)
+
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
+        value = resources.rank if isinstance(invocation.op, RankOp) else resources.size
+        return (torch.tensor(value, dtype=torch.int64),)
+
+
+def implementations(options: Mapping[str, Any]) -> list[Implementation]:
+    """The family's default Torch implementations, in priority order."""
+    return [GroupQueryImplementation()]

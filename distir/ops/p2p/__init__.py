@@ -1,0 +1,1 @@
+"""Point-to-point: `dist.send`, `dist.recv`, `dist.sendrecv`."""

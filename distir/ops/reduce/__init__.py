@@ -1,0 +1,1 @@
+"""`dist.reduce`: the reduction of every rank's tensor, on the root."""

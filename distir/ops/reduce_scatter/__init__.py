@@ -1,0 +1,1 @@
+"""`dist.reduce_scatter`: rank r gets part r of the reduction."""

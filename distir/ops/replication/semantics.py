@@ -1,0 +1,32 @@
+"""The semantics records of `dist.pvary` (the identity) and `dist.psum`
+(the sum all-reduce's meaning, a native sum); what sets them apart from
+an identity and an all-reduce is their transposes (`ir.py`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
+from distir.ops.all_reduce.semantics import AllReduceSemantics
+from distir.ops.replication.ir import PsumOp, PvaryOp
+
+
+class PvarySemantics(OpSemantics):
+    op = PvaryOp
+
+    def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
+        return (inputs[0].clone(),)  # a new tensor, as every result is
+
+
+class PsumSemantics(AllReduceSemantics):
+    op = PsumOp  # type: ignore[assignment]
+
+    def decode(self, op: PsumOp) -> dict[str, Any]:  # type: ignore[override]
+        return {"kind": "sum", "assumed_max_group_size": None}
+
+    def fresh_results(self, op: PsumOp) -> bool:  # type: ignore[override]
+        return True
+
+
+#: the family's semantics records, one per op that runs
+SEMANTICS: tuple[OpSemantics, ...] = (PsumSemantics(), PvarySemantics())

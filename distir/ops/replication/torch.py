@@ -1,0 +1,46 @@
+"""`dist.pvary` and `dist.psum` on the Torch backend: a copy, and the
+native sum all-reduce (the transport's own, as `dist.all_reduce sum`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from distir.backends.registry import Implementation
+from distir.backends.results import writable_result
+from distir.interpreters.dtypes import element_dtype
+from distir.ops.all_reduce.torch.native import NativeAllReduceImplementation
+from distir.ops.replication.ir import PsumOp, PvaryOp
+
+
+class PvaryImplementation(Implementation):
+    """The identity: moves nothing (its backward is the collective)."""
+
+    name = "pvary"
+    operation_types = (PvaryOp,)
+
+    def execute(self, invocation, inputs, resources, writable=frozenset()):
+        return (writable_result(inputs[0], 0, writable),)
+
+
+class PsumImplementation(NativeAllReduceImplementation):
+    """The native sum all-reduce (its decoded kind is always "sum")."""
+
+    name = "psum"
+    operation_types = (PsumOp,)
+
+    def matches(self, op) -> bool:
+        return isinstance(op, PsumOp)
+
+    def unsupported(self, op) -> str | None:
+        if element_dtype(op.input.type) in self.element_dtypes:
+            return None
+        return (
+            f"psum on {op.input.type.element_type} cannot run: the gloo backend sums "
+            "i8, u8, i32, i64, f16, bf16, f32 and f64 (widen the type)"
+        )
+
+
+def implementations(options: Mapping[str, Any]) -> list[Implementation]:
+    """The family's default Torch implementations, in priority order."""
+    return [PvaryImplementation(), PsumImplementation()]

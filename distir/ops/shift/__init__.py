@@ -1,0 +1,1 @@
+"""`dist.shift`: every rank's tensor moves `offset` ranks along the group."""

@@ -1,0 +1,1 @@
+"""Meshes (`dist.mesh`) and layout transfers between them (`dist.transfer`)."""

@@ -1,0 +1,1 @@
+"""`dist.wave` (submits several collectives before awaiting any) and `dist.yield`."""
