@@ -1121,8 +1121,7 @@ def _backend_failure(error: Exception, what: str) -> WeightSyncFailed:
 
 def _all_reduce(tensor: torch.Tensor, op: Any, group: Any, end: float, what: str) -> None:
     """An all-reduce on the process group ``group`` under the sync's deadline:
-    the deadline is the backend's own timeout too (a group formed by
-    `distir.recover()` has a short default one)."""
+    the deadline is the backend's own timeout too (not the group's default)."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
     opts.timeout = timedelta(seconds=max(end - time.monotonic(), 0.001))
