@@ -644,11 +644,13 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         reduced: Mapping[int, torch.Tensor],
         nonfinite: list[str] | None = None,
+        buffer: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One message: every piece copied once, straight from its (strided)
-        shard into its place; the alignment padding zeroed so that it never
-        differs between versions (delta)."""
-        buffer = torch.empty(out.nbytes, dtype=torch.uint8)
+        shard into its place (``buffer``, a recycled one, or a new one); the
+        alignment padding zeroed so that it never differs between versions (delta)."""
+        if buffer is None:
+            buffer = torch.empty(out.nbytes, dtype=torch.uint8)
         for name, slices, offset, nbytes, sizes, slot, quantised in out.pieces:
             x = shards[name][slices] if slot < 0 else reduced[slot]
             if quantised:
@@ -697,12 +699,16 @@ class WeightSyncPlan:
         pinned: _Pinned | None = None,
         buffers: _Pinned | None = None,
         nonfinite: list[str] | None = None,
+        spare: _Pinned | None = None,
     ) -> dict[str, torch.Tensor]:
         """Move every bucket; set ``sent[k]`` / ``received_digests[k]`` to the
         digest of message k as this rank sent / received it (dense, decoded),
         and fill ``buffers`` with those dense messages. With ``pinned`` (the
         messages of the last published version) each message travels as a
-        delta against it where that is smaller.
+        delta against it where that is smaller. ``spare``: the dense
+        messages of a retired version, whose buffers are reused (a fresh
+        buffer costs a page fault per page on its first write, about as
+        much as the copy into it).
 
         Two buckets are in flight at a time: bucket i+1 is packed, digested
         and posted before bucket i is awaited, and bucket i is digested and
@@ -726,9 +732,16 @@ class WeightSyncPlan:
         wires: dict[int, torch.Tensor] = {}
         dense: dict[int, torch.Tensor] = {}
 
+        def recycled(kept: dict[int, torch.Tensor] | None, k: int, size: int) -> torch.Tensor:
+            old = None if kept is None else kept.pop(k, None)
+            if old is not None and old.numel() == size:
+                return old
+            return torch.empty(size, dtype=torch.uint8)
+
         def prepare(i: int) -> None:
             for out in schedule.outgoing[i]:
-                buffer = self._pack(out, shards, reduced, nonfinite)
+                reuse = recycled(None if spare is None else spare.sent, out.k, out.nbytes)
+                buffer = self._pack(out, shards, reduced, nonfinite, reuse)
                 sent[out.k] = _digest(buffer)
                 dense[out.k] = buffer
                 if pinned is not None:
@@ -755,10 +768,12 @@ class WeightSyncPlan:
                 if wire.numel():
                     ops.append(dist.P2POp(dist.isend, wire, out.dst, group))
             for inc in schedule.incoming[i]:
-                size = inc.nbytes
                 if pinned is not None and counts[inc.k] >= 0:
                     size = counts[inc.k] * _DELTA_ENTRY_BYTES
-                buffer = torch.empty(size, dtype=torch.uint8)
+                    buffer = torch.empty(size, dtype=torch.uint8)
+                else:
+                    size = inc.nbytes
+                    buffer = recycled(None if spare is None else spare.received, inc.k, size)
                 if size:
                     ops.append(dist.P2POp(dist.irecv, buffer, inc.src, group))
                 received.append((inc, buffer))
@@ -767,7 +782,8 @@ class WeightSyncPlan:
         def land(i: int, received: list) -> None:
             for inc, buffer in received:
                 if pinned is not None and counts[inc.k] >= 0:
-                    buffer = _decode(buffer, counts[inc.k], pinned.received[inc.k])
+                    into = recycled(None if spare is None else spare.received, inc.k, inc.nbytes)
+                    buffer = _decode(buffer, counts[inc.k], pinned.received[inc.k], into)
                 received_digests[inc.k] = _digest(buffer)
                 if buffers is not None:
                     buffers.received[inc.k] = buffer
@@ -902,13 +918,16 @@ class WeightSyncPlan:
         if not self._agree(self._check_local(shards, me), me, end, group, mine):
             pinned = None
         buffers = _Pinned({}, {}, self.fingerprint) if versions is not None else None
+        spare = None if versions is None else versions.take_spare(self.fingerprint)
         n = len(self.messages) + len(self.pre_messages)
         sent = torch.zeros(n, dtype=torch.int64)
         got = torch.zeros(n, dtype=torch.int64)
         failure: WeightSyncFailed | None = None
         nonfinite: list[str] = []
         try:
-            staged = self._transfer(shards, me, end, group, sent, got, pinned, buffers, nonfinite)
+            staged = self._transfer(
+                shards, me, end, group, sent, got, pinned, buffers, nonfinite, spare
+            )
         except WeightSyncFailed as e:
             failure = e
         status = torch.zeros(len(members), dtype=torch.int64)
@@ -993,6 +1012,9 @@ class WeightVersions:
         self.version = 0
         self.weights: dict[str, torch.Tensor] = {}
         self.pinned: _Pinned | None = None
+        #: the pinned messages of the version before, whose buffers the next
+        #: sync of the same plan reuses (every wait on them completed)
+        self._spare: _Pinned | None = None
 
     @property
     def last_sent_bytes(self) -> int:
@@ -1002,9 +1024,17 @@ class WeightVersions:
     def publish(self, weights: dict[str, torch.Tensor], pinned: _Pinned | None = None) -> int:
         """Install ``weights`` (and the messages that built them) as the next
         version; returns its number."""
+        self._spare = self.pinned if pinned is not None else None
         self.weights, self.pinned = weights, pinned
         self.version += 1
         return self.version
+
+    def take_spare(self, plan: int) -> _Pinned | None:
+        """The retired messages for a sync of the plan with fingerprint
+        ``plan`` to reuse, handed out once (a failed sync may leave a wait
+        posted on them, so they are not handed out again)."""
+        spare, self._spare = self._spare, None
+        return spare if spare is not None and spare.plan == plan else None
 
 
 @dataclass
@@ -1029,7 +1059,16 @@ def _encode(buffer: torch.Tensor, old: torch.Tensor) -> tuple[int, torch.Tensor]
     (-1, buffer) where the delta would not be smaller. Words compare as
     bits, so -0.0, NaN payloads and every other change travel exactly."""
     new16, old16 = buffer.view(torch.int16), old.view(torch.int16)
-    changed = (new16 != old16).nonzero().flatten()
+    if buffer.numel() % 8 == 0:
+        # Compare 8-byte words first (a quarter of the elements to scan and
+        # compact), then the four 2-byte words of each changed one.
+        words = (buffer.view(torch.int64) != old.view(torch.int64)).nonzero().flatten()
+        if words.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
+            return -1, buffer
+        candidates = (words[:, None] * 4 + torch.arange(4)).flatten()
+        changed = candidates[new16[candidates] != old16[candidates]]
+    else:
+        changed = (new16 != old16).nonzero().flatten()
     if changed.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
         return -1, buffer
     indices = changed.to(torch.int32)
@@ -1037,9 +1076,12 @@ def _encode(buffer: torch.Tensor, old: torch.Tensor) -> tuple[int, torch.Tensor]
     return changed.numel(), payload
 
 
-def _decode(payload: torch.Tensor, count: int, old: torch.Tensor) -> torch.Tensor:
-    """The dense message: ``old`` with the ``count`` entries of ``payload`` applied."""
-    out = old.clone()
+def _decode(
+    payload: torch.Tensor, count: int, old: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The dense message: ``old`` with the ``count`` entries of ``payload``
+    applied, written into ``out`` (a buffer of old's size) or a new tensor."""
+    out = old.clone() if out is None else out.copy_(old)
     indices = payload[: 4 * count].view(torch.int32).long()
     out.view(torch.int16)[indices] = payload[4 * count :].view(torch.int16)
     return out

@@ -344,6 +344,37 @@ def test_delta_sync_is_bit_exact_and_sends_only_changes(change):
         assert delta == touched
 
 
+def _many_syncs(ctx):
+    import distir.runtime.weight_sync as ws
+
+    train, infer = MESHES["overlapping"]
+    plan = plan_weight_sync(*_declare(train, infer), bucket_bytes=64)
+    versions = ws.WeightVersions()
+    outcomes, kept = [], []
+    # From the third sync on, a sync reuses the message buffers of the
+    # version before the last: no published tensor may change with them.
+    for version, delta in [(1, False), (2, True), (5, False), (3, True), (4, True), (6, False)]:
+        plan.sync(_shards_v(train, ctx.rank, version), versions, delta=delta, timeout=30)
+        kept.append((version, versions.weights))
+        outcomes.append(all(_synced_dict(w, infer, ctx.rank, v) for v, w in kept))
+    return outcomes
+
+
+def _synced_dict(weights, infer: Mesh, rank: int, version: int) -> bool:
+    if rank not in infer.ranks:
+        return weights == {}
+    return all(
+        torch.equal(weights[name].to(torch.float64), _oracle_v(name, version, rank, infer))
+        for name in TENSORS
+    )
+
+
+def test_repeated_syncs_on_one_versions_object_keep_every_published_version():
+    results = distir.launch(_many_syncs, 4, pass_context=True, timeout=120)
+    for rank in range(4):
+        assert results[rank] == [True] * 6
+
+
 @given(
     st.integers(1, 64).map(lambda n: n * 8),
     st.integers(0, 2**32 - 1),
@@ -365,6 +396,9 @@ def test_delta_encoding_round_trips_bit_for_bit(nbytes, seed, share):
     else:
         assert count == words_changed and payload.numel() == 6 * count < nbytes
         assert torch.equal(_decode(payload, count, old), new)
+        # into a reused buffer holding anything
+        into = torch.randint(0, 256, (nbytes,), generator=g, dtype=torch.uint8)
+        assert torch.equal(_decode(payload, count, old, into), new)
 
 
 # -- fp8 on the wire ----------------------------------------------------------
