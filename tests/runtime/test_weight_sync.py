@@ -560,3 +560,98 @@ def test_fp8_blocks_round_like_a_numpy_oracle(numel, seed, magnitude):
         # the stated bound, per element
         err = np.abs(got[start : start + FP8_BLOCK].astype(np.float64) - block)
         assert (err <= 2.0**-4 * np.abs(block) + 2.0**-10 * float(scale) * 1.0001).all()
+
+
+# -- fp8 blocks on the destination's layout ------------------------------------
+
+#: name -> (source dims, partial, destination dims); every instance below
+#: gives each a random shape, so that pieces from the two source ranks meet
+#: inside a block of the destination (or do not)
+STRADDLE_LAYOUTS = {
+    "cols_to_rows": ((None, 0), False, (0, None)),
+    "rows_to_cols": ((0, None), False, (None, 0)),
+    "vector_to_replicated": ((0,), False, None),
+    "partial_to_cols": ((None, None), True, (None, 0)),
+}
+
+
+def _straddle_instances(count: int = 8) -> list[dict]:
+    """Random shapes, destination dtypes and values: each source rank's
+    part scaled by its own magnitude (up to 2^12 apart), so that a block
+    shared by two source ranks is scaled by the larger one's maximum."""
+    rng = np.random.default_rng(37)
+    instances = []
+    for _ in range(count):
+        rows, width = int(rng.integers(1, 5)), int(rng.integers(2, 420))
+        ddt = [torch.float32, torch.bfloat16][int(rng.integers(0, 2))]
+        tensors = {}
+        for name, (sdims, partial, ddims) in STRADDLE_LAYOUTS.items():
+            shape = (width,) if len(sdims) == 1 else (rows, width)
+            x = rng.standard_normal(shape).astype(np.float32)
+            cut = width // 2 + int(rng.integers(-1, 2))  # near the sources' split
+            x[..., :cut] *= np.float32(2.0 ** rng.integers(-6, 7))
+            tensors[name] = (shape, ddt, sdims, partial, ddims, x)
+        instances.append(tensors)
+    return instances
+
+
+def _straddle_shard(x: np.ndarray, sdims, partial: bool, index: int) -> torch.Tensor:
+    t = torch.from_numpy(x)
+    if partial:  # two addends: x (exact in float32) and zeros
+        return t.clone() if index == 0 else torch.zeros_like(t)
+    return _oracle_shard(t, sdims, (2,), (index,))
+
+
+def _straddle_syncs(ctx):
+    train, infer = MESHES["disjoint"]
+    out = []
+    for tensors in _straddle_instances():
+        source = {n: TensorLayout(train, v[0], torch.float32, v[2], (0,) if v[3] else ())
+                  for n, v in tensors.items()}  # fmt: skip
+        dest = {n: TensorLayout(infer, v[0], v[1], v[4]) for n, v in tensors.items()}
+        plan = plan_weight_sync(source, dest, bucket_bytes=512, wire=torch.float8_e4m3fn)
+        shards = {}
+        if ctx.rank in train.ranks:
+            index = train.ranks.index(ctx.rank)
+            shards = {n: _straddle_shard(v[5], v[2], v[3], index) for n, v in tensors.items()}
+        out.append(plan.run(shards, timeout=30))
+    return out
+
+
+def _e4m3_blocks_oracle(shard: np.ndarray) -> np.ndarray:
+    """``shard`` quantised in blocks of 128 consecutive elements along its
+    last dimension, each with scale amax / 448, and decoded (numpy)."""
+    rows = shard.reshape(-1, shard.shape[-1]) if shard.ndim else shard.reshape(1, 1)
+    out = np.empty_like(rows)
+    for start in range(0, rows.shape[1], 128):
+        block = rows[:, start : start + 128]
+        amax = np.abs(block).max(axis=1, keepdims=True).astype(np.float32)
+        scale = np.where(amax > 0, amax / np.float32(448), np.float32(1)).astype(np.float32)
+        out[:, start : start + 128] = _e4m3_oracle(block / scale) * scale
+    return out.reshape(shard.shape)
+
+
+def test_fp8_blocks_are_the_destinations_and_round_like_a_numpy_oracle():
+    """A block of the destination shard that two source ranks' pieces share
+    has one scale, its whole maximum: every receiver's result equals numpy's
+    quantisation of its destination shard, bit for bit."""
+    train, infer = MESHES["disjoint"]
+    results = distir.launch(_straddle_syncs, 4, pass_context=True, timeout=120)
+    shared = 0
+    for i, tensors in enumerate(_straddle_instances()):
+        for rank in infer.ranks:
+            for name, (_, ddt, _, _, ddims, x) in tensors.items():
+                want = _oracle_shard(torch.from_numpy(x), ddims, (2,), (infer.ranks.index(rank),))
+                oracle = torch.from_numpy(_e4m3_blocks_oracle(want.numpy())).to(ddt)
+                got = results[rank][i][name]
+                assert got.dtype == ddt and torch.equal(got, oracle), (i, rank, name)
+        plan = plan_weight_sync(
+            {
+                n: TensorLayout(train, v[0], torch.float32, v[2], (0,) if v[3] else ())
+                for n, v in tensors.items()
+            },  # fmt: skip
+            {n: TensorLayout(infer, v[0], v[1], v[4]) for n, v in tensors.items()},
+            wire=torch.float8_e4m3fn,
+        )
+        shared += plan._shared_blocks()[1]
+    assert shared > 0  # the instances do share blocks between source ranks
