@@ -676,11 +676,19 @@ class WeightSyncPlan:
 
     def _agree(
         self, problem: str | None, me: int, end: float, group: Any, mine: tuple[int, int, int]
-    ) -> bool:
+    ) -> tuple[bool, int]:
         """Every rank learns, before any byte moves, whether any rank's shards
-        are refused or the ranks differ in the plan, the published version or
-        the mode; returns whether every rank can take a delta (``mine``:
-        this rank's version, delta asked, delta possible)."""
+        are refused or the ranks differ in the plan or the mode; returns
+        whether every rank can take a delta, and the newest published
+        version of any rank (``mine``: this rank's version, delta asked,
+        delta possible).
+
+        Ranks that hold different versions are repaired, not refused: a
+        receiver that missed an install (it died between the vote and its
+        install and was replaced, or its install raised) holds an older
+        version than its peers, but a dense sync writes every element of
+        every destination shard whatever a rank held before, so the sync
+        goes dense and every rank publishes the same next version."""
         version, delta, pinned = mine
         words = [0 if problem is None else me + 1]
         for value in (self.fingerprint, version, delta, pinned):
@@ -702,15 +710,12 @@ class WeightSyncPlan:
             )
         if high["plan"] != low["plan"]:
             raise WeightSyncRefused(refused + "the ranks run different plans")
-        if high["version"] != low["version"]:
-            raise WeightSyncRefused(
-                f"{refused}the ranks hold different published versions "
-                f"(from {low['version']} to {high['version']})"
-            )
         if high["delta"] != low["delta"]:
             raise WeightSyncRefused(refused + "some ranks asked for a delta sync, some not")
-        # A delta needs the last version's messages of this very plan on every rank.
-        return bool(low["delta"] and low["pinned"])
+        # A delta needs the last version's messages of this very plan on
+        # every rank, the same version everywhere.
+        same = high["version"] == low["version"]
+        return bool(low["delta"] and low["pinned"] and same), high["version"]
 
     def _pack(
         self,
@@ -1004,7 +1009,8 @@ class WeightSyncPlan:
         usable = pinned is not None and pinned.plan == self.fingerprint
         mine = (0 if versions is None else versions.version, int(delta), int(usable))
         # Every rank learns the same answer, so all choose the same mode.
-        if not self._agree(self._check_local(shards, me), me, end, group, mine):
+        delta_ok, newest = self._agree(self._check_local(shards, me), me, end, group, mine)
+        if not delta_ok:
             pinned = None
         buffers = _Pinned({}, {}, self.fingerprint) if versions is not None else None
         spare = None if versions is None else versions.take_spare(self.fingerprint)
@@ -1059,7 +1065,7 @@ class WeightSyncPlan:
         if versions is not None:
             # The commit: every rank that completed the vote saw the same
             # outcome, so every receiver installs this version or none does.
-            versions.publish(staged, buffers)
+            versions.publish(staged, buffers, newest + 1)
         return staged
 
     def sync(
@@ -1077,7 +1083,12 @@ class WeightSyncPlan:
         any failure ``versions`` keeps its current version and tensors
         untouched (the staged tensors are fresh) and `WeightSyncFailed`
         propagates. Returns the version now published (every rank that
-        returns publishes the same number).
+        returns publishes the same number: the newest version any rank held,
+        plus one). Ranks holding different versions (a receiver that missed
+        an install: killed between the vote and its install and replaced by
+        a new process, or its install raised) are repaired by the next sync:
+        it goes dense (a dense sync does not read what a receiver held) and
+        every rank publishes the same version.
 
         With ``delta=True`` each message travels as the 2-byte words that
         changed since the last published version (an int32 index and the
@@ -1110,12 +1121,17 @@ class WeightVersions:
         """Bytes this rank sent in the sync that published the current version."""
         return 0 if self.pinned is None else self.pinned.wire_bytes
 
-    def publish(self, weights: dict[str, torch.Tensor], pinned: _Pinned | None = None) -> int:
-        """Install ``weights`` (and the messages that built them) as the next
-        version; returns its number."""
+    def publish(
+        self,
+        weights: dict[str, torch.Tensor],
+        pinned: _Pinned | None = None,
+        version: int | None = None,
+    ) -> int:
+        """Install ``weights`` (and the messages that built them) as
+        ``version`` (default: the next one); returns its number."""
         self._spare = self.pinned if pinned is not None else None
         self.weights, self.pinned = weights, pinned
-        self.version += 1
+        self.version = self.version + 1 if version is None else version
         return self.version
 
     def take_spare(self, plan: int) -> _Pinned | None:

@@ -276,6 +276,63 @@ def test_a_fault_is_named_everywhere_in_time_keeps_the_version_and_the_next_sync
 # -- delta mode ---------------------------------------------------------------
 
 
+def _receiver_dies_before_its_install(ctx):
+    """Rank 3 (a receiver) dies after the vote of version 2, before its
+    install; the survivors' next sync names the loss, they recover and admit
+    a replacement (version 0), and the sync after repairs it."""
+    import os
+    import time
+
+    import distir.runtime.weight_sync as ws
+    from distir.runtime import elastic
+
+    train, infer = MESHES["disjoint"]
+    plan = plan_weight_sync(*_declare(train, infer), bucket_bytes=64)
+    versions = ws.WeightVersions()
+    state = [torch.zeros(1)]
+    if ctx.joining:
+        m = elastic.join(state, deadline=60)
+        plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=30, group=m.group)
+        return {"joined": True, "v3": (versions.version, _synced(versions, infer, ctx.rank, 3))}
+    plan.sync(_shards_v(train, ctx.rank, 1), versions, delta=True, timeout=30)
+    if ctx.rank == 3:
+        versions.publish = lambda *a, **k: os._exit(9)  # after the vote, before the install
+    plan.sync(_shards_v(train, ctx.rank, 2), versions, delta=True, timeout=30)
+    v2 = (versions.version, _synced(versions, infer, ctx.rank, 2))
+    try:
+        plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=3)
+        lost = "no error"
+    except ws.WeightSyncFailed as e:
+        lost = type(e).__name__
+    kept = (versions.version, _synced(versions, infer, ctx.rank, 2))
+    distir.recover(deadline=10)
+    until = time.monotonic() + 60
+    while not elastic.requests() and time.monotonic() < until:
+        time.sleep(0.05)
+    m = elastic.grow(state, deadline=30)
+    plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=30, group=m.group)
+    v3 = (versions.version, _synced(versions, infer, ctx.rank, 3))
+    return {"joined": False, "v2": v2, "lost": lost, "kept": kept, "v3": v3, "ranks": m.ranks}
+
+
+@pytest.mark.timeout(200)
+def test_a_receiver_that_dies_before_its_install_is_repaired_by_the_next_sync():
+    outcome = distir.launch(
+        _receiver_dies_before_its_install, 4,
+        pass_context=True, tolerate=1, replace=True, timeout=150,
+    )  # fmt: skip
+    assert 3 in outcome.lost, outcome
+    for rank in (0, 1, 2):
+        report = outcome.results[rank]
+        assert report["v2"] == (2, True), (rank, report)
+        assert report["lost"] in ("WeightSyncPeerLost", "WeightSyncTimeout"), (rank, report)
+        assert report["kept"] == (2, True), (rank, report)
+        assert report["ranks"] == (0, 1, 2, 3), (rank, report)
+        assert report["v3"] == (3, True), (rank, report)
+    # the replacement held no version; the sync repaired it to the others' next
+    assert outcome.results[3] == {"joined": True, "v3": (3, True)}
+
+
 def _delta_syncs(ctx, change: str):
     import distir.runtime.weight_sync as ws
 
