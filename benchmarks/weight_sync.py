@@ -11,9 +11,16 @@ size, 16 MiB by default). Side by side, the median of REPEATS runs each:
   map: per message, `torch.cat` of the flattened pieces, `batch_isend_irecv`,
   and on arrival each piece copied (or added) into fresh destination
   tensors; no integrity check, no versions;
+- the raw wire plus, one layer at a time, the passes a verified sync adds
+  (in preallocated buffers): packing the pieces into messages, then CRC-32
+  of every message on both sides, then copying the pieces out into fresh
+  destination tensors; each layer's cost is its row minus the row above;
 - dense sync: `WeightSyncPlan.sync` (pipelined packing, CRC-32 digests of
-  every message on both sides, the vote, publishing);
-- delta sync with 1 % of the elements changed;
+  every message on both sides, the vote, publishing), in steady state (one
+  `WeightVersions` over the repeats, as in a training loop: a sync reuses
+  the message buffers of the version before the last);
+- delta sync with 1 % of the elements changed (each repeat against the
+  version before, which differs in 1 % of the elements);
 - fp8 sync: the same state dict as float8_e4m3fn with block scales on the
   wire (bytes into the receivers about half of dense's).
 
@@ -50,6 +57,43 @@ def raw_wire(plan: ws.WeightSyncPlan, me: int, buffers: dict) -> None:
                 ops.append(dist.P2POp(op, buffer, dst if src == me else src))
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
+
+
+def layered(plan: ws.WeightSyncPlan, me: int, shards: dict, buffers: dict, layers: int) -> None:
+    """The raw wire plus the first ``layers`` of: packing, digests, copy-out."""
+    schedule = plan._schedule(me)
+    out = {}
+    if layers >= 3:
+        for name, (sizes, dtype, zero) in schedule.staged.items():
+            out[name] = (torch.zeros if zero else torch.empty)(sizes, dtype=dtype)
+    for i, bucket in enumerate(plan.buckets):
+        if layers >= 1:
+            for o in schedule.outgoing[i]:
+                src, dst = me, o.dst
+                buffer = plan._pack(o, shards, {}, None, buffers[(bucket.index, src, dst)])
+                if layers >= 2:
+                    ws._digest(buffer)
+        ops = []
+        for src, dst in bucket.messages:
+            if me in (src, dst):
+                buffer = buffers[(bucket.index, src, dst)]
+                op = dist.isend if src == me else dist.irecv
+                ops.append(dist.P2POp(op, buffer, dst if src == me else src))
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
+        for inc in schedule.incoming[i]:
+            buffer = buffers[(bucket.index, inc.src, me)]
+            if layers >= 2:
+                ws._digest(buffer)
+            if layers >= 3:
+                for name, slices, offset, nbytes, sizes, partial, _, _ in inc.pieces:
+                    dtype = plan.source[name].dtype
+                    piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
+                    target = out[name][slices]
+                    target.add_(piece) if partial else target.copy_(piece)
+
+
+LAYERS = ("raw wire + packing", "... + CRC-32 both sides", "... + copy-out")
 
 
 def hand_written(plan: ws.WeightSyncPlan, me: int, shards: dict) -> dict:
@@ -110,23 +154,27 @@ def measure(ctx, mb: int):
     }
     times: dict[str, list[float]] = {}
     sent = {}
-    for _ in range(REPEATS):
+    dense_v, delta_v, fp8_v = ws.WeightVersions(), ws.WeightVersions(), ws.WeightVersions()
+    plan.sync(base, delta_v, timeout=60)
+    for r in range(REPEATS):
         times.setdefault("raw wire", []).append(timed(lambda: raw_wire(plan, ctx.rank, buffers)))
+        for n, label in enumerate(LAYERS, 1):
+            times.setdefault(label, []).append(
+                timed(lambda n=n: layered(plan, ctx.rank, base, buffers, n))
+            )
         times.setdefault("hand-written sync", []).append(
             timed(lambda: hand_written(plan, ctx.rank, base))
         )
-        versions = ws.WeightVersions()
         times.setdefault("dense sync", []).append(
-            timed(lambda v=versions: plan.sync(base, v, timeout=60))
+            timed(lambda: plan.sync(base, dense_v, timeout=60))
         )
-        sent["dense sync"] = versions.last_sent_bytes
+        sent["dense sync"] = dense_v.last_sent_bytes
+        now = changed if r % 2 == 0 else base
         times.setdefault("delta sync", []).append(
-            timed(lambda v=versions: plan.sync(changed, v, delta=True, timeout=60))
+            timed(lambda now=now: plan.sync(now, delta_v, delta=True, timeout=60))
         )
-        sent["delta sync"] = versions.last_sent_bytes
-        times.setdefault("fp8 sync", []).append(
-            timed(lambda v=versions: fp8.sync(base, v, timeout=60))
-        )
+        sent["delta sync"] = delta_v.last_sent_bytes
+        times.setdefault("fp8 sync", []).append(timed(lambda: fp8.sync(base, fp8_v, timeout=60)))
     return {k: statistics.median(v) for k, v in times.items()}, sent
 
 
@@ -148,6 +196,8 @@ if __name__ == "__main__":
     fp8_into = sum(fp8.bytes_into(r) for r in example.INFER.ranks)
     print(f"state dict: 64 bf16 tensors, {mb} MiB; {dense_bytes} bytes on the wire")
     print(f"raw wire (bytes only):  {raw * 1e3:7.1f} ms")
+    for label in LAYERS:
+        print(f"  {label:<24}{medians[label] * 1e3:7.1f} ms ({raw / medians[label]:.2f}x raw)")
     print(f"hand-written sync:      {hand * 1e3:7.1f} ms")
     print(
         f"dense sync:             {dense * 1e3:7.1f} ms "

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from datetime import timedelta
 
 import torch
 
@@ -112,12 +111,9 @@ def error(versions: ws.WeightVersions, rank: int, step: int, infer: Mesh = INFER
 
 
 def line_up(group) -> None:
-    """A barrier (an all-reduce) with a long timeout: the group that
-    `distir.recover()` forms has a short default one."""
-    group = group or torch.distributed.distributed_c10d._get_default_group()
-    opts = torch.distributed.AllreduceOptions()
-    opts.timeout = timedelta(seconds=120)
-    group.allreduce([torch.zeros(1)], opts).wait()
+    """A barrier (an all-reduce; the group `distir.recover()` forms waits as
+    long as the job's collectives)."""
+    torch.distributed.all_reduce(torch.zeros(1), group=group)
 
 
 def rank_main(ctx, mb: int):

@@ -365,7 +365,21 @@ def _form(members: tuple[int, ...], epoch: int, me: int, end: float) -> Any:
     if check.item() != epoch * len(members):
         _release(group)
         return f"members disagree on the epoch ({check.item()} != {epoch * len(members)})"
+    # The short timeout above bounds forming the group only: its collectives
+    # wait as long as the job's (the default group's timeout), or a plain
+    # dist.* collective on the recovered group fails after 2 s.
+    c10d._set_pg_timeout(_job_timeout(), group)
     return group
+
+
+def _job_timeout() -> timedelta:
+    """The default group's collective timeout (the job's)."""
+    default = c10d._get_default_group()
+    for device in default._device_types:
+        timeout = getattr(getattr(default._get_backend(device), "options", None), "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return c10d.default_pg_timeout
 
 
 def _release(group: Any) -> None:

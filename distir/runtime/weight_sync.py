@@ -505,6 +505,7 @@ class WeightSyncPlan:
             shape = self.source_shape(name, me)
             if shape is not None:
                 shapes[name] = shape
+        blocks, _ = self._shared_blocks()
         outgoing, incoming = [], []
         k = 0
         for bucket in self.buckets:
@@ -519,7 +520,7 @@ class WeightSyncPlan:
                         t = p.transfer
                         placed.append(
                             (p.name, _slices(t.src_offsets, t.box.sizes), p.offset, p.nbytes,
-                             t.box.sizes, p.slot, self.quantised(p.name))
+                             t.box.sizes, p.slot, blocks.get((p.name, id(t))))
                         )  # fmt: skip
                         end = p.offset + p.nbytes
                     if size > end:
@@ -532,7 +533,7 @@ class WeightSyncPlan:
                         placed.append(
                             (p.name, _slices(t.dst_offsets, t.box.sizes), p.offset, p.nbytes,
                              t.box.sizes, t.partial, order.get((p.name, id(t)), (0, 0)),
-                             self.quantised(p.name))
+                             blocks.get((p.name, id(t))))
                         )  # fmt: skip
                     ins.append(_Incoming(k, src, size, tuple(placed)))
                 k += 1
@@ -559,6 +560,79 @@ class WeightSyncPlan:
         schedule = _Schedule(shapes, tuple(outgoing), tuple(incoming), local, staged)
         self._schedules[me] = schedule
         return schedule
+
+    def _shared_blocks(self) -> tuple[dict[tuple[str, int], _Blocks], int]:
+        """Every quantised piece's `_Blocks` (by name and transfer id), and
+        the length of the vector of agreed maxima of the shared blocks: per
+        (tensor, destination rank, block column) of which some piece holds
+        only part of the width (the rest is another's: the pieces partition
+        the destination shard), one float32 per row of the destination
+        shard. The same on every rank."""
+        cached = self._schedules.get("blocks")
+        if cached is not None:
+            return cached
+        pieces = [p for b in self.buckets for ps in b.messages.values() for p in ps]
+        tables: dict[tuple[str, int, int], int] = {}
+        length = 0
+        out: dict[tuple[str, int], _Blocks] = {}
+        for p in pieces:
+            if not self.quantised(p.name):
+                continue
+            t = p.transfer
+            c0 = t.dst_offsets[-1] if t.dst_offsets else 0
+            width = _split(t.box.sizes)[1]
+            lead = c0 % FP8_BLOCK
+            box = self.dest_box(p.name, t.dst_rank)
+            assert box is not None
+            dest_lead, dest_width = tuple(box.sizes[:-1]), _split(box.sizes)[1]
+            shared = []
+            for j, col in enumerate(range(c0 // FP8_BLOCK, -(-(c0 + width) // FP8_BLOCK))):
+                first = max(c0, col * FP8_BLOCK) - c0
+                last = min(c0 + width, (col + 1) * FP8_BLOCK) - c0
+                if last - first == min(dest_width, (col + 1) * FP8_BLOCK) - col * FP8_BLOCK:
+                    continue  # the piece holds the block's whole width in its rows
+                key = (p.name, t.dst_rank, col)
+                if key not in tables:
+                    tables[key] = length
+                    length += _split(box.sizes)[0]
+                rows = _slices(t.dst_offsets[:-1], t.box.sizes[:-1])
+                shared.append((j, first, last, tables[key], dest_lead, rows))
+            out[(p.name, id(t))] = _Blocks(lead, tuple(shared))
+        cached = self._schedules["blocks"] = (out, length)
+        return cached
+
+    def _agree_scales(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        reduced: Mapping[int, torch.Tensor],
+        me: int,
+        end: float,
+        group: Any,
+        contribute: bool = True,
+    ) -> torch.Tensor | None:
+        """The maximum of every shared block (`_shared_blocks`) over the
+        pieces that share it, agreed by every rank in one all-reduce before
+        any piece is quantised, so that each block has one scale (None:
+        the plan has no shared block; no exchange). A rank that failed
+        before takes part with ``contribute=False``, so that every rank
+        posts the same collectives."""
+        _, length = self._shared_blocks()
+        if not length:
+            return None
+        agreed = torch.zeros(length, dtype=torch.float32)
+        for outs in self._schedule(me).outgoing if contribute else ():
+            for out in outs:
+                for name, slices, _, _, sizes, slot, blocks in out.pieces:
+                    if blocks is None or not blocks.shared:
+                        continue
+                    x = shards[name][slices] if slot < 0 else reduced[slot]
+                    x = x.reshape(_split(sizes)).to(torch.float32)
+                    for _, first, last, at, dest_lead, rows in blocks.shared:
+                        table = _table(agreed, at, dest_lead)
+                        mine = x[:, first:last].abs().amax(dim=1).view(table[rows].shape)
+                        table[rows] = torch.maximum(table[rows], mine)
+        _all_reduce(agreed, dist.ReduceOp.MAX, group, end, "agreeing the block scales")
+        return agreed
 
     def _check_local(self, shards: Mapping[str, torch.Tensor], me: int) -> str | None:
         """Why this rank's shards do not fit the plan, or None."""
@@ -602,11 +676,19 @@ class WeightSyncPlan:
 
     def _agree(
         self, problem: str | None, me: int, end: float, group: Any, mine: tuple[int, int, int]
-    ) -> bool:
+    ) -> tuple[bool, int]:
         """Every rank learns, before any byte moves, whether any rank's shards
-        are refused or the ranks differ in the plan, the published version or
-        the mode; returns whether every rank can take a delta (``mine``:
-        this rank's version, delta asked, delta possible)."""
+        are refused or the ranks differ in the plan or the mode; returns
+        whether every rank can take a delta, and the newest published
+        version of any rank (``mine``: this rank's version, delta asked,
+        delta possible).
+
+        Ranks that hold different versions are repaired, not refused: a
+        receiver that missed an install (it died between the vote and its
+        install and was replaced, or its install raised) holds an older
+        version than its peers, but a dense sync writes every element of
+        every destination shard whatever a rank held before, so the sync
+        goes dense and every rank publishes the same next version."""
         version, delta, pinned = mine
         words = [0 if problem is None else me + 1]
         for value in (self.fingerprint, version, delta, pinned):
@@ -628,15 +710,12 @@ class WeightSyncPlan:
             )
         if high["plan"] != low["plan"]:
             raise WeightSyncRefused(refused + "the ranks run different plans")
-        if high["version"] != low["version"]:
-            raise WeightSyncRefused(
-                f"{refused}the ranks hold different published versions "
-                f"(from {low['version']} to {high['version']})"
-            )
         if high["delta"] != low["delta"]:
             raise WeightSyncRefused(refused + "some ranks asked for a delta sync, some not")
-        # A delta needs the last version's messages of this very plan on every rank.
-        return bool(low["delta"] and low["pinned"])
+        # A delta needs the last version's messages of this very plan on
+        # every rank, the same version everywhere.
+        same = high["version"] == low["version"]
+        return bool(low["delta"] and low["pinned"] and same), high["version"]
 
     def _pack(
         self,
@@ -644,16 +723,25 @@ class WeightSyncPlan:
         shards: Mapping[str, torch.Tensor],
         reduced: Mapping[int, torch.Tensor],
         nonfinite: list[str] | None = None,
+        buffer: torch.Tensor | None = None,
+        agreed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One message: every piece copied once, straight from its (strided)
-        shard into its place; the alignment padding zeroed so that it never
-        differs between versions (delta)."""
-        buffer = torch.empty(out.nbytes, dtype=torch.uint8)
-        for name, slices, offset, nbytes, sizes, slot, quantised in out.pieces:
+        shard into its place (``buffer``, a recycled one, or a new one); the
+        alignment padding zeroed so that it never differs between versions (delta)."""
+        if buffer is None:
+            buffer = torch.empty(out.nbytes, dtype=torch.uint8)
+        for name, slices, offset, nbytes, sizes, slot, blocks in out.pieces:
             x = shards[name][slices] if slot < 0 else reduced[slot]
-            if quantised:
-                if not _quantise(x, buffer[offset : offset + nbytes]) and nonfinite is not None:
-                    nonfinite.append(name)
+            if blocks is not None:
+                shared = [
+                    (j, _table(agreed, at, lead)[rows].reshape(-1))
+                    for j, _, _, at, lead, rows in blocks.shared
+                    if agreed is not None
+                ]
+                if not _quantise(x, buffer[offset : offset + nbytes], blocks.lead, shared):
+                    if nonfinite is not None:
+                        nonfinite.append(name)
             else:
                 dtype = self.source[name].dtype
                 buffer[offset : offset + nbytes].view(dtype).view(sizes).copy_(x)
@@ -697,12 +785,16 @@ class WeightSyncPlan:
         pinned: _Pinned | None = None,
         buffers: _Pinned | None = None,
         nonfinite: list[str] | None = None,
+        spare: _Pinned | None = None,
     ) -> dict[str, torch.Tensor]:
         """Move every bucket; set ``sent[k]`` / ``received_digests[k]`` to the
         digest of message k as this rank sent / received it (dense, decoded),
         and fill ``buffers`` with those dense messages. With ``pinned`` (the
         messages of the last published version) each message travels as a
-        delta against it where that is smaller.
+        delta against it where that is smaller. ``spare``: the dense
+        messages of a retired version, whose buffers are reused (a fresh
+        buffer costs a page fault per page on its first write, about as
+        much as the copy into it).
 
         Two buckets are in flight at a time: bucket i+1 is packed, digested
         and posted before bucket i is awaited, and bucket i is digested and
@@ -715,7 +807,15 @@ class WeightSyncPlan:
         # Partial addends are added at the end, in plan order, so that they
         # sum in source-rank order whatever order they arrive in.
         addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
-        reduced = self._reduce(shards, me, end, group, sent, received_digests, buffers)
+        try:
+            reduced = self._reduce(shards, me, end, group, sent, received_digests, buffers)
+        except WeightSyncFailed:
+            # Still take part in the scales' all-reduce (every rank posts
+            # the same collectives), then fail.
+            if self._shared_blocks()[1]:
+                self._agree_scales(shards, {}, me, end, group, contribute=False)
+            raise
+        agreed = self._agree_scales(shards, reduced, me, end, group)
         for name, src_slices, dst_slices, partial, order, slot in schedule.local:
             piece = shards[name][src_slices] if slot < 0 else reduced[slot]
             if partial:
@@ -726,9 +826,16 @@ class WeightSyncPlan:
         wires: dict[int, torch.Tensor] = {}
         dense: dict[int, torch.Tensor] = {}
 
+        def recycled(kept: dict[int, torch.Tensor] | None, k: int, size: int) -> torch.Tensor:
+            old = None if kept is None else kept.pop(k, None)
+            if old is not None and old.numel() == size:
+                return old
+            return torch.empty(size, dtype=torch.uint8)
+
         def prepare(i: int) -> None:
             for out in schedule.outgoing[i]:
-                buffer = self._pack(out, shards, reduced, nonfinite)
+                reuse = recycled(None if spare is None else spare.sent, out.k, out.nbytes)
+                buffer = self._pack(out, shards, reduced, nonfinite, reuse, agreed)
                 sent[out.k] = _digest(buffer)
                 dense[out.k] = buffer
                 if pinned is not None:
@@ -755,10 +862,12 @@ class WeightSyncPlan:
                 if wire.numel():
                     ops.append(dist.P2POp(dist.isend, wire, out.dst, group))
             for inc in schedule.incoming[i]:
-                size = inc.nbytes
                 if pinned is not None and counts[inc.k] >= 0:
                     size = counts[inc.k] * _DELTA_ENTRY_BYTES
-                buffer = torch.empty(size, dtype=torch.uint8)
+                    buffer = torch.empty(size, dtype=torch.uint8)
+                else:
+                    size = inc.nbytes
+                    buffer = recycled(None if spare is None else spare.received, inc.k, size)
                 if size:
                     ops.append(dist.P2POp(dist.irecv, buffer, inc.src, group))
                 received.append((inc, buffer))
@@ -767,14 +876,15 @@ class WeightSyncPlan:
         def land(i: int, received: list) -> None:
             for inc, buffer in received:
                 if pinned is not None and counts[inc.k] >= 0:
-                    buffer = _decode(buffer, counts[inc.k], pinned.received[inc.k])
+                    into = recycled(None if spare is None else spare.received, inc.k, inc.nbytes)
+                    buffer = _decode(buffer, counts[inc.k], pinned.received[inc.k], into)
                 received_digests[inc.k] = _digest(buffer)
                 if buffers is not None:
                     buffers.received[inc.k] = buffer
-                for name, slices, offset, nbytes, sizes, partial, order, quantised in inc.pieces:
-                    if quantised:
+                for name, slices, offset, nbytes, sizes, partial, order, blocks in inc.pieces:
+                    if blocks is not None:
                         staged[name][slices].copy_(
-                            _dequantise(buffer[offset : offset + nbytes], sizes)
+                            _dequantise(buffer[offset : offset + nbytes], sizes, blocks.lead)
                         )
                         continue
                     dtype = self.source[name].dtype
@@ -899,16 +1009,20 @@ class WeightSyncPlan:
         usable = pinned is not None and pinned.plan == self.fingerprint
         mine = (0 if versions is None else versions.version, int(delta), int(usable))
         # Every rank learns the same answer, so all choose the same mode.
-        if not self._agree(self._check_local(shards, me), me, end, group, mine):
+        delta_ok, newest = self._agree(self._check_local(shards, me), me, end, group, mine)
+        if not delta_ok:
             pinned = None
         buffers = _Pinned({}, {}, self.fingerprint) if versions is not None else None
+        spare = None if versions is None else versions.take_spare(self.fingerprint)
         n = len(self.messages) + len(self.pre_messages)
         sent = torch.zeros(n, dtype=torch.int64)
         got = torch.zeros(n, dtype=torch.int64)
         failure: WeightSyncFailed | None = None
         nonfinite: list[str] = []
         try:
-            staged = self._transfer(shards, me, end, group, sent, got, pinned, buffers, nonfinite)
+            staged = self._transfer(
+                shards, me, end, group, sent, got, pinned, buffers, nonfinite, spare
+            )
         except WeightSyncFailed as e:
             failure = e
         status = torch.zeros(len(members), dtype=torch.int64)
@@ -951,7 +1065,7 @@ class WeightSyncPlan:
         if versions is not None:
             # The commit: every rank that completed the vote saw the same
             # outcome, so every receiver installs this version or none does.
-            versions.publish(staged, buffers)
+            versions.publish(staged, buffers, newest + 1)
         return staged
 
     def sync(
@@ -969,7 +1083,12 @@ class WeightSyncPlan:
         any failure ``versions`` keeps its current version and tensors
         untouched (the staged tensors are fresh) and `WeightSyncFailed`
         propagates. Returns the version now published (every rank that
-        returns publishes the same number).
+        returns publishes the same number: the newest version any rank held,
+        plus one). Ranks holding different versions (a receiver that missed
+        an install: killed between the vote and its install and replaced by
+        a new process, or its install raised) are repaired by the next sync:
+        it goes dense (a dense sync does not read what a receiver held) and
+        every rank publishes the same version.
 
         With ``delta=True`` each message travels as the 2-byte words that
         changed since the last published version (an int32 index and the
@@ -993,18 +1112,34 @@ class WeightVersions:
         self.version = 0
         self.weights: dict[str, torch.Tensor] = {}
         self.pinned: _Pinned | None = None
+        #: the pinned messages of the version before, whose buffers the next
+        #: sync of the same plan reuses (every wait on them completed)
+        self._spare: _Pinned | None = None
 
     @property
     def last_sent_bytes(self) -> int:
         """Bytes this rank sent in the sync that published the current version."""
         return 0 if self.pinned is None else self.pinned.wire_bytes
 
-    def publish(self, weights: dict[str, torch.Tensor], pinned: _Pinned | None = None) -> int:
-        """Install ``weights`` (and the messages that built them) as the next
-        version; returns its number."""
+    def publish(
+        self,
+        weights: dict[str, torch.Tensor],
+        pinned: _Pinned | None = None,
+        version: int | None = None,
+    ) -> int:
+        """Install ``weights`` (and the messages that built them) as
+        ``version`` (default: the next one); returns its number."""
+        self._spare = self.pinned if pinned is not None else None
         self.weights, self.pinned = weights, pinned
-        self.version += 1
+        self.version = self.version + 1 if version is None else version
         return self.version
+
+    def take_spare(self, plan: int) -> _Pinned | None:
+        """The retired messages for a sync of the plan with fingerprint
+        ``plan`` to reuse, handed out once (a failed sync may leave a wait
+        posted on them, so they are not handed out again)."""
+        spare, self._spare = self._spare, None
+        return spare if spare is not None and spare.plan == plan else None
 
 
 @dataclass
@@ -1029,7 +1164,16 @@ def _encode(buffer: torch.Tensor, old: torch.Tensor) -> tuple[int, torch.Tensor]
     (-1, buffer) where the delta would not be smaller. Words compare as
     bits, so -0.0, NaN payloads and every other change travel exactly."""
     new16, old16 = buffer.view(torch.int16), old.view(torch.int16)
-    changed = (new16 != old16).nonzero().flatten()
+    if buffer.numel() % 8 == 0:
+        # Compare 8-byte words first (a quarter of the elements to scan and
+        # compact), then the four 2-byte words of each changed one.
+        words = (buffer.view(torch.int64) != old.view(torch.int64)).nonzero().flatten()
+        if words.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
+            return -1, buffer
+        candidates = (words[:, None] * 4 + torch.arange(4)).flatten()
+        changed = candidates[new16[candidates] != old16[candidates]]
+    else:
+        changed = (new16 != old16).nonzero().flatten()
     if changed.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
         return -1, buffer
     indices = changed.to(torch.int32)
@@ -1037,15 +1181,19 @@ def _encode(buffer: torch.Tensor, old: torch.Tensor) -> tuple[int, torch.Tensor]
     return changed.numel(), payload
 
 
-def _decode(payload: torch.Tensor, count: int, old: torch.Tensor) -> torch.Tensor:
-    """The dense message: ``old`` with the ``count`` entries of ``payload`` applied."""
-    out = old.clone()
+def _decode(
+    payload: torch.Tensor, count: int, old: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The dense message: ``old`` with the ``count`` entries of ``payload``
+    applied, written into ``out`` (a buffer of old's size) or a new tensor."""
+    out = old.clone() if out is None else out.copy_(old)
     indices = payload[: 4 * count].view(torch.int32).long()
     out.view(torch.int16)[indices] = payload[4 * count :].view(torch.int16)
     return out
 
 
-#: elements per fp8 block: each block is scaled by its own float32 scale
+#: elements per fp8 block (along the last dimension of the destination
+#: shard): each block is scaled by its own float32 scale
 FP8_BLOCK = 128
 #: the largest finite float8_e4m3fn
 _FP8_MAX = 448.0
@@ -1054,43 +1202,90 @@ _FP8_MAX = 448.0
 FP8_EPS = 2.0**-3
 
 
-def fp8_bytes(numel: int) -> int:
+def fp8_bytes(numel: int, blocks: int | None = None) -> int:
     """Wire bytes of ``numel`` elements as block-scaled fp8: one byte each
-    and a float32 scale per block of `FP8_BLOCK`."""
-    return numel + 4 * -(-numel // FP8_BLOCK)
+    and a float32 scale per block (``blocks``; default: one per
+    `FP8_BLOCK` elements)."""
+    return numel + 4 * (-(-numel // FP8_BLOCK) if blocks is None else blocks)
 
 
-def _quantise(x: torch.Tensor, out: torch.Tensor) -> bool:
-    """Write ``x`` (row-major) into the uint8 ``out`` as block-scaled fp8:
-    the blocks' float32 scales (amax / 448, so that the largest element of
-    a block maps to fp8's largest finite value; 1 for an all-zero block),
-    then one float8_e4m3fn per element (x / scale, rounded to nearest even).
-    Returns False if ``x`` holds a NaN or an infinity, which fp8 cannot carry."""
-    flat = x.reshape(-1).to(torch.float32)
-    n = flat.numel()
-    nb = -(-n // FP8_BLOCK)
-    blocks = torch.zeros(nb * FP8_BLOCK, dtype=torch.float32)
-    blocks[:n] = flat
-    blocks = blocks.view(nb, FP8_BLOCK)
-    amax = blocks.abs().amax(dim=1)
+@dataclass(frozen=True)
+class _Blocks:
+    """Where a quantised piece lies in its destination's blocks: ``lead``,
+    its first column's place in its block (its destination column mod
+    `FP8_BLOCK`), and ``shared``: the blocks it shares with other pieces
+    (other source ranks, or other pieces of this one), whose scale is the
+    agreed maximum, as (block column j, first and last piece column, offset
+    of the block's table in the agreed vector, the destination shard's
+    leading shape, the piece's rows in it)."""
+
+    lead: int
+    shared: tuple[tuple[int, int, int, int, tuple[int, ...], tuple[slice, ...]], ...] = ()
+
+
+def _split(sizes: Sequence[int]) -> tuple[int, int]:
+    """(rows, columns) of a box: blocks run along its last dimension."""
+    width = sizes[-1] if sizes else 1
+    rows = 1
+    for s in sizes[:-1]:
+        rows *= s
+    return rows, width
+
+
+def _table(agreed: torch.Tensor, at: int, lead: tuple[int, ...]) -> torch.Tensor:
+    """The agreed maxima of one shared block column, one per row of the
+    destination shard (of leading shape ``lead``), as a view of ``agreed``."""
+    return agreed[at : at + _split((*lead, 1))[0]].view(lead)
+
+
+def _block_count(sizes: Sequence[int], lead: int) -> int:
+    rows, width = _split(sizes)
+    return rows * -(-(lead + width) // FP8_BLOCK)
+
+
+def _quantise(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    lead: int = 0,
+    agreed: Sequence[tuple[int, torch.Tensor]] = (),
+) -> bool:
+    """Write ``x`` into the uint8 ``out`` as block-scaled fp8. Blocks run
+    along the last dimension of the destination shard: `FP8_BLOCK` columns
+    of one row, the piece's first column being column ``lead`` of its
+    first block. ``out`` holds the blocks' float32 scales (amax / 448, so
+    that the largest element of a block maps to fp8's largest finite
+    value; 1 for an all-zero block; ``agreed``: (block column, amax per
+    row) of the blocks shared with other pieces), then one float8_e4m3fn
+    per element (x / scale, rounded to nearest even). Returns False if
+    ``x`` holds a NaN or an infinity, which fp8 cannot carry."""
+    rows, width = _split(tuple(x.shape))
+    nb = -(-(lead + width) // FP8_BLOCK)
+    padded = torch.zeros(rows, nb * FP8_BLOCK, dtype=torch.float32)
+    padded[:, lead : lead + width] = x.reshape(rows, width)
+    blocks = padded.view(rows, nb, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=2)
+    finite = bool(torch.isfinite(amax).all())
+    for j, shared in agreed:
+        amax[:, j] = shared
     scale = amax / _FP8_MAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = (blocks / scale[:, None]).to(torch.float8_e4m3fn).view(-1)[:n]
-    out[: 4 * nb].view(torch.float32).copy_(scale)
-    out[4 * nb : 4 * nb + n].view(torch.float8_e4m3fn).copy_(q)
-    return bool(torch.isfinite(amax).all())
+    q = (blocks / scale[:, :, None]).to(torch.float8_e4m3fn).view(rows, nb * FP8_BLOCK)
+    out[: 4 * rows * nb].view(torch.float32).copy_(scale.view(-1))
+    values = out[4 * rows * nb : 4 * rows * nb + rows * width].view(torch.float8_e4m3fn)
+    values.view(rows, width).copy_(q[:, lead : lead + width])
+    return finite
 
 
-def _dequantise(buffer: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+def _dequantise(buffer: torch.Tensor, sizes: Sequence[int], lead: int = 0) -> torch.Tensor:
     """The float32 values a `_quantise`d piece of shape ``sizes`` stands for."""
-    n = 1
-    for s in sizes:
-        n *= s
-    nb = -(-n // FP8_BLOCK)
-    scale = buffer[: 4 * nb].view(torch.float32)
-    values = torch.zeros(nb * FP8_BLOCK, dtype=torch.float32)
-    values[:n] = buffer[4 * nb : 4 * nb + n].view(torch.float8_e4m3fn).to(torch.float32)
-    return (values.view(nb, FP8_BLOCK) * scale[:, None]).view(-1)[:n].view(tuple(sizes))
+    rows, width = _split(sizes)
+    nb = -(-(lead + width) // FP8_BLOCK)
+    scale = buffer[: 4 * rows * nb].view(torch.float32).view(rows, nb)
+    values = torch.zeros(rows, nb * FP8_BLOCK, dtype=torch.float32)
+    fp8 = buffer[4 * rows * nb : 4 * rows * nb + rows * width].view(torch.float8_e4m3fn)
+    values[:, lead : lead + width] = fp8.view(rows, width).to(torch.float32)
+    out = values.view(rows, nb, FP8_BLOCK) * scale[:, :, None]
+    return out.view(rows, nb * FP8_BLOCK)[:, lead : lead + width].reshape(tuple(sizes))
 
 
 def _digest(buffer: torch.Tensor) -> int:
@@ -1121,8 +1316,7 @@ def _backend_failure(error: Exception, what: str) -> WeightSyncFailed:
 
 def _all_reduce(tensor: torch.Tensor, op: Any, group: Any, end: float, what: str) -> None:
     """An all-reduce on the process group ``group`` under the sync's deadline:
-    the deadline is the backend's own timeout too (a group formed by
-    `distir.recover()` has a short default one)."""
+    the deadline is the backend's own timeout too (not the group's default)."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
     opts.timeout = timedelta(seconds=max(end - time.monotonic(), 0.001))
@@ -1155,6 +1349,11 @@ def _wait(work: dist.Work, end: float, what: str) -> None:
         raise WeightSyncTimeout(f"weight sync: {what} missed the sync's deadline")
 
 
+def _fp8_piece_bytes(t: Transfer) -> int:
+    lead = t.dst_offsets[-1] % FP8_BLOCK if t.dst_offsets else 0
+    return fp8_bytes(t.numel, _block_count(t.box.sizes, lead))
+
+
 def plan_weight_sync(
     source: Mapping[str, TensorLayout],
     dest: Mapping[str, TensorLayout],
@@ -1171,12 +1370,16 @@ def plan_weight_sync(
         bucket_bytes: the most bytes one bucket carries (a larger piece
             travels alone).
         wire: None (every tensor travels in its source dtype) or
-            ``torch.float8_e4m3fn``: floating tensors travel as fp8 in blocks
-            of `FP8_BLOCK` consecutive elements of each piece, each block
-            with a float32 scale (its absolute maximum / 448), and are
-            decoded by the receiver into its declared dtype; partial
-            addends are summed on a source rank first (in full precision,
-            a pre-stage), so that a block is quantised once, from the sum.
+            ``torch.float8_e4m3fn``: floating tensors travel as fp8 in the
+            destination's blocks (`FP8_BLOCK` consecutive elements along the
+            last dimension of each destination shard, a row's last block
+            shorter), each block with one float32 scale (its absolute
+            maximum / 448, where pieces from several source ranks share a
+            block, the maximum over all of them, agreed in one all-reduce
+            before quantising), and are decoded by the receiver into its
+            declared dtype; partial addends are summed on a source rank
+            first (in full precision, a pre-stage), so that a block is
+            quantised once, from the sum.
             Each element x of a block with scale s arrives within
             ``FP8_EPS / 2 * |x| + 2**-10 * s`` of x (fp8 rounding: half an
             ulp in the normal range, half the subnormal spacing below it),
@@ -1240,14 +1443,14 @@ def plan_weight_sync(
                 if t.is_local:
                     local_reduced.append((name, t, slot))
                 else:
-                    remote.append((name, t, fp8_bytes(t.numel), slot))
+                    remote.append((name, t, _fp8_piece_bytes(t), slot))
             continue
         itemsize = source[name].dtype.itemsize
         for t in ts:
             if t.is_local:
                 local.append((name, t))
             else:
-                nbytes = fp8_bytes(t.numel) if quantised else t.numel * itemsize
+                nbytes = _fp8_piece_bytes(t) if quantised else t.numel * itemsize
                 remote.append((name, t, nbytes, -1))
     return WeightSyncPlan(
         source=dict(source),

@@ -276,6 +276,63 @@ def test_a_fault_is_named_everywhere_in_time_keeps_the_version_and_the_next_sync
 # -- delta mode ---------------------------------------------------------------
 
 
+def _receiver_dies_before_its_install(ctx):
+    """Rank 3 (a receiver) dies after the vote of version 2, before its
+    install; the survivors' next sync names the loss, they recover and admit
+    a replacement (version 0), and the sync after repairs it."""
+    import os
+    import time
+
+    import distir.runtime.weight_sync as ws
+    from distir.runtime import elastic
+
+    train, infer = MESHES["disjoint"]
+    plan = plan_weight_sync(*_declare(train, infer), bucket_bytes=64)
+    versions = ws.WeightVersions()
+    state = [torch.zeros(1)]
+    if ctx.joining:
+        m = elastic.join(state, deadline=60)
+        plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=30, group=m.group)
+        return {"joined": True, "v3": (versions.version, _synced(versions, infer, ctx.rank, 3))}
+    plan.sync(_shards_v(train, ctx.rank, 1), versions, delta=True, timeout=30)
+    if ctx.rank == 3:
+        versions.publish = lambda *a, **k: os._exit(9)  # after the vote, before the install
+    plan.sync(_shards_v(train, ctx.rank, 2), versions, delta=True, timeout=30)
+    v2 = (versions.version, _synced(versions, infer, ctx.rank, 2))
+    try:
+        plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=3)
+        lost = "no error"
+    except ws.WeightSyncFailed as e:
+        lost = type(e).__name__
+    kept = (versions.version, _synced(versions, infer, ctx.rank, 2))
+    distir.recover(deadline=10)
+    until = time.monotonic() + 60
+    while not elastic.requests() and time.monotonic() < until:
+        time.sleep(0.05)
+    m = elastic.grow(state, deadline=30)
+    plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=30, group=m.group)
+    v3 = (versions.version, _synced(versions, infer, ctx.rank, 3))
+    return {"joined": False, "v2": v2, "lost": lost, "kept": kept, "v3": v3, "ranks": m.ranks}
+
+
+@pytest.mark.timeout(200)
+def test_a_receiver_that_dies_before_its_install_is_repaired_by_the_next_sync():
+    outcome = distir.launch(
+        _receiver_dies_before_its_install, 4,
+        pass_context=True, tolerate=1, replace=True, timeout=150,
+    )  # fmt: skip
+    assert 3 in outcome.lost, outcome
+    for rank in (0, 1, 2):
+        report = outcome.results[rank]
+        assert report["v2"] == (2, True), (rank, report)
+        assert report["lost"] in ("WeightSyncPeerLost", "WeightSyncTimeout"), (rank, report)
+        assert report["kept"] == (2, True), (rank, report)
+        assert report["ranks"] == (0, 1, 2, 3), (rank, report)
+        assert report["v3"] == (3, True), (rank, report)
+    # the replacement held no version; the sync repaired it to the others' next
+    assert outcome.results[3] == {"joined": True, "v3": (3, True)}
+
+
 def _delta_syncs(ctx, change: str):
     import distir.runtime.weight_sync as ws
 
@@ -344,6 +401,37 @@ def test_delta_sync_is_bit_exact_and_sends_only_changes(change):
         assert delta == touched
 
 
+def _many_syncs(ctx):
+    import distir.runtime.weight_sync as ws
+
+    train, infer = MESHES["overlapping"]
+    plan = plan_weight_sync(*_declare(train, infer), bucket_bytes=64)
+    versions = ws.WeightVersions()
+    outcomes, kept = [], []
+    # From the third sync on, a sync reuses the message buffers of the
+    # version before the last: no published tensor may change with them.
+    for version, delta in [(1, False), (2, True), (5, False), (3, True), (4, True), (6, False)]:
+        plan.sync(_shards_v(train, ctx.rank, version), versions, delta=delta, timeout=30)
+        kept.append((version, versions.weights))
+        outcomes.append(all(_synced_dict(w, infer, ctx.rank, v) for v, w in kept))
+    return outcomes
+
+
+def _synced_dict(weights, infer: Mesh, rank: int, version: int) -> bool:
+    if rank not in infer.ranks:
+        return weights == {}
+    return all(
+        torch.equal(weights[name].to(torch.float64), _oracle_v(name, version, rank, infer))
+        for name in TENSORS
+    )
+
+
+def test_repeated_syncs_on_one_versions_object_keep_every_published_version():
+    results = distir.launch(_many_syncs, 4, pass_context=True, timeout=120)
+    for rank in range(4):
+        assert results[rank] == [True] * 6
+
+
 @given(
     st.integers(1, 64).map(lambda n: n * 8),
     st.integers(0, 2**32 - 1),
@@ -365,6 +453,9 @@ def test_delta_encoding_round_trips_bit_for_bit(nbytes, seed, share):
     else:
         assert count == words_changed and payload.numel() == 6 * count < nbytes
         assert torch.equal(_decode(payload, count, old), new)
+        # into a reused buffer holding anything
+        into = torch.randint(0, 256, (nbytes,), generator=g, dtype=torch.uint8)
+        assert torch.equal(_decode(payload, count, old, into), new)
 
 
 # -- fp8 on the wire ----------------------------------------------------------
@@ -526,3 +617,98 @@ def test_fp8_blocks_round_like_a_numpy_oracle(numel, seed, magnitude):
         # the stated bound, per element
         err = np.abs(got[start : start + FP8_BLOCK].astype(np.float64) - block)
         assert (err <= 2.0**-4 * np.abs(block) + 2.0**-10 * float(scale) * 1.0001).all()
+
+
+# -- fp8 blocks on the destination's layout ------------------------------------
+
+#: name -> (source dims, partial, destination dims); every instance below
+#: gives each a random shape, so that pieces from the two source ranks meet
+#: inside a block of the destination (or do not)
+STRADDLE_LAYOUTS = {
+    "cols_to_rows": ((None, 0), False, (0, None)),
+    "rows_to_cols": ((0, None), False, (None, 0)),
+    "vector_to_replicated": ((0,), False, None),
+    "partial_to_cols": ((None, None), True, (None, 0)),
+}
+
+
+def _straddle_instances(count: int = 8) -> list[dict]:
+    """Random shapes, destination dtypes and values: each source rank's
+    part scaled by its own magnitude (up to 2^12 apart), so that a block
+    shared by two source ranks is scaled by the larger one's maximum."""
+    rng = np.random.default_rng(37)
+    instances = []
+    for _ in range(count):
+        rows, width = int(rng.integers(1, 5)), int(rng.integers(2, 420))
+        ddt = [torch.float32, torch.bfloat16][int(rng.integers(0, 2))]
+        tensors = {}
+        for name, (sdims, partial, ddims) in STRADDLE_LAYOUTS.items():
+            shape = (width,) if len(sdims) == 1 else (rows, width)
+            x = rng.standard_normal(shape).astype(np.float32)
+            cut = width // 2 + int(rng.integers(-1, 2))  # near the sources' split
+            x[..., :cut] *= np.float32(2.0 ** rng.integers(-6, 7))
+            tensors[name] = (shape, ddt, sdims, partial, ddims, x)
+        instances.append(tensors)
+    return instances
+
+
+def _straddle_shard(x: np.ndarray, sdims, partial: bool, index: int) -> torch.Tensor:
+    t = torch.from_numpy(x)
+    if partial:  # two addends: x (exact in float32) and zeros
+        return t.clone() if index == 0 else torch.zeros_like(t)
+    return _oracle_shard(t, sdims, (2,), (index,))
+
+
+def _straddle_syncs(ctx):
+    train, infer = MESHES["disjoint"]
+    out = []
+    for tensors in _straddle_instances():
+        source = {n: TensorLayout(train, v[0], torch.float32, v[2], (0,) if v[3] else ())
+                  for n, v in tensors.items()}  # fmt: skip
+        dest = {n: TensorLayout(infer, v[0], v[1], v[4]) for n, v in tensors.items()}
+        plan = plan_weight_sync(source, dest, bucket_bytes=512, wire=torch.float8_e4m3fn)
+        shards = {}
+        if ctx.rank in train.ranks:
+            index = train.ranks.index(ctx.rank)
+            shards = {n: _straddle_shard(v[5], v[2], v[3], index) for n, v in tensors.items()}
+        out.append(plan.run(shards, timeout=30))
+    return out
+
+
+def _e4m3_blocks_oracle(shard: np.ndarray) -> np.ndarray:
+    """``shard`` quantised in blocks of 128 consecutive elements along its
+    last dimension, each with scale amax / 448, and decoded (numpy)."""
+    rows = shard.reshape(-1, shard.shape[-1]) if shard.ndim else shard.reshape(1, 1)
+    out = np.empty_like(rows)
+    for start in range(0, rows.shape[1], 128):
+        block = rows[:, start : start + 128]
+        amax = np.abs(block).max(axis=1, keepdims=True).astype(np.float32)
+        scale = np.where(amax > 0, amax / np.float32(448), np.float32(1)).astype(np.float32)
+        out[:, start : start + 128] = _e4m3_oracle(block / scale) * scale
+    return out.reshape(shard.shape)
+
+
+def test_fp8_blocks_are_the_destinations_and_round_like_a_numpy_oracle():
+    """A block of the destination shard that two source ranks' pieces share
+    has one scale, its whole maximum: every receiver's result equals numpy's
+    quantisation of its destination shard, bit for bit."""
+    train, infer = MESHES["disjoint"]
+    results = distir.launch(_straddle_syncs, 4, pass_context=True, timeout=120)
+    shared = 0
+    for i, tensors in enumerate(_straddle_instances()):
+        for rank in infer.ranks:
+            for name, (_, ddt, _, _, ddims, x) in tensors.items():
+                want = _oracle_shard(torch.from_numpy(x), ddims, (2,), (infer.ranks.index(rank),))
+                oracle = torch.from_numpy(_e4m3_blocks_oracle(want.numpy())).to(ddt)
+                got = results[rank][i][name]
+                assert got.dtype == ddt and torch.equal(got, oracle), (i, rank, name)
+        plan = plan_weight_sync(
+            {
+                n: TensorLayout(train, v[0], torch.float32, v[2], (0,) if v[3] else ())
+                for n, v in tensors.items()
+            },  # fmt: skip
+            {n: TensorLayout(infer, v[0], v[1], v[4]) for n, v in tensors.items()},
+            wire=torch.float8_e4m3fn,
+        )
+        shared += plan._shared_blocks()[1]
+    assert shared > 0  # the instances do share blocks between source ranks
