@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
+from distir.backends.direct import DirectCollective
 from distir.backends.domain import group_alive
 from distir.backends.groups import ProcessGroupResource, create_declared_groups
 from distir.backends.registry import Implementation
@@ -111,6 +112,9 @@ class Binding:
         #: donate (True/False) -> this binding's specialised run
         #: (`distir.runtime.specialised`), made after a general run
         self.specialised: dict[bool, Callable[[Sequence[Any]], Any]] = {}
+        #: op -> its kernel as one backend collective, where its
+        #: implementation says so (`Implementation.direct`)
+        self.direct: dict[Operation, DirectCollective] = {}
 
     @property
     def alive(self) -> bool:
@@ -178,7 +182,12 @@ class Binding:
         def bind(op: Operation):
             implementation, invocation, resource = target(op)
             if isinstance(resource, ProcessGroupResource):
-                run = implementation.bind(invocation, resource)
+                direct = implementation.direct(invocation, resource)
+                if direct is not None:  # the kernel the specialised run inlines
+                    self.direct[op] = direct
+                    run = direct.kernel(implementation.execute)
+                else:
+                    run = implementation.bind(invocation, resource)
             else:  # a rank in no subgroup: `execute` raises that if the op ever runs here
                 run = Implementation.bind(implementation, invocation, resource)
             return checked_kernel(run, invocation, resource)

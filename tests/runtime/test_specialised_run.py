@@ -28,6 +28,7 @@ import distir
 from distir.backends.domain import domain_for, reset_domain
 from distir.errors import DistirError
 from distir.runtime.launch import launch
+from distir.runtime.specialised import direct_collective
 
 #: name -> (IR, input (dtype, shape) per argument, what each result is in
 #: plain torch from the ranks' inputs: ("sum", i) the sum of input i over
@@ -91,6 +92,10 @@ func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> {
         [("sum", 0)],
     ),
 }
+
+#: the programs whose specialised run submits their one collective itself
+#: (`distir.runtime.specialised.direct_collective`)
+DIRECT = {"all-reduce f32", "all-reduce i64", "broadcast"}
 
 #: how a run's input is made (each accepted, copied or refused by name)
 KINDS = [
@@ -279,7 +284,9 @@ def test_the_specialised_run_agrees_with_the_general_path(programs, drawn):
     try:
         expected = play(general, group_g, name, runs, 0)
         got = play(specialised, group_s, name, runs, 0)
-        assert specialised._bindings[group_s].specialised, "no specialised run was made"
+        binding = specialised._bindings[group_s]
+        assert binding.specialised, "no specialised run was made"
+        assert (direct_collective(binding) is not None) == (name in DIRECT)
     finally:
         dist.destroy_process_group(group_g)
         dist.destroy_process_group(group_s)
@@ -331,6 +338,8 @@ def _ranks_play(ctx, drawn: list[tuple[str, bool, list[dict]]]) -> list:
                 play(specialised, group_s, name, runs, ctx.rank),
             )
         )
+        direct = direct_collective(specialised._bindings[group_s])
+        assert (direct is not None) == (name in DIRECT), name
     return out
 
 
