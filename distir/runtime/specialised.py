@@ -53,8 +53,11 @@ def specialised_run(
     """`program`'s runs on `binding` with `donate` (a bool), as one closure:
     `run(inputs)` returns what `Program.run` returns, raises what it
     raises, or returns `GENERAL` (nothing done) when the caller must take
-    the general path. None when this binding has no specialised run yet
-    (not compiled, or a trusted plan not yet agreed)."""
+    the general path. `run(inputs, who, submitted)` is a run `run_async`
+    queued, already claimed on the gate as run `who` (the worker releases
+    it), with the versions its inputs had when queued (`submitted`). None
+    when this binding has no specialised run yet (not compiled, or a
+    trusted plan not yet agreed)."""
     plan = binding.plan
     compiled = binding.compiled
     if compiled is None or not (plan.agreement or not binding.must_agree):
@@ -87,7 +90,7 @@ def specialised_run(
             mark_written, owned, agreement, call,
         )  # fmt: skip
 
-    def run(inputs: Sequence[Any]) -> Any:
+    def run(inputs: Sequence[Any], who: Any = None, submitted: Any = None) -> Any:
         # Guards before the gate: a failing one has claimed nothing.
         if (
             not group_alive(pg)
@@ -95,21 +98,25 @@ def specialised_run(
             or binding.configured != program.deadline_s
         ):
             return GENERAL
-        who = gate.enter(what)
-        if who is None:  # this thread's queued async runs go first
-            return GENERAL
+        sync = who is None  # else a queued run, claimed when it was queued
+        if sync:
+            who = gate.enter(what)
+            if who is None:  # this thread's queued async runs go first
+                return GENERAL
         try:
             if (inputs_accepted is not None and not inputs_accepted(inputs)) or (
                 records is not None and records(inputs)
             ):
-                return general(binding, inputs, None, donate, who)
+                return general(binding, inputs, None, donate, who, submitted)
             try:
                 if agreement is not None:
-                    inputs, base.hoisted = agreement.agree(inputs, base, fingerprint, who)
+                    inputs, base.hoisted = agreement.agree(
+                        inputs, base, fingerprint, who, submitted
+                    )
                 else:
                     base.hoisted = ()
-                    if inputs_accepted is None:
-                        inputs = plan.check_inputs(inputs)
+                    if inputs_accepted is None or submitted is not None:
+                        inputs = plan.check_inputs(inputs, submitted)
                 writable = donation if type(donation) is frozenset else donation(inputs)
                 mark_written(inputs, writable)
                 results = owned(call(inputs, writable), inputs, writable)
@@ -119,7 +126,8 @@ def specialised_run(
                 domain.poison(e)
                 raise
         finally:
-            gate.leave()
+            if sync:
+                gate.leave()
         return results[0] if single else results
 
     return run
@@ -165,13 +173,13 @@ def _direct_run(
     what, fingerprint, general = program._what, binding.fingerprint, program._run_bound
     resource, invocation = collective.resource, collective.invocation
     submit, out_of_place, current = collective.submit, collective.out_of_place, collective.current
-    options = collective.options
+    options, check_inputs = collective.options, binding.plan.check_inputs
     step = binding.compiled.direct_step
     # Whether the op may overwrite its donated operand (the block's liveness).
     overwrites = 0 in step.writable_when(frozenset({0}))
     monotonic = time.monotonic
 
-    def run(inputs: Sequence[Any]) -> Any:
+    def run(inputs: Sequence[Any], who: Any = None, submitted: Any = None) -> Any:
         # Guards before the gate: a failing one has claimed nothing.
         if (
             not group_alive(pg)
@@ -179,17 +187,23 @@ def _direct_run(
             or binding.configured != program.deadline_s
         ):
             return GENERAL
-        who = gate.enter(what)
-        if who is None:  # this thread's queued async runs go first
-            return GENERAL
+        sync = who is None  # else a queued run, claimed when it was queued
+        if sync:
+            who = gate.enter(what)
+            if who is None:  # this thread's queued async runs go first
+                return GENERAL
         try:
             if not inputs_accepted(inputs) or (records is not None and records(inputs)):
-                return general(binding, inputs, None, donate, who)
+                return general(binding, inputs, None, donate, who, submitted)
             try:
                 if agreement is not None:
-                    inputs, base.hoisted = agreement.agree(inputs, base, fingerprint, who)
+                    inputs, base.hoisted = agreement.agree(
+                        inputs, base, fingerprint, who, submitted
+                    )
                 else:
                     base.hoisted = ()
+                    if submitted is not None:  # unchanged since queued, as the general path
+                        inputs = check_inputs(inputs, submitted)
                 writable = donation if type(donation) is frozenset else donation(inputs)
                 mark_written(inputs, writable)
                 x = inputs[0]
@@ -215,7 +229,8 @@ def _direct_run(
                 domain.poison(e)
                 raise
         finally:
-            gate.leave()
+            if sync:
+                gate.leave()
         return results[0]
 
     return run

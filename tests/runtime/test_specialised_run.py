@@ -15,6 +15,7 @@ moves, and the same refusals with the same named errors.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -131,6 +132,7 @@ def run_sequences(draw, max_runs: int = 5) -> tuple[str, bool, list[dict]]:
                 ],
                 "seed": draw(st.integers(0, 2**16)),
                 "extra": draw(st.integers(0, 19)) == 0,  # one input too many
+                "queued": draw(st.booleans()),  # through run_async
             }
         )
     return name, trusted, runs
@@ -198,7 +200,11 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
         versions = [x._version for x in tensors]
         completed = domain_for(group).completed
         try:
-            results = program.run(*inputs, group=group, donate=spec["donate"])
+            if spec["queued"]:
+                future = program.run_async(*inputs, group=group, donate=spec["donate"])
+                results = future.wait()
+            else:
+                results = program.run(*inputs, group=group, donate=spec["donate"])
         except DistirError as e:
             outcomes.append(("refused", type(e).__name__, str(e)))
             reset_domain(group)  # an input refusal leaves the group working
@@ -321,6 +327,62 @@ def test_a_failed_guard_takes_the_general_path(programs):
     assert torch.equal(y, x) and calls == [1]
     assert torch.equal(specialised.run(x, group=group), x) and calls == [1, 1]
     dist.destroy_process_group(group)
+
+
+def test_queued_runs_take_the_specialised_path(programs):
+    """A program only ever queued (a DDP hook's) gets its specialised run
+    after its first queued run, and the next queued runs take it."""
+    name = "all-reduce f32"
+    source = PROGRAMS[name][0]
+    program = distir.compile(source, agreement=False)
+    group = dist.new_group([0])
+    try:
+        x = torch.arange(6.0).reshape(2, 3)
+        assert torch.equal(program.run_async(x.clone(), group=group, donate=True).wait(), x)
+        binding = program._bindings[group]
+        fast = binding.specialised[True]
+        calls = []
+
+        def counted(inputs, *claimed):
+            calls.append(claimed)
+            return fast(inputs, *claimed)
+
+        binding.specialised[True] = counted
+        for _ in range(3):
+            assert torch.equal(program.run_async(x.clone(), group=group, donate=True).wait(), x)
+        assert len(calls) == 3 and all(who is not None for who, _ in calls)
+    finally:
+        dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_queued_input_changed_before_its_specialised_run_is_refused(programs, trusted):
+    """The check a queued run makes when it starts (its donated input not
+    changed since `run_async`) holds on the specialised path too."""
+    from distir.errors import ProgramInputError
+
+    program = distir.compile(PROGRAMS["all-reduce f32"][0], agreement=not trusted)
+    group = dist.new_group([0])
+    try:
+        program.run_async(torch.ones(2, 3), group=group, donate=True).wait()
+        binding = program._bindings[group]
+        fast, calls = binding.specialised[True], []
+        binding.specialised[True] = lambda inputs, *claimed: calls.append(1) or fast(
+            inputs, *claimed
+        )
+        release = threading.Event()
+        held = binding.gate.submit("held", lambda who: release.wait(20))  # the worker waits
+        x = torch.ones(2, 3)
+        queued = program.run_async(x, group=group, donate=True)
+        x.add_(1)
+        release.set()
+        held.wait()
+        with pytest.raises(ProgramInputError, match="modified in place after run_async"):
+            queued.wait()
+        assert calls == [1]
+    finally:
+        reset_domain(group)
+        dist.destroy_process_group(group)
 
 
 def _ranks_play(ctx, drawn: list[tuple[str, bool, list[dict]]]) -> list:
