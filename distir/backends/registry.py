@@ -80,6 +80,11 @@ class Implementation:
         direct = self.direct(invocation, resources)
         if direct is not None:
             return direct.kernel(self.execute)
+        return self.executing(invocation, resources)
+
+    def executing(self, invocation: Invocation, resources: Any) -> DistKernel:
+        """The kernel that calls `execute` (what a rank outside the op's
+        group binds: `execute` names that error if the op ever runs)."""
         execute = self.execute
 
         def kernel(

@@ -29,7 +29,6 @@ from xdsl.ir import Operation
 from distir.backends.direct import DirectCollective
 from distir.backends.domain import group_alive
 from distir.backends.groups import ProcessGroupResource, create_declared_groups
-from distir.backends.registry import Implementation
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock, DistKernel
 from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
 from distir.interpreters.invocation import Invocation
@@ -189,7 +188,7 @@ class Binding:
                 else:
                     run = implementation.bind(invocation, resource)
             else:  # a rank in no subgroup: `execute` raises that if the op ever runs here
-                run = Implementation.bind(implementation, invocation, resource)
+                run = implementation.executing(invocation, resource)
             return checked_kernel(run, invocation, resource)
 
         def bind_start(op: Operation):

@@ -108,16 +108,6 @@ def _compare(bound, generic, dtype: torch.dtype, seed: int, other: torch.dtype) 
     return problems
 
 
-def _executing(impl: Implementation, invocation, resource):
-    """The kernel that only calls `execute` (what the default `bind` was
-    before `direct`)."""
-
-    def kernel(inputs, writable):
-        return impl.execute(invocation, inputs, resource, writable)
-
-    return kernel
-
-
 def _check_every_case(ctx) -> list[str]:
     from distir.backends.groups import ProcessGroupResource
     from distir.interpreters.dtypes import element_dtype
@@ -144,7 +134,7 @@ def _check_every_case(ctx) -> list[str]:
                 dtype = element_dtype(op.operands[0].type)
                 other = torch.float64 if dtype != torch.float64 else torch.int32
                 bound = impl.bind(invocation, resource)
-                generic = _executing(impl, invocation, resource)
+                generic = impl.executing(invocation, resource)
                 seed = 7919 * n + 31 * checked + ctx.rank
                 for problem in _compare(bound, generic, dtype, seed, other):
                     problems.append(f"rank {ctx.rank}, {text} on {t}: {problem}")
