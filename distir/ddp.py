@@ -18,8 +18,9 @@ hook's process group and ends as a named error on every rank.
   agree once per bucket layout (each bucket size's program is trusted: its
   plan is agreed at its first run) and check every bucket of every step
   with a digest riding in the payload (`riding_words`), which costs no
-  exchange of its own; at 2 ranks and full precision only (elsewhere the
-  ranks agree at every run).
+  exchange of its own; at 2 ranks (f32, f64) and at more ranks (f32) where
+  the payload keeps gloo's segments (`riding_layout`; elsewhere the ranks
+  agree at every run).
 - `program_hook`: any distir program mapping the bucket to the aggregated
   bucket (`ProgramHookState`), e.g. per-rank clipping then a sum, or
   majority-vote signSGD.
@@ -204,11 +205,18 @@ class HookState:
 # exact in float32 and float64 in any order of summation; half-precision
 # buckets cannot carry them and keep the agreement at every run.
 #
-# Only at 2 ranks: the longer payload moves the backend's chunk boundaries,
-# so at 3 ranks or more gradients would be summed in another order than
-# DDP's default sums them (an ulp off, measured at 3 and 4 ranks); a sum of
-# two addends is the same in either order, bit for bit. Larger groups keep
-# the agreement at every run.
+# Where the digest rides: the order in which gloo's ring all-reduce sums an
+# element depends on which rank's chunk of the ring it lies in, so appended
+# elements (which move the chunk boundaries) change a sum's bits at 3 ranks
+# or more (an ulp off, measured at 3 and 4 ranks); a sum of two addends is
+# the same in either order, so at 2 ranks the digest is appended. At more
+# ranks (float32) the payload gives each of gloo's segments of the bucket a
+# row of its own with riding slots after it (`riding_layout`): every
+# gradient stays in its chunk and is summed in DDP's order, bit for bit.
+# gloo's segment count is inferred by measurement (benchmarks/
+# riding_layout.py: bit-identical at 3 and 4 ranks for every size tried up
+# to 6M elements); the DDP tests check the bits at 3 and 4 ranks. Other
+# groups and dtypes keep the agreement at every run.
 
 #: bytes of the digest a bucket carries
 DIGEST_BYTES = 4
@@ -216,6 +224,51 @@ DIGEST_BYTES = 4
 RIDING = 2 * DIGEST_BYTES
 #: bucket dtypes that carry the digest exactly
 RIDES = (torch.float32, torch.float64)
+
+
+#: the bytes gloo's ring puts at most in one segment (inferred, see above)
+GLOO_SEGMENT_BYTES = 1 << 20
+
+
+def gloo_segments(numel: int, world_size: int, element_bytes: int) -> int:
+    """The segments gloo's ring all-reduce cuts a buffer into (P groups of
+    consecutive segments are the ranks' chunks), as measured."""
+    wanted = max(-(-numel * element_bytes // GLOO_SEGMENT_BYTES), 2 * world_size)
+    return -(-wanted // world_size) * world_size
+
+
+@dataclass(frozen=True)
+class RidingLayout:
+    """A payload of `rows` rows of `chunk` gradients then `slots` riding
+    elements (the digest's words first, zeros after): the bucket's N
+    gradients are the first N of the rows' gradient parts, in order."""
+
+    rows: int
+    chunk: int
+    slots: int
+
+    @property
+    def numel(self) -> int:
+        return self.rows * (self.chunk + self.slots)
+
+
+def riding_layout(numel: int, dtype: torch.dtype, world_size: int) -> RidingLayout | None:
+    """Where the digest rides in a bucket of `numel` `dtype` gradients at
+    `world_size` ranks so that the sum keeps DDP's bits, or None (the
+    ranks then agree at every run)."""
+    if dtype not in RIDES or world_size < 2 or numel == 0:
+        return None
+    if world_size == 2:  # two addends: any order, the same bits
+        return RidingLayout(1, numel, RIDING)
+    if dtype != torch.float32:
+        return None
+    size = dtype.itemsize
+    segments = gloo_segments(numel, world_size, size)
+    layout = RidingLayout(segments, -(-numel // segments), -(-RIDING // segments))
+    # The slots must not change gloo's segments (then each row is one).
+    if gloo_segments(layout.numel, world_size, size) != segments:
+        return None
+    return layout
 
 
 def riding_words(digest: bytes) -> list[int]:
@@ -251,14 +304,15 @@ class SumHookState(HookState):
         default_factory=dict, init=False
     )
 
-    def rides(self, dtype: torch.dtype) -> bool:
-        """Whether buckets of `dtype` carry the riding digest (see above)."""
-        return dtype in RIDES and self.world_size == 2
+    def rides(self, buffer: torch.Tensor) -> bool:
+        """Whether this bucket carries the riding digest (see above)."""
+        return riding_layout(buffer.numel(), buffer.dtype, self.world_size) is not None
 
     def compile(self, numel: int, dtype: torch.dtype) -> Program:
         element = element_type(dtype)
-        if self.rides(dtype):  # agreed once (trusted), checked by the riding digest
-            text = _sum_program_text(numel + RIDING, element)
+        layout = riding_layout(numel, dtype, self.world_size)
+        if layout is not None:  # agreed once (trusted), checked by the riding digest
+            text = _sum_program_text(layout.numel, element)
             return compile(text, deadline=self.deadline_s, agreement=False)
         return compile(_sum_program_text(numel, element), deadline=self.deadline_s)
 
@@ -267,18 +321,29 @@ class SumHookState(HookState):
         the future completes with the mean, or with `ProgramMismatch` on
         every rank when ranks sent different digests."""
         numel, dtype = buffer.numel(), buffer.dtype
+        layout = riding_layout(numel, dtype, self.world_size)
+        assert layout is not None  # `sum_hook` asked `rides`
         key = (index, numel, dtype)
         payload = self._buffers.get(key)
         if payload is None:
-            payload = self._buffers[key] = torch.empty(numel + RIDING, dtype=dtype)
+            payload = self._buffers[key] = torch.zeros(layout.numel, dtype=dtype)
+        rows, chunk = payload.view(layout.rows, -1), layout.chunk
         # As DDP's reducer scales without a hook (see `sum_hook`), into the payload.
-        torch.mul(buffer, 1.0 / self.world_size, out=payload[:numel])
+        scale, full = 1.0 / self.world_size, numel // chunk
+        torch.mul(buffer[: full * chunk].view(full, chunk), scale, out=rows[:full, :chunk])
+        if full < layout.rows:  # the last gradients, then zeros (summed: zeros)
+            rest = numel - full * chunk
+            torch.mul(buffer[full * chunk :], scale, out=rows[full, :rest])
+            rows[full, rest:chunk] = 0
+            rows[full + 1 :, :chunk] = 0
         position = self.calls
         self.calls += 1
         digest = hashlib.blake2b(
             f"{position}:{index}:{numel}:{dtype}".encode(), digest_size=DIGEST_BYTES
         ).digest()
-        payload[numel:] = torch.tensor(riding_words(digest), dtype=dtype)
+        words = torch.zeros(layout.rows * layout.slots, dtype=dtype)
+        words[:RIDING] = torch.tensor(riding_words(digest), dtype=dtype)
+        rows[:, chunk:] = words.view(layout.rows, layout.slots)
         program = self.program(buffer)
         future = program.run_async(payload, group=self.group, donate=True)
 
@@ -292,8 +357,10 @@ class SumHookState(HookState):
             except BaseException as e:  # noqa: BLE001 - handed to the future
                 checked.set_exception(e)
                 return
-            if all_sent(total[numel:].tolist(), digest, self.world_size):
-                checked.set_result(total[:numel])
+            sums = total.view(layout.rows, -1)
+            if all_sent(sums[:, chunk:].reshape(-1)[:RIDING].tolist(), digest, self.world_size):
+                # One row: a view of the payload (DDP copies it out), as before.
+                checked.set_result(sums[:, :chunk].reshape(-1)[:numel])
                 return
             error = ProgramMismatch(
                 f"DDP sum hook: ranks summed different buckets at hook call {position} "
@@ -314,7 +381,7 @@ def sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     mean gradient)."""
     called = time.perf_counter()
     buffer = bucket.buffer()
-    if state.rides(buffer.dtype):
+    if state.rides(buffer):
         return state._track(bucket, called, state.riding_sum(bucket.index(), buffer))
     # As DDP's reducer scales without a hook, before the sum (no overflow in
     # fp16): times 1/world size (a double, rounded to the gradient's type),

@@ -21,7 +21,7 @@ import pickle
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -262,28 +262,6 @@ class ProcessGroupResource:
         except RuntimeError as e:
             raise self.failure(e, invocation, time.monotonic() - start) from None
         return None
-
-    def waited(
-        self, submit: Any, kind: Any, invocation: Any, *fields: tuple[str, Any]
-    ) -> Callable[..., None]:
-        """One collective of `invocation`, bound once: `call(*args)` runs
-        `submit(*args, opts)` (a process group's method) to completion under
-        the deadline the resource holds at that call, as `all_reduce(...,
-        wait=True)` does. What a kernel bound at bind time calls on every
-        run: the options are looked up only when the deadline changes (a
-        microsecond of Python per run costs about five at P=2:
-        benchmarks/README.md)."""
-        seen: list[tuple[Any, Any]] = [(None, None)]  # (the deadline last seen, its options)
-
-        def call(*args: Any) -> None:
-            deadline, opts = seen[0]
-            if deadline != self.deadline_s:
-                deadline = self.deadline_s
-                opts = self._options(kind, invocation, True, *fields)
-                seen[0] = (deadline, opts)
-            self._run(submit, args, opts, invocation, True)
-
-        return call
 
     def all_reduce(self, tensor: torch.Tensor, op: Any, invocation: Any, wait: bool = False) -> Any:
         opts = self._options(dist.AllreduceOptions, invocation, wait, ("reduceOp", op))

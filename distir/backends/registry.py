@@ -28,7 +28,7 @@ compilation, naming the op, its location and the reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from xdsl.ir import Operation
@@ -36,6 +36,9 @@ from xdsl.ir import Operation
 from distir.errors import UnsupportedOpError
 from distir.interpreters.block_compiler import DistKernel
 from distir.interpreters.invocation import Invocation
+
+if TYPE_CHECKING:
+    from distir.backends.direct import DirectCollective
 
 
 class Implementation:
@@ -72,7 +75,16 @@ class Implementation:
         The default calls `execute`. An implementation whose hot path
         depends only on what the invocation and the resources fix (the
         reduction, the root, the options) resolves it here and returns a
-        flatter kernel, which falls back to `execute` for anything else."""
+        flatter kernel, which falls back to `execute` for anything else.
+        An op that `direct` describes gets that description's kernel."""
+        direct = self.direct(invocation, resources)
+        if direct is not None:
+            return direct.kernel(self.execute)
+        return self.executing(invocation, resources)
+
+    def executing(self, invocation: Invocation, resources: Any) -> DistKernel:
+        """The kernel that calls `execute` (what a rank outside the op's
+        group binds: `execute` names that error if the op ever runs)."""
         execute = self.execute
 
         def kernel(
@@ -81,6 +93,13 @@ class Implementation:
             return execute(invocation, inputs, resources, writable)
 
         return kernel
+
+    def direct(self, invocation: Invocation, resources: Any) -> DirectCollective | None:
+        """The op on `resources` as one backend collective on its operand
+        (`distir.backends.direct`), or None (the default): what `execute`
+        does on operands of the declared type when nothing is checked
+        before the payload, said once per binding."""
+        return None
 
     def start(
         self,

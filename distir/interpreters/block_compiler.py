@@ -101,6 +101,10 @@ class Step:
                 self._writable_when[donated] = writable
         return writable
 
+    def error(self, e: Exception) -> OpError:
+        """What the block raises for a torch error its kernel raised."""
+        return _op_error(self, e)
+
 
 def _with_liveness(steps: list[Step], keep: tuple[int, ...]) -> list[Step]:
     last_use: dict[int, int] = {}
@@ -214,6 +218,12 @@ class CompiledBlock:
             and steps[0].outputs == returned
             else None
         )
+
+    @property
+    def direct_step(self) -> Step | None:
+        """The block's one step when the block is a single collective over
+        its arguments, returning its results (else None)."""
+        return self._direct
 
     def __call__(
         self, *args: torch.Tensor, donated: frozenset[int] = _NOTHING

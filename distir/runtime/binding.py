@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
+from distir.backends.direct import DirectCollective
 from distir.backends.domain import group_alive
 from distir.backends.groups import ProcessGroupResource, create_declared_groups
-from distir.backends.registry import Implementation
 from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock, DistKernel
 from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
 from distir.interpreters.invocation import Invocation
@@ -111,6 +111,9 @@ class Binding:
         #: donate (True/False) -> this binding's specialised run
         #: (`distir.runtime.specialised`), made after a general run
         self.specialised: dict[bool, Callable[[Sequence[Any]], Any]] = {}
+        #: op -> its kernel as one backend collective, where its
+        #: implementation says so (`Implementation.direct`)
+        self.direct: dict[Operation, DirectCollective] = {}
 
     @property
     def alive(self) -> bool:
@@ -180,9 +183,14 @@ class Binding:
         def bind(op: Operation):
             implementation, invocation, resource = target(op)
             if isinstance(resource, ProcessGroupResource):
-                run = implementation.bind(invocation, resource)
+                direct = implementation.direct(invocation, resource)
+                if direct is not None:  # the kernel the specialised run inlines
+                    self.direct[op] = direct
+                    run = direct.kernel(implementation.execute)
+                else:
+                    run = implementation.bind(invocation, resource)
             else:  # a rank in no subgroup: `execute` raises that if the op ever runs here
-                run = Implementation.bind(implementation, invocation, resource)
+                run = implementation.executing(invocation, resource)
             return checked_kernel(run, invocation, resource)
 
         def bind_start(op: Operation):

@@ -197,6 +197,14 @@ class Program:
             result = self._run_bound(binding, inputs, deadline, donate, who)
         finally:
             gate.leave()
+        self._specialise(binding, deadline, donate)
+        return result
+
+    def _specialise(
+        self, binding: Binding, deadline: Duration | None, donate: bool | Sequence[int]
+    ) -> None:
+        """Makes `binding`'s specialised run for `donate` after a general
+        run, if it can have one and has none yet."""
         if (
             self.specialise
             and deadline is None
@@ -206,7 +214,6 @@ class Program:
             fast = specialised_run(self, binding, donate)
             if fast is not None:
                 binding.specialised[donate] = fast
-        return result
 
     def run_async(
         self,
@@ -224,12 +231,24 @@ class Program:
         (`distir.runtime.ownership.queued_inputs`)."""
         inputs = queued_inputs(inputs, donate)
         submitted = input_versions(inputs)
-        return self._binding(group).gate.submit(
-            self._what,
-            lambda who: self._run_bound(
-                self._binding(group), inputs, deadline, donate, who, submitted
-            ),
-        )
+
+        def queued(who: RunId) -> Any:
+            # The binding's specialised run as the run executes (its guards
+            # read the group, the domain and the deadline then), or the
+            # general path.
+            binding = self._bindings.get(group)
+            if binding is not None and deadline is None and (donate is True or donate is False):
+                fast = binding.specialised.get(donate)
+                if fast is not None:
+                    result = fast(inputs, who, submitted)
+                    if result is not GENERAL:
+                        return result
+            binding = self._binding(group)
+            result = self._run_bound(binding, inputs, deadline, donate, who, submitted)
+            self._specialise(binding, deadline, donate)
+            return result
+
+        return self._binding(group).gate.submit(self._what, queued)
 
     def poison(self, group: Any, error: BaseException) -> None:
         """Marks this rank's execution domain of `group` failed with `error`

@@ -31,10 +31,13 @@ both paths agree), and a guard exists wherever the two could differ.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from distir.backends.direct import DirectCollective
 from distir.backends.domain import group_alive
+from distir.errors import DistirError
 from distir.runtime import autograd
 from distir.runtime.binding import Binding
 from distir.runtime.ownership import donation_for, mark_written_for, owned_results_for
@@ -50,8 +53,11 @@ def specialised_run(
     """`program`'s runs on `binding` with `donate` (a bool), as one closure:
     `run(inputs)` returns what `Program.run` returns, raises what it
     raises, or returns `GENERAL` (nothing done) when the caller must take
-    the general path. None when this binding has no specialised run yet
-    (not compiled, or a trusted plan not yet agreed)."""
+    the general path. `run(inputs, who, submitted)` is a run `run_async`
+    queued, already claimed on the gate as run `who` (the worker releases
+    it), with the versions its inputs had when queued (`submitted`). None
+    when this binding has no specialised run yet (not compiled, or a
+    trusted plan not yet agreed)."""
     plan = binding.plan
     compiled = binding.compiled
     if compiled is None or not (plan.agreement or not binding.must_agree):
@@ -77,8 +83,14 @@ def specialised_run(
     call = compiled.specialised((frozenset(), frozenset(range(count))))
     general = program._run_bound
     single = len(plan.output_types) == 1
+    collective = direct_collective(binding)
+    if collective is not None and inputs_accepted is not None:
+        return _direct_run(
+            program, binding, donate, collective, inputs_accepted, records, donation,
+            mark_written, owned, agreement, call,
+        )  # fmt: skip
 
-    def run(inputs: Sequence[Any]) -> Any:
+    def run(inputs: Sequence[Any], who: Any = None, submitted: Any = None) -> Any:
         # Guards before the gate: a failing one has claimed nothing.
         if (
             not group_alive(pg)
@@ -86,21 +98,25 @@ def specialised_run(
             or binding.configured != program.deadline_s
         ):
             return GENERAL
-        who = gate.enter(what)
-        if who is None:  # this thread's queued async runs go first
-            return GENERAL
+        sync = who is None  # else a queued run, claimed when it was queued
+        if sync:
+            who = gate.enter(what)
+            if who is None:  # this thread's queued async runs go first
+                return GENERAL
         try:
             if (inputs_accepted is not None and not inputs_accepted(inputs)) or (
                 records is not None and records(inputs)
             ):
-                return general(binding, inputs, None, donate, who)
+                return general(binding, inputs, None, donate, who, submitted)
             try:
                 if agreement is not None:
-                    inputs, base.hoisted = agreement.agree(inputs, base, fingerprint, who)
+                    inputs, base.hoisted = agreement.agree(
+                        inputs, base, fingerprint, who, submitted
+                    )
                 else:
                     base.hoisted = ()
-                    if inputs_accepted is None:
-                        inputs = plan.check_inputs(inputs)
+                    if inputs_accepted is None or submitted is not None:
+                        inputs = plan.check_inputs(inputs, submitted)
                 writable = donation if type(donation) is frozenset else donation(inputs)
                 mark_written(inputs, writable)
                 results = owned(call(inputs, writable), inputs, writable)
@@ -110,7 +126,111 @@ def specialised_run(
                 domain.poison(e)
                 raise
         finally:
-            gate.leave()
+            if sync:
+                gate.leave()
         return results[0] if single else results
+
+    return run
+
+
+def direct_collective(binding: Binding) -> DirectCollective | None:
+    """The one backend collective a run of `binding` is, when its block is
+    a single collective over its one argument whose implementation says
+    what it submits (`Implementation.direct`) and whose result has the
+    argument's type; else None."""
+    compiled = binding.compiled
+    step = compiled.direct_step if compiled is not None else None
+    if step is None or compiled.n_args != 1:
+        return None
+    collective = binding.direct.get(step.op)
+    return collective if collective is not None and collective.same_type else None
+
+
+def _direct_run(
+    program: Any,
+    binding: Binding,
+    donate: bool,
+    collective: DirectCollective,
+    inputs_accepted: Callable[[Sequence[Any]], bool],
+    records: Callable[[Sequence[Any]], bool] | None,
+    donation: Any,
+    mark_written: Callable[[Sequence[Any], frozenset[int]], None],
+    owned: Callable[..., tuple[Any, ...]],
+    agreement: Any,
+    call: Callable[[Sequence[Any], frozenset[int]], tuple[Any, ...]],
+) -> Callable[[Sequence[Any]], Any]:
+    """`specialised_run` for a run that is one backend collective
+    (`direct_collective`): the same rules in the same order, and the
+    block's kernel (`DirectCollective.kernel`) inlined, so the run submits
+    and waits for the collective itself (one Python call to c10d where the
+    block's kernel takes five: each costs about five times its own time
+    right after a barrier at P=2). What the inlined kernel no longer checks
+    holds by the guards: the input guard accepted the declared dtype and
+    shape, and the result has that type (`same_type`: no result check); an
+    input donation makes writable is contiguous (`donation_for`)."""
+    base = binding.base
+    pg, domain, gate = base.pg, base.domain, binding.gate
+    what, fingerprint, general = program._what, binding.fingerprint, program._run_bound
+    resource, invocation = collective.resource, collective.invocation
+    submit, out_of_place, current = collective.submit, collective.out_of_place, collective.current
+    options, check_inputs = collective.options, binding.plan.check_inputs
+    step = binding.compiled.direct_step
+    # Whether the op may overwrite its donated operand (the block's liveness).
+    overwrites = 0 in step.writable_when(frozenset({0}))
+    monotonic = time.monotonic
+
+    def run(inputs: Sequence[Any], who: Any = None, submitted: Any = None) -> Any:
+        # Guards before the gate: a failing one has claimed nothing.
+        if (
+            not group_alive(pg)
+            or domain.first_failure is not None
+            or binding.configured != program.deadline_s
+        ):
+            return GENERAL
+        sync = who is None  # else a queued run, claimed when it was queued
+        if sync:
+            who = gate.enter(what)
+            if who is None:  # this thread's queued async runs go first
+                return GENERAL
+        try:
+            if not inputs_accepted(inputs) or (records is not None and records(inputs)):
+                return general(binding, inputs, None, donate, who, submitted)
+            try:
+                if agreement is not None:
+                    inputs, base.hoisted = agreement.agree(
+                        inputs, base, fingerprint, who, submitted
+                    )
+                else:
+                    base.hoisted = ()
+                    if submitted is not None:  # unchanged since queued, as the general path
+                        inputs = check_inputs(inputs, submitted)
+                writable = donation if type(donation) is frozenset else donation(inputs)
+                mark_written(inputs, writable)
+                x = inputs[0]
+                start = monotonic()
+                try:
+                    y = x if writable and overwrites else out_of_place(x)
+                    if y is not None:
+                        if current[0] != resource.deadline_s:
+                            options()  # the deadline changed: its options
+                        opts, timeout = current[1]
+                        submit([y], opts).wait(timeout=timeout)
+                except RuntimeError as e:  # as the kernel: a named distir error
+                    raise resource.failure(e, invocation, monotonic() - start) from None
+                except DistirError:
+                    raise
+                except Exception as e:  # as the block: an error naming the op
+                    raise step.error(e) from e
+                # `y` None: a root that copies its input (the kernel's way).
+                results = owned((y,) if y is not None else call(inputs, writable), inputs, writable)
+                domain.completed += 1  # as the general path: where `distir.recover` resumes
+            except BaseException as e:
+                # As the general path: nothing here enters a collective again.
+                domain.poison(e)
+                raise
+        finally:
+            if sync:
+                gate.leave()
+        return results[0]
 
     return run

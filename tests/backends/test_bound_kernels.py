@@ -3,9 +3,9 @@
 An implementation may resolve its hot path when a program is bound (the
 reduction, the root, the options) and return a flatter kernel than
 `execute`. That kernel is a second way to run the op, so it must be the
-same function: every implementation that overrides `bind` is checked here,
-on real gloo ranks, against its own `execute` (through the default
-`Implementation.bind`) for every element type and reduction kind or root,
+same function: every implementation that overrides `bind`, or describes
+its kernel as one backend collective (`Implementation.direct`), is checked
+here, on real gloo ranks, against its own `execute` for every element type and reduction kind or root,
 donated or not, contiguous or not, and with a tensor of another dtype than
 the IR declares: the same bits, the same aliasing, the same inputs after,
 or the same error.
@@ -35,7 +35,13 @@ CASES: dict[str, list[str]] = {
 
 
 def _overriding_bind() -> list[Implementation]:
-    return [i for i in distributed_operation_contributions() if type(i).bind is not Implementation.bind]
+    """The implementations with a kernel of their own: `bind`, or `direct`
+    (whose description the default `bind` returns as the kernel)."""
+    return [
+        i
+        for i in distributed_operation_contributions()
+        if type(i).bind is not Implementation.bind or type(i).direct is not Implementation.direct
+    ]
 
 
 def test_every_implementation_with_its_own_bind_is_checked_here():
@@ -128,7 +134,7 @@ def _check_every_case(ctx) -> list[str]:
                 dtype = element_dtype(op.operands[0].type)
                 other = torch.float64 if dtype != torch.float64 else torch.int32
                 bound = impl.bind(invocation, resource)
-                generic = Implementation.bind(impl, invocation, resource)
+                generic = impl.executing(invocation, resource)
                 seed = 7919 * n + 31 * checked + ctx.rank
                 for problem in _compare(bound, generic, dtype, seed, other):
                     problems.append(f"rank {ctx.rank}, {text} on {t}: {problem}")
@@ -176,23 +182,36 @@ def _all_reduce_invocation(deadline_ms: int | None = None):
     return invocation
 
 
+def _bound(resource, submit, invocation):
+    """The bound kernel of a direct all-reduce that submits to `submit`,
+    as `call(tensors)` on a writable f32 operand."""
+    import torch.distributed as dist
+
+    from distir.backends.buffers import pooled_copy
+    from distir.backends.direct import DirectCollective
+
+    direct = DirectCollective(
+        invocation, resource, submit, dist.AllreduceOptions, (), torch.float32, pooled_copy
+    )
+    kernel = direct.kernel(execute=None)
+    return lambda tensors: kernel(tensors, frozenset({0}))
+
+
 def test_a_bound_collective_waits_under_the_deadline_its_resource_holds_at_each_call(
     one_rank_world,
 ):
-    import torch.distributed as dist
-
     from distir.backends.groups import ProcessGroupResource
 
     resource = ProcessGroupResource(None)
     submit = _Recorder()
-    call = resource.waited(submit, dist.AllreduceOptions, _all_reduce_invocation())
+    call = _bound(resource, submit, _all_reduce_invocation())
     for deadline in (5.0, 5.0, 7.5, 5.0):  # a run's own deadline, then the program's again
         resource.deadline_s = deadline
         call([torch.zeros(4)])
         assert submit.timeouts[-2:] == [deadline, deadline]
     # An op's own deadline_ms wins over the run's.
     fixed = _Recorder()
-    call = resource.waited(fixed, dist.AllreduceOptions, _all_reduce_invocation(250))
+    call = _bound(resource, fixed, _all_reduce_invocation(250))
     for deadline in (5.0, 7.5):
         resource.deadline_s = deadline
         call([torch.zeros(4)])
@@ -200,15 +219,12 @@ def test_a_bound_collective_waits_under_the_deadline_its_resource_holds_at_each_
 
 
 def test_a_bound_collective_that_fails_raises_a_named_error(one_rank_world):
-    import torch.distributed as dist
-
     from distir.backends.groups import ProcessGroupResource
     from distir.errors import CollectiveFailed, DeadlineExceeded
 
     resource = ProcessGroupResource(None)
-    invocation = _all_reduce_invocation()
     submit = _Recorder()
-    call = resource.waited(submit, dist.AllreduceOptions, invocation)
+    call = _bound(resource, submit, _all_reduce_invocation())
     submit.error = RuntimeError("[gloo] Timed out waiting 5000ms for recv operation")
     with pytest.raises(DeadlineExceeded, match="dist.all_reduce"):
         call([torch.zeros(4)])

@@ -58,10 +58,14 @@ def mismatched_worker(ctx) -> list[str]:
 
 
 @pytest.mark.multirank
-def test_ranks_summing_different_buckets_fail_on_every_rank():
-    per_rank = launch(mismatched_worker, 2, pass_context=True, timeout=90)
+@pytest.mark.parametrize("nproc", [2, 3])  # appended, and in gloo's segments
+def test_ranks_summing_different_buckets_fail_on_every_rank(nproc):
+    per_rank = launch(mismatched_worker, nproc, pass_context=True, timeout=90)
+    # the mean of 1, ..., P in plain torch, scaled as DDP scales
+    mean = float(sum(torch.tensor(float(r + 1)) * (1.0 / nproc) for r in range(nproc)))
     for rank, seen in enumerate(per_rank):
-        assert seen[0] == "step 0: [1.5, 1.5, 1.5, 1.5, 1.5, 1.5]", (rank, seen)
+        values = [float(v) for v in seen[0].removeprefix("step 0: [").rstrip("]").split(", ")]
+        assert values == pytest.approx([mean] * 6, rel=1e-6), (rank, seen)
         assert seen[1].startswith("step 1: ProgramMismatch: DDP sum hook: ranks summed "
                                   "different buckets at hook call 1"), (rank, seen)  # fmt: skip
         assert seen[2].startswith("step 2: Poisoned"), (rank, seen)

@@ -15,6 +15,7 @@ moves, and the same refusals with the same named errors.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ import distir
 from distir.backends.domain import domain_for, reset_domain
 from distir.errors import DistirError
 from distir.runtime.launch import launch
+from distir.runtime.specialised import direct_collective
 
 #: name -> (IR, input (dtype, shape) per argument, what each result is in
 #: plain torch from the ranks' inputs: ("sum", i) the sum of input i over
@@ -92,6 +94,10 @@ func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> {
     ),
 }
 
+#: the programs whose specialised run submits their one collective itself
+#: (`distir.runtime.specialised.direct_collective`)
+DIRECT = {"all-reduce f32", "all-reduce i64", "broadcast"}
+
 #: how a run's input is made (each accepted, copied or refused by name)
 KINDS = [
     "contiguous",
@@ -126,6 +132,7 @@ def run_sequences(draw, max_runs: int = 5) -> tuple[str, bool, list[dict]]:
                 ],
                 "seed": draw(st.integers(0, 2**16)),
                 "extra": draw(st.integers(0, 19)) == 0,  # one input too many
+                "queued": draw(st.booleans()),  # through run_async
             }
         )
     return name, trusted, runs
@@ -193,7 +200,11 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
         versions = [x._version for x in tensors]
         completed = domain_for(group).completed
         try:
-            results = program.run(*inputs, group=group, donate=spec["donate"])
+            if spec["queued"]:
+                future = program.run_async(*inputs, group=group, donate=spec["donate"])
+                results = future.wait()
+            else:
+                results = program.run(*inputs, group=group, donate=spec["donate"])
         except DistirError as e:
             outcomes.append(("refused", type(e).__name__, str(e)))
             reset_domain(group)  # an input refusal leaves the group working
@@ -279,7 +290,9 @@ def test_the_specialised_run_agrees_with_the_general_path(programs, drawn):
     try:
         expected = play(general, group_g, name, runs, 0)
         got = play(specialised, group_s, name, runs, 0)
-        assert specialised._bindings[group_s].specialised, "no specialised run was made"
+        binding = specialised._bindings[group_s]
+        assert binding.specialised, "no specialised run was made"
+        assert (direct_collective(binding) is not None) == (name in DIRECT)
     finally:
         dist.destroy_process_group(group_g)
         dist.destroy_process_group(group_s)
@@ -316,6 +329,62 @@ def test_a_failed_guard_takes_the_general_path(programs):
     dist.destroy_process_group(group)
 
 
+def test_queued_runs_take_the_specialised_path(programs):
+    """A program only ever queued (a DDP hook's) gets its specialised run
+    after its first queued run, and the next queued runs take it."""
+    name = "all-reduce f32"
+    source = PROGRAMS[name][0]
+    program = distir.compile(source, agreement=False)
+    group = dist.new_group([0])
+    try:
+        x = torch.arange(6.0).reshape(2, 3)
+        assert torch.equal(program.run_async(x.clone(), group=group, donate=True).wait(), x)
+        binding = program._bindings[group]
+        fast = binding.specialised[True]
+        calls = []
+
+        def counted(inputs, *claimed):
+            calls.append(claimed)
+            return fast(inputs, *claimed)
+
+        binding.specialised[True] = counted
+        for _ in range(3):
+            assert torch.equal(program.run_async(x.clone(), group=group, donate=True).wait(), x)
+        assert len(calls) == 3 and all(who is not None for who, _ in calls)
+    finally:
+        dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_queued_input_changed_before_its_specialised_run_is_refused(programs, trusted):
+    """The check a queued run makes when it starts (its donated input not
+    changed since `run_async`) holds on the specialised path too."""
+    from distir.errors import ProgramInputError
+
+    program = distir.compile(PROGRAMS["all-reduce f32"][0], agreement=not trusted)
+    group = dist.new_group([0])
+    try:
+        program.run_async(torch.ones(2, 3), group=group, donate=True).wait()
+        binding = program._bindings[group]
+        fast, calls = binding.specialised[True], []
+        binding.specialised[True] = lambda inputs, *claimed: calls.append(1) or fast(
+            inputs, *claimed
+        )
+        release = threading.Event()
+        held = binding.gate.submit("held", lambda who: release.wait(20))  # the worker waits
+        x = torch.ones(2, 3)
+        queued = program.run_async(x, group=group, donate=True)
+        x.add_(1)
+        release.set()
+        held.wait()
+        with pytest.raises(ProgramInputError, match="modified in place after run_async"):
+            queued.wait()
+        assert calls == [1]
+    finally:
+        reset_domain(group)
+        dist.destroy_process_group(group)
+
+
 def _ranks_play(ctx, drawn: list[tuple[str, bool, list[dict]]]) -> list:
     out = []
     for name, trusted, runs in drawn:
@@ -331,6 +400,8 @@ def _ranks_play(ctx, drawn: list[tuple[str, bool, list[dict]]]) -> list:
                 play(specialised, group_s, name, runs, ctx.rank),
             )
         )
+        direct = direct_collective(specialised._bindings[group_s])
+        assert (direct is not None) == (name in DIRECT), name
     return out
 
 

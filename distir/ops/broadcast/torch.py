@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from distir.backends.buffers import pooled_copy, pooled_empty
+from distir.backends.direct import DirectCollective
 from distir.backends.groups import COLLECTIVE_DTYPES
 from distir.backends.registry import Implementation
 from distir.backends.results import awaiting
@@ -37,28 +38,19 @@ class BroadcastImplementation(Implementation):
         resources.broadcast(y, root, invocation, wait=True)
         return (y,)
 
-    def bind(self, invocation, resources):
+    def direct(self, invocation, resources):
         root = invocation.properties["root"]
         dtype = element_dtype(invocation.op.operands[0].type)
         if root is None or dtype not in COLLECTIVE_DTYPES:
-            return super().bind(invocation, resources)
+            return None
         # A static root and a type the backend moves as it is: `execute`'s
         # hot path with what it looks up on every run resolved now.
-        call = resources.waited(
-            resources.pg.broadcast, dist.BroadcastOptions, invocation,
-            ("rootRank", root), ("rootTensor", 0),
+        written, rank, nothing = self._written, resources.rank, frozenset()
+        return DirectCollective(
+            invocation, resources, resources.pg.broadcast, dist.BroadcastOptions,
+            (("rootRank", root), ("rootTensor", 0)), dtype,
+            lambda x: written(x, root, rank, nothing),
         )  # fmt: skip
-        execute, written, rank = self.execute, self._written, resources.rank
-
-        def kernel(inputs, writable):
-            x = inputs[0]
-            y = written(x, root, rank, writable) if x.dtype is dtype else None
-            if y is None:  # a root that must copy, or not the declared type
-                return execute(invocation, inputs, resources, writable)
-            call([y])
-            return (y,)
-
-        return kernel
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
         x, root = inputs[0], self._root(invocation, inputs, resources)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from distir.backends.buffers import pooled_copy
+from distir.backends.direct import DirectCollective
 from distir.backends.groups import COLLECTIVE_DTYPES
 from distir.backends.registry import Implementation
 from distir.backends.results import awaiting, writable_result
@@ -111,28 +113,17 @@ class NativeAllReduceImplementation(Implementation):
         resources.all_reduce(y, c10d_reduction(kind, y.dtype), invocation, wait=True)
         return (y,)
 
-    def bind(self, invocation, resources):
+    def direct(self, invocation, resources):
         kind = invocation.properties["kind"]
         dtype = element_dtype(invocation.op.operands[0].type)
         if invocation.options.get("agree") or (kind in ("max", "min") and dtype in ORDER_KEYS):
-            return super().bind(invocation, resources)
+            return None
         # Nothing to check before the payload, one reduction: `execute`'s
         # hot path with what it looks up on every run resolved now.
-        call = resources.waited(
-            resources.pg.allreduce, dist.AllreduceOptions, invocation,
-            ("reduceOp", c10d_reduction(kind, dtype)),
+        return DirectCollective(
+            invocation, resources, resources.pg.allreduce, dist.AllreduceOptions,
+            (("reduceOp", c10d_reduction(kind, dtype)),), dtype, pooled_copy,
         )  # fmt: skip
-        execute = self.execute
-
-        def kernel(inputs, writable):
-            x = inputs[0]
-            if x.dtype is not dtype:  # not the declared type: `execute` says why
-                return execute(invocation, inputs, resources, writable)
-            y = writable_result(x, 0, writable)
-            call([y])
-            return (y,)
-
-        return kernel
 
     def start(self, invocation, inputs, resources, writable=frozenset()):
         resources.precondition(invocation, inputs)
