@@ -176,7 +176,12 @@ def worker(ctx, trial: Trial) -> dict:
             _die_when_forming(joined_only=False)
         if first and trial.joiner == "slow":
             time.sleep(trial.delay)
-        m = elastic.join(state, deadline=JOIN_S)
+        try:
+            m = elastic.join(state, deadline=JOIN_S)
+        except DistirError as e:
+            _log("join failed", type(e).__name__, e)
+            raise
+        _log("joined", m.epoch, m.ranks, m.completed)
         done = m.completed
     else:
         m = distir.membership()
@@ -188,7 +193,8 @@ def worker(ctx, trial: Trial) -> dict:
     while True:
         try:
             if done in waits and m.size < ctx.world_size:
-                _pause_for_joiners(waits[done])
+                # (a replacement may have been admitted already)
+                _pause_for_joiners(min(waits[done], ctx.world_size - m.size))
                 m = elastic.grow(state, deadline=RECOVER_S, progress=done)
             if done >= STEPS:
                 break
@@ -204,6 +210,7 @@ def worker(ctx, trial: Trial) -> dict:
             steps[done] = (m.ranks, int(total))
             if usage[-1][0] != m.epoch:
                 usage.append((m.epoch, m.size, *counts()))
+                _log("usage", usage[-1])
             done += 1
             history[done] = [t.clone() for t in state]
             if not ctx.joining:
@@ -250,7 +257,9 @@ def check(trial: Trial, outcome) -> list[str]:
     finished = {r: v for r, v in outcome.results.items() if "state" in v}
     expected_final = tuple(r for r in range(trial.nproc) if r not in refused)
     if sorted(finished) != list(expected_final):
-        problems.append(f"finished {sorted(finished)}, expected {list(expected_final)}")
+        problems.append(
+            f"finished {sorted(finished)}, expected {list(expected_final)} (lost: {outcome.lost})"
+        )
     for r in refused:
         why = outcome.results.get(r, {}).get("refused")
         if not why or "is not the members'" not in why:
