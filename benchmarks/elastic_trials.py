@@ -148,9 +148,9 @@ def _pause_for_joiners(count: int) -> None:
     steps take milliseconds, a replacement takes longer to start."""
     until = time.monotonic() + JOIN_S
     _log("pause for", count)
-    while len(elastic.requests()) < count and time.monotonic() < until:
+    while len(elastic.join_requests()) < count and time.monotonic() < until:
         time.sleep(0.02)
-    _log("pause done", elastic.requests())
+    _log("pause done", elastic.join_requests())
 
 
 def worker(ctx, trial: Trial) -> dict:

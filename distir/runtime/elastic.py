@@ -1,5 +1,5 @@
-"""Growing a running job: a new process joins, receives its state from a
-member and the job goes on at the new size.
+"""Growing a running job (`distir.join`, `distir.grow`): a new process joins,
+receives its state from a member and the job goes on at the new size.
 
 A joiner takes a rank of the world that is not a member (a lost rank's, when
 the launcher restarts it with `launch(..., replace=True)`), calls
@@ -84,10 +84,19 @@ def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]
     return tensors
 
 
-def requests() -> tuple[int, ...]:
-    """The ranks outside the current membership that wait in `join` (a read
-    of the store; for a loop that pauses until its replacement arrives). What
-    `grow` admits is agreed by the members, not this."""
+def join_requests() -> tuple[int, ...]:
+    """The ranks outside the current membership that wait in `join`
+    (`distir.join_requests()`): one read of the store, for a loop that
+    pauses until its replacement asks. What `grow` admits is agreed by the
+    members, not this: members may read it at different moments (a joiner
+    that `grow` refused withdraws its request), so a pause on it needs a
+    bound.
+
+        until = time.monotonic() + 60
+        while not distir.join_requests() and time.monotonic() < until:
+            time.sleep(0.01)
+        m = distir.grow(state, progress=step)
+    """
     current = membership()
     store = default_store()
     outside = [r for r in range(dist.get_world_size()) if r not in current.ranks]
@@ -104,7 +113,8 @@ def grow(
     tag: str = "",
     join_window: Duration | None = None,
 ) -> Membership:
-    """Admits the processes waiting in `join` (if any) and sends them `state`.
+    """Admits the processes waiting in `join` (if any) and sends them `state`
+    (`distir.grow`).
 
     Every member calls it at the same point of its loop, with the same
     `state` (tensors, e.g. parameters and optimizer state, written in place
@@ -112,7 +122,20 @@ def grow(
     one small all-reduce), else the next one, the same on every member and
     joiner: `joined` names the new ranks and `completed` the position they
     start from (this rank's runs, or `progress` as in `recover`). A failure
-    raises as `recover` does; the caller then recovers.
+    raises as `recover` does; the caller then recovers. `deadline`,
+    `progress` and `join_window` mean what they mean for `recover`; `tag`
+    is the application's name for its state (a joiner with another tag is
+    refused, as one with other shapes or dtypes).
+
+        try:
+            train_step(m)
+            step += 1
+            grown = distir.grow(state, progress=step)
+            if grown.epoch != m.epoch:  # someone joined: a new group
+                m = grown
+        except distir.errors.DistirError:
+            m = distir.recover(progress=step)
+            step = m.completed
     """
     tensors = _check_state(state, "grow")
     deadline_s = seconds(deadline, "deadline")
@@ -177,7 +200,8 @@ def join(
     tag: str = "",
     join_window: Duration | None = None,
 ) -> Membership:
-    """Asks the running job to admit this process, and receives `state`.
+    """Asks the running job to admit this process, and receives `state`
+    (`distir.join`).
 
     Call it instead of the members' first steps, on a rank that is not a
     member (a replacement `launch(..., replace=True)` starts, with
@@ -186,6 +210,12 @@ def join(
     `state`'s tensors hold a member's values. Raises `JoinRefused` when the
     members' state differs (shapes, dtypes or `tag`), `JoinFailed` when not
     admitted within `deadline`, and as `recover` does when forming fails.
+
+        def worker(ctx):                  # launch(worker, 4, tolerate=1, replace=True)
+            state = make_state()          # the same shapes and dtypes as the members'
+            m = distir.join(state) if ctx.joining else distir.membership()
+            step = m.completed
+            ...
     """
     tensors = _check_state(state, "join")
     deadline_s = seconds(deadline, "deadline")

@@ -60,7 +60,7 @@ def _wait_for_joiners(count: int) -> None:
     """Pauses the loop until `count` processes wait to join (bounded): the
     steps take milliseconds, a replacement takes longer to start."""
     until = time.monotonic() + 60
-    while len(elastic.requests()) < count and time.monotonic() < until:
+    while len(elastic.join_requests()) < count and time.monotonic() < until:
         time.sleep(0.02)
 
 
@@ -211,3 +211,10 @@ def test_drawn_kills_and_joins_keep_every_rank_equal(nproc: int, victim: int, st
 def test_replace_needs_tolerate():
     with pytest.raises(ValueError, match="replace=True needs tolerate"):
         launch(worker, 2, {}, "ok", None, {}, pass_context=True, replace=True)
+
+
+def test_join_grow_and_join_requests_are_distir_level_names_beside_recover():
+    for name in ("join", "grow", "join_requests"):
+        assert getattr(distir, name) is getattr(elastic, name), name
+        assert name in distir.__all__, name
+    assert "recover" in distir.__all__
