@@ -6,9 +6,10 @@ step's all-reduce, after it, or, for a second victim, while forming the group
 that admits the first one's replacement), and what the replacement the
 launcher starts (`launch(..., replace=True)`) does: joins at once, joins
 after a delay, joins with other shapes (refused: the job finishes without
-it), or dies while joining (the next replacement joins). The members pause
-at a drawn step until the replacements ask, and call `distir.grow` after
-every step.
+it), or dies while joining (the next replacement joins). The members call
+`distir.grow` after every step, pause at a drawn step until a replacement
+asks (`grow(..., wait=)`), and at the end until every replacement that is
+not refused is in.
 
 Every rank contributes `(rank + 1) * 100 + step` to each step's all-reduce
 and adds the total to its state; on `recover` it goes back to its own copy
@@ -71,7 +72,8 @@ class Trial:
     joiner: str
     #: seconds a "slow" joiner waits before asking
     delay: float
-    #: step -> how many replacements the members wait for before it
+    #: step -> how many replacements the members wait for before it (they
+    #: pause until one asks; the others are admitted by a later grow)
     waits: tuple[tuple[int, int], ...]
 
 
@@ -143,21 +145,12 @@ def _log(*what) -> None:
         )
 
 
-def _pause_for_joiners(count: int) -> None:
-    """Pauses the loop until `count` processes wait to join (bounded): the
-    steps take milliseconds, a replacement takes longer to start."""
-    until = time.monotonic() + JOIN_S
-    _log("pause for", count)
-    while len(elastic.join_requests()) < count and time.monotonic() < until:
-        time.sleep(0.02)
-    _log("pause done", elastic.join_requests())
-
-
 def worker(ctx, trial: Trial) -> dict:
     store = dist.distributed_c10d._get_default_store()
     state = _state()
     weights = torch.arange(1, 6, dtype=torch.float64)
     waits = dict(trial.waits)
+    final_size = trial.nproc - (len(trial.kills) if trial.joiner == "shapes" else 0)
     #: step -> (members, total) of its last run on this rank
     steps: dict[int, tuple[tuple[int, ...], int]] = {}
     _log("starts", "joining" if ctx.joining else "")
@@ -193,10 +186,17 @@ def worker(ctx, trial: Trial) -> dict:
     while True:
         try:
             if done in waits and m.size < ctx.world_size:
-                # (a replacement may have been admitted already)
-                _pause_for_joiners(min(waits[done], ctx.world_size - m.size))
-                m = elastic.grow(state, deadline=RECOVER_S, progress=done)
+                # The steps take milliseconds, a replacement longer to start:
+                # wait for it (the members agree when to stop).
+                m = elastic.grow(state, deadline=RECOVER_S, progress=done, wait=JOIN_S)
             if done >= STEPS:
+                # Every replacement that will be admitted is, before the end
+                # (a second one may ask after the pause).
+                while m.size < final_size:
+                    grown = elastic.grow(state, deadline=RECOVER_S, progress=done, wait=JOIN_S)
+                    if grown.epoch == m.epoch:
+                        break
+                    m = grown
                 break
             if not ctx.joining:
                 for rank, step, where in trial.kills:

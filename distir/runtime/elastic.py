@@ -86,17 +86,11 @@ def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]
 
 def join_requests() -> tuple[int, ...]:
     """The ranks outside the current membership that wait in `join`
-    (`distir.join_requests()`): one read of the store, for a loop that
-    pauses until its replacement asks. What `grow` admits is agreed by the
-    members, not this: members may read it at different moments (a joiner
-    that `grow` refused withdraws its request), so a pause on it needs a
-    bound.
-
-        until = time.monotonic() + 60
-        while not distir.join_requests() and time.monotonic() < until:
-            time.sleep(0.01)
-        m = distir.grow(state, progress=step)
-    """
+    (`distir.join_requests()`): one read of the store, on this rank only.
+    What `grow` admits is agreed by the members, not this; members may read
+    it at different moments (a joiner that `grow` refused withdraws its
+    request), so a loop that pauses until its replacement asks uses
+    `grow(state, wait=...)`, where the members agree when to stop."""
     current = membership()
     store = default_store()
     outside = [r for r in range(dist.get_world_size()) if r not in current.ranks]
@@ -112,6 +106,7 @@ def grow(
     progress: int | None = None,
     tag: str = "",
     join_window: Duration | None = None,
+    wait: Duration = 0.0,
 ) -> Membership:
     """Admits the processes waiting in `join` (if any) and sends them `state`
     (`distir.grow`).
@@ -126,6 +121,14 @@ def grow(
     `progress` and `join_window` mean what they mean for `recover`; `tag`
     is the application's name for its state (a joiner with another tag is
     refused, as one with other shapes or dtypes).
+
+    `wait` (seconds) pauses until a joiner asks, for a loop that waits for
+    its replacement: the members look and agree (one small all-reduce) every
+    few milliseconds, and all stop together, at the first look in which any
+    of them saw a request (admitted or refused), or once the wait of any of
+    them is over; `deadline` counts from there. A pause on
+    `join_requests()` instead can leave members apart: a joiner refused by
+    the first member to look withdraws before a later one sees it.
 
         try:
             train_step(m)
@@ -170,12 +173,24 @@ def grow(
                     )
         return seen
 
-    seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
     from distir.runtime.eager import all_reduce
 
-    agreed = all_reduce(
-        torch.tensor(seen, dtype=torch.int64), "max", group=current.group, deadline=deadline_s
-    )
+    waited = time.monotonic() + (seconds(wait, "wait") if wait else 0.0)
+    while True:
+        seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
+        # The last entry: whether this member's wait is over. The members
+        # stop on the agreed row, so all in the same round.
+        over = int(time.monotonic() >= waited)
+        agreed = all_reduce(
+            torch.tensor([*seen, over], dtype=torch.int64),
+            "max",
+            group=current.group,
+            deadline=deadline_s,
+        )
+        if int(agreed[world]) or any(int(v) for v in agreed[:world]):
+            break
+        time.sleep(_POLL_S)
+    end = max(end, time.monotonic() + deadline_s)
     admit = tuple(r for r in range(world) if int(agreed[r]) == 1)
     if not admit:
         return current
