@@ -145,12 +145,23 @@ def _log(*what) -> None:
         )
 
 
+def _refused(m, ranks: list[int]) -> bool:
+    """Whether `grow` refused every one of `ranks` (its record in the store,
+    written before the all-reduce that ends the refusing `grow`), agreed by
+    the members."""
+    store = dist.distributed_c10d._get_default_store()
+    mine = all(read_key(store, elastic._refused_key(r)) is not None for r in ranks)
+    every = distir.all_reduce(torch.tensor([int(mine)]), "min", group=m.group, deadline=RECOVER_S)
+    return bool(int(every))
+
+
 def worker(ctx, trial: Trial) -> dict:
     store = dist.distributed_c10d._get_default_store()
     state = _state()
     weights = torch.arange(1, 6, dtype=torch.float64)
     waits = dict(trial.waits)
-    final_size = trial.nproc - (len(trial.kills) if trial.joiner == "shapes" else 0)
+    victims = sorted({rank for rank, _, _ in trial.kills})
+    final_size = trial.nproc - (len(victims) if trial.joiner == "shapes" else 0)
     #: step -> (members, total) of its last run on this rank
     steps: dict[int, tuple[tuple[int, ...], int]] = {}
     _log("starts", "joining" if ctx.joining else "")
@@ -185,7 +196,12 @@ def worker(ctx, trial: Trial) -> dict:
     history = {done: [t.clone() for t in state]}
     while True:
         try:
-            if done in waits and m.size < ctx.world_size:
+            if done in waits and trial.joiner == "shapes":
+                # Until every replacement is refused (one refused before
+                # the pause would leave it waiting in vain).
+                while not _refused(m, victims):
+                    m = elastic.grow(state, deadline=RECOVER_S, progress=done, wait=JOIN_S)
+            elif done in waits and m.size < ctx.world_size:
                 # The steps take milliseconds, a replacement longer to start:
                 # wait for it (the members agree when to stop).
                 m = elastic.grow(state, deadline=RECOVER_S, progress=done, wait=JOIN_S)
