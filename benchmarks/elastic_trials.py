@@ -299,11 +299,15 @@ def check(trial: Trial, outcome) -> list[str]:
     for step in range(first_kill):
         if schedule[step] != tuple(range(trial.nproc)):
             problems.append(f"step {step} (before any kill) ran with {schedule[step]}")
+    pauses = {step for step, _ in trial.waits}
     for rank, step, where in trial.kills:
         if where == "joining":
             continue
+        # The first step it cannot be in: a replacement joins at a pause
+        # (before its step) or after a step, so one killed after step k
+        # may be back for k + 1 when the members pause there.
         gone = step + (where == "after")
-        if gone < STEPS and rank in schedule[gone]:
+        if gone < STEPS and gone not in pauses and rank in schedule[gone]:
             problems.append(f"step {gone}: rank {rank} was killed but is a member")
     if schedule[STEPS - 1] != expected_final:
         problems.append(f"last step ran with {schedule[STEPS - 1]}, expected {expected_final}")
@@ -397,6 +401,8 @@ def main() -> int:
     args = parser.parse_args()
     failed = 0
     baseline: dict | None = None
+    #: (trial, threads, fds, processes) each time the launcher's counts change
+    changes: list[tuple[int, int, int, int]] = []
     growth = Counter()
     kinds = Counter()
     durations = []
@@ -409,6 +415,9 @@ def main() -> int:
         after = launcher_counts()
         if baseline is None:
             baseline = after
+        now = (after["threads"], after["fds"], after["processes"])
+        if not changes or changes[-1][1:] != now:
+            changes.append((seed, *now))
         for what in ("threads", "fds", "processes"):
             growth[what] = max(growth[what], after[what] - baseline[what])
         if after["ranks"] or after["zombies"]:
@@ -438,6 +447,10 @@ def main() -> int:
     print(
         "launcher growth over the first trial (threads, fds, processes): "
         f"{growth['threads']}, {growth['fds']}, {growth['processes']}"
+    )
+    print(
+        "launcher (threads, fds, processes) from trial: "
+        + ", ".join(f"{t}: {c}" for t, *c in changes)
     )
     return 1 if failed else 0
 
