@@ -9,6 +9,8 @@
     y = distir.shift(x, 1, rotate=True)                    # reduce, gather, scatter
     h = distir.pvary(x); y = distir.psum(h @ w)            # Megatron's f and g
     distir.recover()                 # after a lost rank: agree on who is left, go on
+    distir.grow(state)               # members: admit waiting joiners, send them state
+    distir.join(state)               # a replacement: join the running job, get state
 
 Attributes load lazily, so that `distir-opt` and other IR-only tools do not
 import torch.
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
         scatter,
         shift,
     )
+    from distir.runtime.elastic import grow, join, join_requests
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
@@ -43,6 +46,9 @@ __all__ = [
     "broadcast",
     "compile",
     "gather",
+    "grow",
+    "join",
+    "join_requests",
     "launch",
     "membership",
     "psum",
@@ -72,6 +78,10 @@ def __getattr__(name: str) -> Any:
         from distir.backends import membership
 
         return getattr(membership, name)
+    if name in ("grow", "join", "join_requests"):
+        from distir.runtime import elastic
+
+        return getattr(elastic, name)
     if name == "launch":
         from distir.runtime.launch import launch
 

@@ -8,8 +8,8 @@ also agrees on the step they all completed (a survivor that is one step
 further along goes back to it, from the copy of its state it keeps), wrap
 the model in a new DDP on the new group and go on at 3. The launcher
 (`replace=True`) starts a new process for rank 2; it calls
-`distir.runtime.elastic.join(state)`, the members admit it with
-`elastic.grow(state)` after step JOIN_AT (they pause before it until it
+`distir.join(state)`, the members admit it with
+`distir.grow(state)` after step JOIN_AT (they pause before it until it
 asks, and call `grow` after every step from there on), and it receives the parameters, the optimizer's momentum and a 64 MB
 buffer (standing in for a larger model's state) from a member through a
 distir broadcast. The job finishes at 4.
@@ -103,14 +103,12 @@ def train_step(ddp, hook, optimizer, step: int, m) -> None:
 
 
 def elastic_worker(ctx) -> dict:
-    from distir.runtime import elastic
-
     store = dist.distributed_c10d._get_default_store()
     model, optimizer, state = model_and_optimizer()
     events: dict[str, float] = {}
     if ctx.joining:
         events["asked"] = time.monotonic()
-        m = elastic.join(state, deadline=60)
+        m = distir.join(state, deadline=60)
         events["received state"] = time.monotonic()
     else:
         m = distir.membership()
@@ -124,7 +122,7 @@ def elastic_worker(ctx) -> dict:
             model[0].weight.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
         if done == JOIN_AT and m.size < ctx.world_size:
             until = time.monotonic() + 60  # the replacement takes longer to start
-            while not elastic.requests() and time.monotonic() < until:
+            while not distir.join_requests() and time.monotonic() < until:
                 time.sleep(0.01)
         try:
             train_step(ddp, hook, optimizer, done, m)
@@ -136,7 +134,7 @@ def elastic_worker(ctx) -> dict:
             if ctx.joining and "first step" not in events:
                 events["first step"] = time.monotonic()
             if done > JOIN_AT:  # (from a fixed step, so that the schedule is the same every run)
-                grown = elastic.grow(state, deadline=RECOVER_S, progress=done)
+                grown = distir.grow(state, deadline=RECOVER_S, progress=done)
                 if grown.epoch != m.epoch:
                     m = grown
                     del ddp

@@ -77,9 +77,16 @@ def call_bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     thread.join(timeout_s)
     if not box:
         raise StoreUnavailable(f"{what}: no answer within {timeout_s:g} s")
-    ok, value = box[0]
+    ok, value = box.pop()
     if not ok:
-        raise value
+        # Without the `del`, the error's traceback holds this frame, which
+        # holds the error: a cycle that keeps everything the failed call's
+        # frames refer to (a half-made process group: its threads and
+        # sockets) until the next garbage collection.
+        try:
+            raise value
+        finally:
+            del value
     return value
 
 

@@ -248,7 +248,7 @@ def run_rank(request: RunRequest, rank: int, world_size: int, joining: bool = Fa
             )
             if request.replace:  # its replacement is starting: give it time to ask
                 until = time.monotonic() + request.deadline + 30.0
-                while not elastic.requests() and time.monotonic() < until:
+                while not elastic.join_requests() and time.monotonic() < until:
                     time.sleep(0.02)
             continue
     if not isinstance(results, tuple):

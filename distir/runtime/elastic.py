@@ -1,5 +1,5 @@
-"""Growing a running job: a new process joins, receives its state from a
-member and the job goes on at the new size.
+"""Growing a running job (`distir.join`, `distir.grow`): a new process joins,
+receives its state from a member and the job goes on at the new size.
 
 A joiner takes a rank of the world that is not a member (a lost rank's, when
 the launcher restarts it with `launch(..., replace=True)`), calls
@@ -84,10 +84,13 @@ def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]
     return tensors
 
 
-def requests() -> tuple[int, ...]:
-    """The ranks outside the current membership that wait in `join` (a read
-    of the store; for a loop that pauses until its replacement arrives). What
-    `grow` admits is agreed by the members, not this."""
+def join_requests() -> tuple[int, ...]:
+    """The ranks outside the current membership that wait in `join`
+    (`distir.join_requests()`): one read of the store, on this rank only.
+    What `grow` admits is agreed by the members, not this; members may read
+    it at different moments (a joiner that `grow` refused withdraws its
+    request), so a loop that pauses until its replacement asks uses
+    `grow(state, wait=...)`, where the members agree when to stop."""
     current = membership()
     store = default_store()
     outside = [r for r in range(dist.get_world_size()) if r not in current.ranks]
@@ -103,8 +106,10 @@ def grow(
     progress: int | None = None,
     tag: str = "",
     join_window: Duration | None = None,
+    wait: Duration = 0.0,
 ) -> Membership:
-    """Admits the processes waiting in `join` (if any) and sends them `state`.
+    """Admits the processes waiting in `join` (if any) and sends them `state`
+    (`distir.grow`).
 
     Every member calls it at the same point of its loop, with the same
     `state` (tensors, e.g. parameters and optimizer state, written in place
@@ -112,7 +117,28 @@ def grow(
     one small all-reduce), else the next one, the same on every member and
     joiner: `joined` names the new ranks and `completed` the position they
     start from (this rank's runs, or `progress` as in `recover`). A failure
-    raises as `recover` does; the caller then recovers.
+    raises as `recover` does; the caller then recovers. `deadline`,
+    `progress` and `join_window` mean what they mean for `recover`; `tag`
+    is the application's name for its state (a joiner with another tag is
+    refused, as one with other shapes or dtypes).
+
+    `wait` (seconds) pauses until a joiner asks, for a loop that waits for
+    its replacement: the members look and agree (one small all-reduce) every
+    few milliseconds, and all stop together, at the first look in which any
+    of them saw a request (admitted or refused), or once the wait of any of
+    them is over; `deadline` counts from there. A pause on
+    `join_requests()` instead can leave members apart: a joiner refused by
+    the first member to look withdraws before a later one sees it.
+
+        try:
+            train_step(m)
+            step += 1
+            grown = distir.grow(state, progress=step)
+            if grown.epoch != m.epoch:  # someone joined: a new group
+                m = grown
+        except distir.errors.DistirError:
+            m = distir.recover(progress=step)
+            step = m.completed
     """
     tensors = _check_state(state, "grow")
     deadline_s = seconds(deadline, "deadline")
@@ -147,12 +173,24 @@ def grow(
                     )
         return seen
 
-    seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
     from distir.runtime.eager import all_reduce
 
-    agreed = all_reduce(
-        torch.tensor(seen, dtype=torch.int64), "max", group=current.group, deadline=deadline_s
-    )
+    waited = time.monotonic() + (seconds(wait, "wait") if wait else 0.0)
+    while True:
+        seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
+        # The last entry: whether this member's wait is over. The members
+        # stop on the agreed row, so all in the same round.
+        over = int(time.monotonic() >= waited)
+        agreed = all_reduce(
+            torch.tensor([*seen, over], dtype=torch.int64),
+            "max",
+            group=current.group,
+            deadline=deadline_s,
+        )
+        if int(agreed[world]) or any(int(v) for v in agreed[:world]):
+            break
+        time.sleep(_POLL_S)
+    end = max(end, time.monotonic() + deadline_s)
     admit = tuple(r for r in range(world) if int(agreed[r]) == 1)
     if not admit:
         return current
@@ -177,7 +215,8 @@ def join(
     tag: str = "",
     join_window: Duration | None = None,
 ) -> Membership:
-    """Asks the running job to admit this process, and receives `state`.
+    """Asks the running job to admit this process, and receives `state`
+    (`distir.join`).
 
     Call it instead of the members' first steps, on a rank that is not a
     member (a replacement `launch(..., replace=True)` starts, with
@@ -186,6 +225,12 @@ def join(
     `state`'s tensors hold a member's values. Raises `JoinRefused` when the
     members' state differs (shapes, dtypes or `tag`), `JoinFailed` when not
     admitted within `deadline`, and as `recover` does when forming fails.
+
+        def worker(ctx):                  # launch(worker, 4, tolerate=1, replace=True)
+            state = make_state()          # the same shapes and dtypes as the members'
+            m = distir.join(state) if ctx.joining else distir.membership()
+            step = m.completed
+            ...
     """
     tensors = _check_state(state, "join")
     deadline_s = seconds(deadline, "deadline")

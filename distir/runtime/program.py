@@ -15,6 +15,7 @@ explicitly (see `distir.backends.domain`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,25 @@ def _verify(module: ModuleOp, when: str) -> None:
         raise CompileError(f"{when}: {e.args[0] if e.args else e}{where}") from None
 
 
+#: every program of this process, weakly: see `_drop_dead_bindings`
+_programs: weakref.WeakSet[Program] = weakref.WeakSet()
+
+
+def _drop_dead_bindings() -> None:
+    """Drops the bindings on destroyed groups from every program. A binding
+    holds its group's threads and sockets; a program that ran on a group a
+    recovery replaced and never runs again would keep them for the life of
+    the process, so the first new binding anywhere (the first run on the
+    new group) lets them go from all programs, not only its own."""
+    for program in list(_programs):
+        for key, binding in list(program._bindings.items()):
+            if not binding.alive:
+                # Its specialised run refers back to it: clear that cycle so
+                # the binding goes now, not at the next garbage collection.
+                program._bindings.pop(key, None)
+                binding.specialised.clear()
+
+
 class Program:
     """A compiled dist program: verified, lowered and planned."""
 
@@ -106,6 +126,7 @@ class Program:
         self._run_agreement = RunAgreement(self.plan)
         self._maybe_shared = results_maybe_shared(self.plan.function)
         self._bindings: dict[Any, Binding] = {}
+        _programs.add(self)
         self._what = f"@{entry}"
         #: whether runs take their binding's specialised path
         #: (`distir.runtime.specialised`) once it exists; False: every run
@@ -264,11 +285,7 @@ class Program:
         sockets."""
         binding = self._bindings.get(group)
         if binding is None or not binding.alive:
-            for key in [k for k, b in self._bindings.items() if not b.alive]:
-                # Its specialised run refers back to it: clear that cycle so
-                # the binding (its group's threads and sockets) goes now,
-                # not at the next garbage collection.
-                self._bindings.pop(key).specialised.clear()
+            _drop_dead_bindings()
             binding = self._bindings[group] = Binding(self.plan, group)
         return binding
 

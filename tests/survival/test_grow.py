@@ -1,5 +1,5 @@
 """Growing a running job (issue 39): `launch(..., replace=True)` restarts a
-lost rank, the new process joins (`distir.runtime.elastic.join`), the
+lost rank, the new process joins (`distir.join`), the
 members admit it (`grow`) and send it their state, and the job goes on.
 
 Each rank adds, at every step, the all-reduced sum of ones over its group
@@ -56,14 +56,6 @@ def _die_when_forming(joined_only: bool) -> None:
     protocol._form = dying
 
 
-def _wait_for_joiners(count: int) -> None:
-    """Pauses the loop until `count` processes wait to join (bounded): the
-    steps take milliseconds, a replacement takes longer to start."""
-    until = time.monotonic() + 60
-    while len(elastic.requests()) < count and time.monotonic() < until:
-        time.sleep(0.02)
-
-
 def worker(ctx, kills: dict, joiner: str, member_dies_forming: int | None, waits: dict) -> dict:
     store = dist.distributed_c10d._get_default_store()
     state = _state()
@@ -88,9 +80,16 @@ def worker(ctx, kills: dict, joiner: str, member_dies_forming: int | None, waits
     while done < STEPS:
         if not ctx.joining and kills.get(ctx.rank) == done:
             os.kill(os.getpid(), signal.SIGKILL)
-        if done in waits and m.size < ctx.world_size:
-            _wait_for_joiners(waits[done])
         try:
+            # The steps take milliseconds, a replacement longer to start:
+            # the members pause until one asks (agreeing when to stop), and
+            # go on pausing while each pause admits someone (a second
+            # replacement, or the next one after a joiner that died).
+            while done in waits and m.size < ctx.world_size:
+                grown = elastic.grow(state, deadline=RECOVER_S, progress=done, wait=60)
+                if grown.epoch == m.epoch:
+                    break
+                m = grown
             total = distir.all_reduce(
                 torch.ones(1, dtype=torch.float64), "sum", group=m.group, deadline=DEADLINE_S
             )
@@ -211,3 +210,26 @@ def test_drawn_kills_and_joins_keep_every_rank_equal(nproc: int, victim: int, st
 def test_replace_needs_tolerate():
     with pytest.raises(ValueError, match="replace=True needs tolerate"):
         launch(worker, 2, {}, "ok", None, {}, pass_context=True, replace=True)
+
+
+def test_join_grow_and_join_requests_are_distir_level_names_beside_recover():
+    for name in ("join", "grow", "join_requests"):
+        assert getattr(distir, name) is getattr(elastic, name), name
+        assert name in distir.__all__, name
+    assert "recover" in distir.__all__
+
+
+def waiting_member(ctx) -> tuple[float, int]:
+    began = time.monotonic()
+    m = elastic.grow([], deadline=10, wait=0 if ctx.rank == 0 else 60)
+    return time.monotonic() - began, m.epoch
+
+
+def test_members_that_wait_for_a_joiner_stop_together():
+    """Nobody asks: the members stop waiting in the same round, at the end
+    of the shortest wait (rank 0's: none), not each at its own; a pause on
+    a local read of the requests could leave them apart (a joiner refused by
+    the first member to look withdraws before another sees it)."""
+    for waited, epoch in launch(waiting_member, 2, pass_context=True, timeout=90):
+        assert epoch == 0
+        assert waited < 30, waited  # rank 1 alone would wait 60 s
