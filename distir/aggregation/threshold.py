@@ -72,6 +72,7 @@ from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
+from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
@@ -285,14 +286,47 @@ def _mac(share: ThresholdShare, digest: bytes, count: int) -> bytes:
 
 def _aggregate_digest(commitments: Sequence[bytes], limbs: Tensor, count: int) -> bytes:
     h = hashlib.sha256(b"".join(commitments))
-    h.update(limbs.contiguous().numpy().tobytes())
+    h.update(limbs.contiguous().numpy())
     h.update(count.to_bytes(4, "little"))
     return h.digest()
 
 
 def _commitment(limbs: Tensor) -> bytes:
     """A rank's commitment to its ciphertexts (int64 ``[n, 2, L, N]``)."""
-    return hashlib.sha256(limbs.contiguous().numpy().tobytes()).digest()
+    return hashlib.sha256(limbs.contiguous().numpy()).digest()  # the buffer, not a copy
+
+
+def _unfaithful_ranks(
+    per_rank: Tensor, commitments: Sequence[bytes], moduli: Sequence[int]
+) -> list[int]:
+    """The ranks whose ciphertexts (``per_rank[i]``, int64 ``[n, 2, L, N]``)
+    differ from their commitment or hold a limb outside ``[0, q_l)``."""
+    q = torch.tensor(list(moduli), dtype=torch.int64)
+    # The smallest and largest value of every rank's every limb ([P, L]).
+    axes = tuple(d for d in range(1, per_rank.dim()) if d != per_rank.dim() - 2)
+    reduced = (per_rank.amin(dim=axes) >= 0).all(dim=1) & (per_rank.amax(dim=axes) < q).all(dim=1)
+    return [
+        i
+        for i in range(per_rank.shape[0])
+        if not reduced[i]
+        or hashlib.sha256(per_rank[i].contiguous().numpy()).digest() != commitments[i]
+    ]
+
+
+def _modular_sum(per_rank: Tensor, moduli: Sequence[int]) -> Tensor:
+    """``sum_i per_rank[i] mod q`` of reduced limbs: one int64 sum while the
+    headroom of ``distir.he.modular`` proves it exact (``P * (q - 1) <
+    2^63``: 8 ranks at 60-bit primes), then one remainder; else pairwise
+    subtract-and-mask sums."""
+    q = torch.tensor(list(moduli), dtype=torch.int64)
+    if int64_sum_is_exact(per_rank.shape[0], max(moduli)):
+        total = per_rank.sum(dim=0)
+        return torch.remainder(total, q.view(-1, 1), out=total)
+    backend = TorchRNSBackend()
+    total = per_rank[0].clone()
+    for i in range(1, per_rank.shape[0]):
+        backend.add_mod_(total, per_rank[i], q)
+    return total
 
 
 def aggregate(
@@ -321,7 +355,9 @@ def aggregate(
     parameters = share.parameters
     if not ciphertexts:
         raise ValueError("aggregate needs at least one ciphertext")
-    pairs = [ckks_to_limbs(c) for c in ciphertexts]
+    # Each ciphertext serialized once: its limbs and its scales.
+    layouts = [parse_ckks_chunks(c) for c in ciphertexts]
+    pairs = [ckks_to_limbs(c, layouts=chunks) for c, chunks in zip(ciphertexts, layouts)]
     moduli = parameters.data_moduli
     # A ciphertext at another level (or of another size) would be summed
     # limb by limb against its peers' and come out silently wrong, so the
@@ -331,7 +367,7 @@ def aggregate(
     # adds ciphertexts of different scales as if they were equal (a silently
     # wrong sum, different on each rank), so the scales of every chunk of
     # every ciphertext, in order, are agreed like the parameters.
-    scales = [layout.scale for c in ciphertexts for layout in parse_ckks_chunks(c)]
+    scales = [layout.scale for chunks in layouts for layout in chunks]
     scale_digest = hashlib.sha256(struct.pack(f"<{len(scales)}d", *scales)).digest()
     code = (_OK if size <= parameters.parties else _BAD_GROUP) | (_OK if fresh else _BAD_LEVEL)
     _check_agreed(
@@ -353,26 +389,14 @@ def aggregate(
     )
     limbs = torch.stack([p[0] for p in pairs])
     commitment = _commitment(limbs)
-    q = torch.tensor(moduli, dtype=torch.int64)
     gathered, received = programs.gather_committed(
         programs.words(commitment), limbs, group=group, deadline_s=deadline_s
     )
     raw = gathered.numpy().tobytes()
     commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
     per_rank = received.view(size, *limbs.shape)
-    backend = TorchRNSBackend()
-    liars = []
-    for i in range(size):
-        honest = hashlib.sha256(per_rank[i].contiguous().numpy().tobytes()).digest()
-        try:
-            backend.check_reduced(per_rank[i], q)
-        except ValueError:
-            honest = b""
-        if honest != commitments[i]:
-            liars.append(i)
-    total = per_rank[0].clone()
-    for i in range(1, size):
-        backend.add_mod_(total, per_rank[i], q)
+    liars = _unfaithful_ranks(per_rank, commitments, moduli)
+    total = _modular_sum(per_rank, moduli)
     digest = _aggregate_digest(commitments, total, size)
     # One all-reduce agrees on the verdict (the lowest rank found lying, as
     # size - rank so that the max picks it; whatever the liar itself says)

@@ -858,7 +858,9 @@ def decryption_shares(
     decryption repeated yields the same share."""
     parameters = share.parameters
     _check_level(parameters, limbs, moduli)
-    weight = batched.multiplier(_active_weight(share, active, moduli), batched.moduli_column(moduli))
+    weight = batched.multiplier(
+        _active_weight(share, active, moduli), batched.moduli_column(moduli)
+    )
     n, bits = parameters.poly_modulus_degree, parameters.smudging_bits
     seeds, tags = _noise_seeds(share, "decrypt", limbs, active)
     # Every ciphertext and limb at once (distir.he.batched): the noise as

@@ -168,3 +168,36 @@ def test_batched_key_switch_shares_of_three_ciphertexts_are_the_integer_formula(
             h1 = [(u_j[k] * p1[j][k] + e1_j[k]) % q for k in range(N)]
             assert got[c, 0, j].tolist() == h0
             assert got[c, 1, j].tolist() == h1
+
+
+@settings(max_examples=examples(0.4), deadline=None)
+@given(
+    qs=st.lists(st.sampled_from(PRIMES), min_size=1, max_size=3),
+    ranks=st.integers(1, 9),
+    data=st.data(),
+)
+def test_the_aggregate_sum_is_the_integer_sum_with_or_without_the_headroom(qs, ranks, data):
+    from distir.aggregation.threshold import _modular_sum, _unfaithful_ranks
+
+    n = 4
+    values = [
+        [[data.draw(st.sampled_from([0, 1, q - 1, q // 2])) for _ in range(n)] for q in qs]
+        for _ in range(ranks)
+    ]
+    per_rank = torch.tensor(values, dtype=torch.int64).view(ranks, 1, 1, len(qs), n)
+    got = _modular_sum(per_rank, qs)
+    want = [[sum(v[j][k] for v in values) % q for k in range(n)] for j, q in enumerate(qs)]
+    assert got.view(len(qs), n).tolist() == want
+    # Every rank's limbs are reduced and match their commitments; one limb
+    # of one rank out of range (or a commitment altered) names that rank.
+    from distir.aggregation.threshold import _commitment
+
+    commitments = [_commitment(per_rank[i]) for i in range(ranks)]
+    assert _unfaithful_ranks(per_rank, commitments, qs) == []
+    bad = data.draw(st.integers(0, ranks - 1))
+    altered = per_rank.clone()
+    altered[bad, 0, 0, -1, 0] = qs[-1]
+    assert _unfaithful_ranks(altered, commitments, qs) == [bad]
+    assert _unfaithful_ranks(
+        per_rank, commitments[:bad] + [bytes(32)] + commitments[bad + 1 :], qs
+    ) == [bad]
