@@ -118,5 +118,7 @@ def exchange(words: Tensor, counts: Tensor, *, group: Any, deadline_s: float) ->
 
 
 def words(data: bytes) -> Tensor:
-    """``data`` (a multiple of 8 bytes) as int64 words."""
+    """``data`` (a multiple of 8 bytes, possibly none) as int64 words."""
+    if not data:  # torch.frombuffer refuses an empty buffer
+        return torch.zeros(0, dtype=torch.int64)
     return torch.frombuffer(bytearray(data), dtype=torch.int64).clone()

@@ -72,6 +72,7 @@ from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
+from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
@@ -285,14 +286,47 @@ def _mac(share: ThresholdShare, digest: bytes, count: int) -> bytes:
 
 def _aggregate_digest(commitments: Sequence[bytes], limbs: Tensor, count: int) -> bytes:
     h = hashlib.sha256(b"".join(commitments))
-    h.update(limbs.contiguous().numpy().tobytes())
+    h.update(limbs.contiguous().numpy())
     h.update(count.to_bytes(4, "little"))
     return h.digest()
 
 
 def _commitment(limbs: Tensor) -> bytes:
     """A rank's commitment to its ciphertexts (int64 ``[n, 2, L, N]``)."""
-    return hashlib.sha256(limbs.contiguous().numpy().tobytes()).digest()
+    return hashlib.sha256(limbs.contiguous().numpy()).digest()  # the buffer, not a copy
+
+
+def _unfaithful_ranks(
+    per_rank: Tensor, commitments: Sequence[bytes], moduli: Sequence[int]
+) -> list[int]:
+    """The ranks whose ciphertexts (``per_rank[i]``, int64 ``[n, 2, L, N]``)
+    differ from their commitment or hold a limb outside ``[0, q_l)``."""
+    q = torch.tensor(list(moduli), dtype=torch.int64)
+    # The smallest and largest value of every rank's every limb ([P, L]).
+    axes = tuple(d for d in range(1, per_rank.dim()) if d != per_rank.dim() - 2)
+    reduced = (per_rank.amin(dim=axes) >= 0).all(dim=1) & (per_rank.amax(dim=axes) < q).all(dim=1)
+    return [
+        i
+        for i in range(per_rank.shape[0])
+        if not reduced[i]
+        or hashlib.sha256(per_rank[i].contiguous().numpy()).digest() != commitments[i]
+    ]
+
+
+def _modular_sum(per_rank: Tensor, moduli: Sequence[int]) -> Tensor:
+    """``sum_i per_rank[i] mod q`` of reduced limbs: one int64 sum while the
+    headroom of ``distir.he.modular`` proves it exact (``P * (q - 1) <
+    2^63``: 8 ranks at 60-bit primes), then one remainder; else pairwise
+    subtract-and-mask sums."""
+    q = torch.tensor(list(moduli), dtype=torch.int64)
+    if int64_sum_is_exact(per_rank.shape[0], max(moduli)):
+        total = per_rank.sum(dim=0)
+        return torch.remainder(total, q.view(-1, 1), out=total)
+    backend = TorchRNSBackend()
+    total = per_rank[0].clone()
+    for i in range(1, per_rank.shape[0]):
+        backend.add_mod_(total, per_rank[i], q)
+    return total
 
 
 def aggregate(
@@ -321,7 +355,9 @@ def aggregate(
     parameters = share.parameters
     if not ciphertexts:
         raise ValueError("aggregate needs at least one ciphertext")
-    pairs = [ckks_to_limbs(c) for c in ciphertexts]
+    # Each ciphertext serialized once: its limbs and its scales.
+    layouts = [parse_ckks_chunks(c) for c in ciphertexts]
+    pairs = [ckks_to_limbs(c, layouts=chunks) for c, chunks in zip(ciphertexts, layouts)]
     moduli = parameters.data_moduli
     # A ciphertext at another level (or of another size) would be summed
     # limb by limb against its peers' and come out silently wrong, so the
@@ -331,7 +367,7 @@ def aggregate(
     # adds ciphertexts of different scales as if they were equal (a silently
     # wrong sum, different on each rank), so the scales of every chunk of
     # every ciphertext, in order, are agreed like the parameters.
-    scales = [layout.scale for c in ciphertexts for layout in parse_ckks_chunks(c)]
+    scales = [layout.scale for chunks in layouts for layout in chunks]
     scale_digest = hashlib.sha256(struct.pack(f"<{len(scales)}d", *scales)).digest()
     code = (_OK if size <= parameters.parties else _BAD_GROUP) | (_OK if fresh else _BAD_LEVEL)
     _check_agreed(
@@ -353,26 +389,14 @@ def aggregate(
     )
     limbs = torch.stack([p[0] for p in pairs])
     commitment = _commitment(limbs)
-    q = torch.tensor(moduli, dtype=torch.int64)
     gathered, received = programs.gather_committed(
         programs.words(commitment), limbs, group=group, deadline_s=deadline_s
     )
     raw = gathered.numpy().tobytes()
     commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
     per_rank = received.view(size, *limbs.shape)
-    backend = TorchRNSBackend()
-    liars = []
-    for i in range(size):
-        honest = hashlib.sha256(per_rank[i].contiguous().numpy().tobytes()).digest()
-        try:
-            backend.check_reduced(per_rank[i], q)
-        except ValueError:
-            honest = b""
-        if honest != commitments[i]:
-            liars.append(i)
-    total = per_rank[0].clone()
-    for i in range(1, size):
-        backend.add_mod_(total, per_rank[i], q)
+    liars = _unfaithful_ranks(per_rank, commitments, moduli)
+    total = _modular_sum(per_rank, moduli)
     digest = _aggregate_digest(commitments, total, size)
     # One all-reduce agrees on the verdict (the lowest rank found lying, as
     # size - rank so that the max picks it; whatever the liar itself says)
@@ -638,68 +662,108 @@ _RESHARE = b"reshare"
 
 
 def reshare(
-    share: ThresholdShare,
+    share: ThresholdShare | None,
     parameters: ThresholdParameters,
     *,
     group: Any = None,
     deadline: Duration = 60.0,
+    previous: ThresholdParameters | None = None,
 ) -> ThresholdShare:
     """Fresh Shamir shares of the same collective key for the ranks of
-    ``group`` (collective; every rank holds a share of the key, e.g. the
-    survivors that ``distir.recover()`` regrouped), under ``parameters``:
-    ``parties`` = the group's size, any new ``threshold``, the same ring.
+    ``group`` (collective), under ``parameters``: ``parties`` = the group's
+    size, any new ``threshold``, the same ring.  The group holds at least
+    the old threshold of share holders (e.g. the survivors that
+    ``distir.recover()`` regrouped) and may hold ranks with no share (a
+    rank that joined later: it passes ``share=None`` and ``previous``, the
+    parameters of the key being re-shared, and receives the collective
+    public key from the holders, who agreed on its digest).
 
     The first ``threshold`` (old) parties present each deal, sealed over
     fresh pairwise channels, Shamir shares of ``lambda_j * sk_j`` under a
     fresh polynomial; rank ``k`` of ``group`` becomes party ``k`` with the
-    sum of what it received.  The key, and every ciphertext under it, stay
-    the same; the new shares are independent of the old ones beyond the
+    sum of what it received, joiners included: what a joiner receives
+    travels only sealed for it.  The key, and every ciphertext under it,
+    stay the same; the new shares are independent of the old ones beyond the
     key, so a coalition needs ``threshold`` shares *of one generation*
     (proactive security holds once every old share, and its files, are
     erased: that is the caller's part).  Each new share gets a fresh noise
     key and carries the largest spent count of the old shares present.
     Aggregates made before do not decrypt under the new shares (their
     parameters differ): aggregate again."""
+    if share is None and previous is None:
+        raise TypeError(
+            "reshare: a rank without a share (a joiner) passes previous=, the parameters of "
+            "the key being re-shared"
+        )
     deadline_s = seconds(deadline, "deadline")
     rank, size = _group_shape(group)
-    old = share.parameters
+    old = share.parameters if share is not None else previous
+    assert old is not None
     same_ring = (
         parameters.poly_modulus_degree == old.poly_modulus_degree
         and parameters.coeff_mod_bit_sizes == old.coeff_mod_bit_sizes
         and parameters.scale == old.scale
     )
     code = _OK if parameters.parties == size and same_ring and old.threshold <= size else _BAD_GROUP
-    row = [
-        share.party,
-        len(share._spent),
-        *_digest_words(parameters.digest()),
-        *_digest_words(old.digest()),
-        *_digest_words(share.public_key.digest()),
-    ]
+    if share is not None:
+        key_words = _digest_words(share.public_key.digest())
+        # agreed by the maximum: [w, -w] comes back as is only if every holder sent w
+        key_row = [*key_words, *(-w for w in key_words)]
+    else:
+        key_row = [-1] * 3 + [-(1 << 62)] * 3  # below any holder's words: neutral
+    spent = len(share._spent) if share is not None else 0
     agreed = _check_agreed(
         code,
-        row[2:],
+        [*_digest_words(parameters.digest()), *_digest_words(old.digest())],
         group=group,
         deadline_s=deadline_s,
-        what=[("new parameters", 3), ("old parameters", 3), ("collective keys", 3)],
+        what=[("new parameters", 3), ("old parameters", 3)],
         messages={
             _BAD_GROUP: f"a rank cannot re-share to a group of {size} ranks: the new parameters "
             f"must be for parties={size}, in the same ring, and the old threshold "
             f"({old.threshold}) must be present"
         },
-        extra=[*(1 if p == share.party else 0 for p in range(old.parties)), len(share._spent)],
+        extra=[
+            *(1 if share is not None and p == share.party else 0 for p in range(old.parties)),
+            spent,
+            *key_row,
+        ],
     )
-    present, carried = agreed[: old.parties], agreed[-1]
-    if sum(present) != size:
-        raise ThresholdMismatch(
-            f"the {size} ranks of the group hold only {sum(present)} distinct shares"
-        )
+    carried, key_high, key_low = (
+        agreed[old.parties],
+        agreed[old.parties + 1 : old.parties + 4],
+        agreed[old.parties + 4 :],
+    )
     parties = programs.gather_rows(
-        torch.tensor([share.party], dtype=torch.int64), group=group, deadline_s=deadline_s
+        torch.tensor([share.party if share is not None else -1], dtype=torch.int64),
+        group=group,
+        deadline_s=deadline_s,
     ).tolist()
-    active = sorted(parties)[: old.threshold]
+    holders = [p for p in parties if p >= 0]
+    if len(set(holders)) != len(holders) or len(holders) < old.threshold:
+        raise ThresholdMismatch(
+            f"the {size} ranks of the group hold {len(holders)} shares, {len(set(holders))} "
+            f"distinct: re-sharing needs {old.threshold} distinct shares of the key"
+        )
+    if key_high != [-w for w in key_low]:
+        raise ThresholdMismatch("ranks of the group passed different collective keys")
+    key_words = key_high
+    public_key = share.public_key.limbs if share is not None else None
+    if len(holders) < size:
+        # A joiner has no key: every holder sends its own (public), the
+        # joiner takes the first holder's and checks it against the digest
+        # every holder agreed on.
+        shape = (2, len(old.key_moduli), old.poly_modulus_degree)
+        mine = public_key if public_key is not None else torch.zeros(shape, dtype=torch.int64)
+        keys = programs.gather_rows(mine.reshape(-1), group=group, deadline_s=deadline_s).view(
+            size, *shape
+        )
+        if public_key is None:
+            public_key = keys[parties.index(holders[0])].clone()
+    assert public_key is not None
+    key_digest = hashlib.sha256(public_key.contiguous().numpy().tobytes()).digest()
+    active = sorted(holders)[: old.threshold]
     dealers = [parties.index(p) for p in active]  # their ranks in the group
-    key_words = _digest_words(share.public_key.digest())
     uniform = torch.tensor(_digest_words(parameters.digest()) + key_words, dtype=torch.int64)
     channels = Channels(rank, hashlib.sha256(_RESHARE + uniform.numpy().tobytes()).digest())
     raw = (
@@ -710,12 +774,14 @@ def reshare(
         .tobytes()
     )
     channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
-    channels.bind(share.public_key.digest())
-    shape = tuple(share._limbs.shape)
-    width = (share._limbs.numel() * 8 + TAG_BYTES) // 8
+    # A joiner handed another key than the holders' binds another digest:
+    # its channels then fail authentication, on every rank (below).
+    channels.bind(key_digest)
+    shape = (len(old.key_moduli), old.poly_modulus_degree)
+    width = (shape[0] * shape[1] * 8 + TAG_BYTES) // 8
     own = None
     blob = b""
-    if rank in dealers:
+    if rank in dealers and share is not None:
         dealt = th.reshare_shares(share, active, parameters)
         own = dealt[rank]
         blob = b"".join(
@@ -735,7 +801,9 @@ def reshare(
     received = [] if own is None else [own]
     senders = [d for d in dealers if d != rank]
     problem = None
-    if len(data) != 8 * width * len(senders):
+    if _digest_words(key_digest) != key_words:
+        problem = f"rank {rank} received a collective key other than the one agreed"
+    elif len(data) != 8 * width * len(senders):
         problem = f"rank {rank} received {len(data)} bytes of sealed shares"
     else:
         for k, j in enumerate(senders):
@@ -756,7 +824,7 @@ def reshare(
             f"({problem or 'seen on another rank'}); nothing was returned"
         },
     )
-    key = th.CollectivePublicKey(parameters, share.public_key.limbs)
+    key = th.CollectivePublicKey(parameters, public_key)
     fresh = th._new_threshold_share(parameters, rank, key, received)
     # The budget is the key's: carry the largest count, as records that
     # no real decryption's record equals.

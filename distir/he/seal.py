@@ -317,15 +317,20 @@ def ckks_moduli(context: Any, parms_id: Any = None) -> Tensor:
 
 
 # ------------------------------------------------------------------ interop
-def ckks_to_limbs(ciphertext: Any) -> tuple[Tensor, Tensor]:
+def ckks_to_limbs(
+    ciphertext: Any, *, layouts: list[SealCiphertextLayout] | None = None
+) -> tuple[Tensor, Tensor]:
     """Extract ``(limbs, moduli [L] int64)`` from a TenSEAL ``CKKSVector``:
     limbs ``[size, L, N]`` int64 for a vector of at most `slots` values,
     ``[C, size, L, N]`` for one TenSEAL packed into C ciphertexts (see the
     module docstring); ``size`` is 2 unless the ciphertext is unrelinearized.
 
     The limbs are SEAL's coefficients as stored (NTT form for CKKS), each in
-    ``[0, q_l)``; the copy is independent of the ciphertext."""
-    layouts = parse_ckks_chunks(ciphertext)
+    ``[0, q_l)``; the copy is independent of the ciphertext.  ``layouts``:
+    :func:`parse_ckks_chunks` of this ciphertext, when the caller has them
+    (serializing is most of the cost)."""
+    if layouts is None:
+        layouts = parse_ckks_chunks(ciphertext)
     layout = layouts[0]
     moduli = ckks_moduli(ciphertext.context(), layout.parms_id)
     if moduli.shape[0] != layout.coeff_modulus_size:

@@ -82,6 +82,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from torch import Tensor
 
 from distir.errors import DistirError
+from distir.he import batched
 from distir.he.ntt import from_ntt, mul_mod, sub_mod, to_ntt
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import context_from_key_limbs, import_tenseal, limbs_to_ckks
@@ -836,6 +837,14 @@ def _context_bytes(limbs: Tensor, active: Sequence[int], extra: bytes = b"") -> 
     return h.digest()
 
 
+def _noise_seeds(
+    share: ThresholdShare, what: str, limbs: Tensor, active: Sequence[int], extra: bytes = b""
+) -> tuple[list[bytes], list[bytes]]:
+    """The smudging seed and budget record of every ciphertext of ``limbs``."""
+    pairs = [share._noise_seed(what, _context_bytes(c, active, extra)) for c in limbs]
+    return [seed for seed, _ in pairs], [tag for _, tag in pairs]
+
+
 def decryption_shares(
     share: ThresholdShare, limbs: Tensor, moduli: Sequence[int], active: Sequence[int]
 ) -> tuple[Tensor, list[bytes]]:
@@ -849,18 +858,19 @@ def decryption_shares(
     decryption repeated yields the same share."""
     parameters = share.parameters
     _check_level(parameters, limbs, moduli)
-    weight = _active_weight(share, active, moduli)
-    q = _moduli_tensor(moduli)
-    out, tags = [], []
-    for c in limbs:
-        seed, tag = share._noise_seed("decrypt", _context_bytes(c, active))
-        noise = _uniform_signed(
-            "smudging", seed, parameters.smudging_bits, parameters.poly_modulus_degree
-        )
-        c1s = mul_mod(c[1], weight, moduli)
-        out.append(TorchRNSBackend().add_mod(c1s, to_ntt(noise, moduli), q))
-        tags.append(tag)
-    return torch.stack(out), tags
+    weight = batched.multiplier(
+        _active_weight(share, active, moduli), batched.moduli_column(moduli)
+    )
+    n, bits = parameters.poly_modulus_degree, parameters.smudging_bits
+    seeds, tags = _noise_seeds(share, "decrypt", limbs, active)
+    # Every ciphertext and limb at once (distir.he.batched): the noise as
+    # residues from its streams, one batched NTT, one batched product.
+    streams = [_stream("smudging", seed, ((bits + 8) // 8) * n) for seed in seeds]
+    out = torch.empty(limbs[:, 1].shape, dtype=torch.int64)
+    for part in batched.slices(len(seeds), len(moduli) * n):
+        noise = batched.forward_ntt(batched.signed_residues(streams[part], bits, n, moduli), moduli)
+        out[part] = batched.add_mod(batched.mul_mod(limbs[part, 1], weight), noise, weight.q)
+    return out, tags
 
 
 def decryption_share(
@@ -892,22 +902,39 @@ def key_switch_shares(
     )
     receiver = receiver_key[:, : len(moduli)].contiguous()
     extra = hashlib.sha256(receiver_key.contiguous().numpy().tobytes()).digest()
-    weight = _active_weight(share, active, moduli)
-    n = parameters.poly_modulus_degree
-    backend, q = TorchRNSBackend(), _moduli_tensor(moduli)
-    out, tags = [], []
-    for c in limbs:
-        seed, tag = share._noise_seed("switch", _context_bytes(c, active, extra))
-        u = to_ntt(_ternary("switch-u", seed, n), moduli)
-        e0 = to_ntt(_uniform_signed("switch-e0", seed, parameters.key_switch_bits, n), moduli)
-        e1 = to_ntt(_centered_binomial("switch-e1", seed, n), moduli)
-        h0 = mul_mod(c[1], weight, moduli)
-        backend.add_mod_(h0, mul_mod(u, receiver[0], moduli), q)
-        backend.add_mod_(h0, e0, q)
-        h1 = backend.add_mod(mul_mod(u, receiver[1], moduli), e1, q)
-        out.append(torch.stack([h0, h1]))
-        tags.append(tag)
-    return torch.stack(out), tags
+    q = batched.moduli_column(moduli)
+    weight = batched.multiplier(_active_weight(share, active, moduli), q)
+    n, bits = parameters.poly_modulus_degree, parameters.key_switch_bits
+    seeds, tags = _noise_seeds(share, "switch", limbs, active, extra)
+    p0, p1 = batched.multiplier(receiver[0], q), batched.multiplier(receiver[1], q)
+    out = torch.empty((len(seeds), 2, len(moduli), n), dtype=torch.int64)
+    for part in batched.slices(len(seeds), len(moduli) * n):
+        h0, h1 = _key_switch_part(limbs[part, 1], seeds[part], moduli, bits, weight, p0, p1)
+        out[part, 0], out[part, 1] = h0, h1
+    return out, tags
+
+
+def _key_switch_part(
+    c1: Tensor,
+    seeds: Sequence[bytes],
+    moduli: Sequence[int],
+    bits: int,
+    weight: batched.Multiplier,
+    p0: batched.Multiplier,
+    p1: batched.Multiplier,
+) -> tuple[Tensor, Tensor]:
+    """``(h0, h1)`` of the ciphertexts whose ``c1`` and seeds these are."""
+    n, q = c1.shape[-1], weight.q
+    u = np.stack([_ternary("switch-u", seed, n) for seed in seeds])
+    e1 = np.stack([_centered_binomial("switch-e1", seed, n) for seed in seeds])
+    streams = [_stream("switch-e0", seed, ((bits + 8) // 8) * n) for seed in seeds]
+    u = batched.forward_ntt(batched.small_residues(u, moduli), moduli)
+    e1 = batched.forward_ntt(batched.small_residues(e1, moduli), moduli)
+    e0 = batched.forward_ntt(batched.signed_residues(streams, bits, n, moduli), moduli)
+    h0 = batched.add_mod(batched.mul_mod(c1, weight), batched.mul_mod(u, p0), q)
+    h0 = batched.add_mod(h0, e0, q)
+    h1 = batched.add_mod(batched.mul_mod(u, p1), e1, q)
+    return h0, h1
 
 
 def key_switch_share(
