@@ -72,7 +72,6 @@ from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
 from distir.he import threshold as th
-from distir.he.modular import int64_sum_is_exact
 from distir.he.rns import TorchRNSBackend
 from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
 from distir.he.threshold import (
@@ -83,6 +82,7 @@ from distir.he.threshold import (
     ThresholdShare,
     UnsafeReceiverKey,
 )
+from distir.ir.modular import int64_sum_is_exact
 from distir.runtime.ownership import plain_inputs
 
 __all__ = [
@@ -315,7 +315,7 @@ def _unfaithful_ranks(
 
 def _modular_sum(per_rank: Tensor, moduli: Sequence[int]) -> Tensor:
     """``sum_i per_rank[i] mod q`` of reduced limbs: one int64 sum while the
-    headroom of ``distir.he.modular`` proves it exact (``P * (q - 1) <
+    headroom of ``distir.ir.modular`` proves it exact (``P * (q - 1) <
     2^63``: 8 ranks at 60-bit primes), then one remainder; else pairwise
     subtract-and-mask sums."""
     q = torch.tensor(list(moduli), dtype=torch.int64)
@@ -398,18 +398,25 @@ def aggregate(
     liars = _unfaithful_ranks(per_rank, commitments, moduli)
     total = _modular_sum(per_rank, moduli)
     digest = _aggregate_digest(commitments, total, size)
-    # One all-reduce agrees on the verdict (the lowest rank found lying, as
-    # size - rank so that the max picks it; whatever the liar itself says)
-    # and on the sum's digest.
+    # One all-reduce agrees whether anyone found a liar (the lowest rank
+    # found, as size - rank so that the max picks it) and on the sum's digest.
     words = _digest_words(digest)
     verdict = [size - min(liars) if liars else 0, *words, *(-w for w in words)]
     agreed = programs.agree_max(
         torch.tensor(verdict, dtype=torch.int64), group=group, deadline_s=deadline_s
     ).tolist()
     if agreed[0]:
+        # Named from this rank's own check: the agreed verdict is only what
+        # the worst report says, and a lying rank can report an honest one.
+        if liars:
+            raise CommitmentMismatch(
+                f"aggregate: the ciphertexts of rank {min(liars)} are not those it committed "
+                "to; nothing was summed"
+            )
         raise CommitmentMismatch(
-            f"aggregate: the ciphertexts of rank {size - agreed[0]} are not those it committed "
-            "to; nothing was summed"
+            f"aggregate: a rank reports that the ciphertexts of rank {size - agreed[0]} are not "
+            "those it committed to, but every commitment checks out on this rank: a rank of "
+            "the group lies about the check; nothing was summed"
         )
     if agreed[1:] != verdict[1:]:
         raise ThresholdMismatch("ranks of the group computed different ciphertext sums")

@@ -13,7 +13,7 @@ integers).
 Why the word products are exact
 -------------------------------
 Residues are reduced, ``0 <= x < q`` with ``q < 2**62``
-(:data:`distir.he.modular.MAX_MODULUS_EXCLUSIVE`).  A multiplier ``w`` is
+(:data:`distir.ir.modular.MAX_MODULUS_EXCLUSIVE`).  A multiplier ``w`` is
 prepared once (:class:`Multiplier`) with ``w' = w * 2**31 mod q`` and the
 float64 ratios ``w/q`` and ``w'/q``.  Splitting ``x = xh * 2**31 + xl``
 (``xh < 2**31``, ``xl < 2**31``, both exact in float64),
@@ -30,7 +30,7 @@ true value; two branch-free corrections (the subtract-and-mask form of
 bring it into ``[0, q)``.  ``w'`` itself is ``w << 31`` minus
 ``floor(w * (2**31/q)) * q`` by the same argument (quotient below
 ``2**31``).  A sum of two residues is below ``2q < 2**63``: the int64
-headroom of :mod:`distir.he.modular` for two terms.
+headroom of :mod:`distir.ir.modular` for two terms.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from distir.he.modular import MAX_MODULUS_EXCLUSIVE
 from distir.he.ntt import negacyclic_ntt
+from distir.ir.modular import MAX_MODULUS_EXCLUSIVE
 
 __all__ = [
     "Multiplier",

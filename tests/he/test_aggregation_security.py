@@ -313,6 +313,37 @@ def test_a_ciphertext_other_than_the_committed_one_is_a_named_error_on_every_ran
         )
 
 
+def framing_worker(ctx) -> dict:
+    """3 ranks, every input as committed; rank 1 reports rank 0 as the
+    liar (its check says so, whatever the data)."""
+    params = ta.ThresholdParameters(parties=3, decrypt_to_ranks=True)
+    share = ta.generate_keys(params)
+    encrypted = ts.ckks_vector(share.public_key.context(), [1.0] * SIZE)
+    if ctx.rank == 1:
+        ta._unfaithful_ranks = lambda *args: [0]
+    out: dict = {"error": None, "values": None}
+    try:
+        total = ta.aggregate([encrypted], share)
+        out["values"] = ta.decrypt(total, share)[0][:4]
+    except Exception as e:  # recorded for the parent
+        out["error"] = (type(e).__name__, str(e))
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_a_rank_that_reports_an_honest_one_as_lying_stops_the_sum_but_frames_nobody():
+    from distir.runtime.launch import launch
+
+    reports = launch(framing_worker, 3, pass_context=True, timeout=140)
+    for rank, report in enumerate(reports):
+        assert report["values"] is None, report
+        assert report["error"][0] == "CommitmentMismatch", report["error"]
+        if rank != 1:  # the honest ranks' own check: nobody lied about an input
+            assert "every commitment checks out on this rank" in report["error"][1], report
+            assert "a rank of the group lies about the check" in report["error"][1]
+
+
 # -------------------------------------------------------- passive observer
 def _record_the_wire(record: list) -> None:
     """Every distir program the protocol runs on this rank records its
