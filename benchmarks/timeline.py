@@ -16,8 +16,9 @@ Starts two local gloo ranks, places their threads as `distir-bench` does
 For every row it prints the median over iterations of the slowest rank's
 time (what `distir-bench` reports); for distir's rows also, per rank, the median microseconds since the
 start of the run at which each collective was submitted, returned from
-its submit, and completed (from `ProcessGroupResource._run`, wrapped here
-for timing), and the end of the run: the gaps between them are the run's
+its submit, and completed (from `ProcessGroupResource._run` and, for a run
+that submits its collective itself, `DirectCollective.submit`, both wrapped
+here for timing), and the end of the run: the gaps between them are the run's
 own Python, measured where it runs rather than in a hot loop.
 """
 
@@ -33,6 +34,7 @@ import torch.distributed as dist
 
 import distir
 from distir.backends import groups
+from distir.backends.direct import DirectCollective
 from distir.bench.families import Case, all_to_all_setup
 from distir.bench.runner import bind_threads
 from distir.runtime.launch import launch
@@ -49,8 +51,45 @@ def _program(op: str, n: int) -> str:
     return f"func.func @main(%x: {t}) -> {t} {{\n  %y = {op} : {t}\n  func.return %y : {t}\n}}"
 
 
+class _TimedWork:
+    """A work whose wait stamps its completion."""
+
+    def __init__(self, work, marks: list[int], clock: Callable[[], int]):
+        self.work, self.marks, self.clock = work, marks, clock
+
+    def wait(self, timeout=None):
+        done = self.work.wait(timeout=timeout)
+        self.marks.append(self.clock())
+        return done
+
+
+def _stamp_direct_submits(marks: list[int], clock: Callable[[], int]) -> Callable[[], None]:
+    """Wraps the collective each `DirectCollective` made from now on submits
+    (a specialised run calls it without `_run`); returns the undo."""
+    original = DirectCollective.__init__
+
+    def init(self, invocation, resource, submit, *args, **kwargs):
+        def stamped(tensors, opts):
+            marks.append(clock())
+            work = submit(tensors, opts)
+            marks.append(clock())
+            return _TimedWork(work, marks, clock)
+
+        original(self, invocation, resource, stamped, *args, **kwargs)
+
+    DirectCollective.__init__ = init
+
+    def undo() -> None:
+        DirectCollective.__init__ = original
+
+    return undo
+
+
 def rank_main(context, nbytes: int, iters: int) -> dict[str, dict[str, list[float]]]:
     rank = context.rank
+    marks: list[int] = []
+    clock = time.perf_counter_ns
+    undo_direct = _stamp_direct_submits(marks, clock)  # before the first run binds
     x = torch.randn(nbytes // 4)
     reduce = distir.compile(_program("dist.all_reduce sum %x", x.numel()), agreement=False)
     bcast = distir.compile(_program("dist.broadcast %x root 0", x.numel()), agreement=False)
@@ -85,8 +124,6 @@ def rank_main(context, nbytes: int, iters: int) -> dict[str, dict[str, list[floa
         call()
     bind_threads(rank, context.world_size)
 
-    marks: list[int] = []
-    clock = time.perf_counter_ns
     original = groups.ProcessGroupResource._run
 
     def timed_run(self, submit, args, options, invocation, wait):
@@ -114,6 +151,7 @@ def rank_main(context, nbytes: int, iters: int) -> dict[str, dict[str, list[floa
                 times[name].append([m - start for m in marks] + [end - start])
     finally:
         groups.ProcessGroupResource._run = original
+        undo_direct()
     return {
         name: {
             "marks": [statistics.median(column) / 1e3 for column in zip(*per_iteration)],

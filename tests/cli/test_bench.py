@@ -288,8 +288,9 @@ def test_bind_threads_places_gloos_workers_with_the_rank_and_its_event_loops_on_
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
 def test_the_timeline_probe_stamps_every_collective_of_distirs_rows():
-    # benchmarks/timeline.py wraps ProcessGroupResource._run: it must keep
-    # up with that function's signature, and print three stamps per
+    # benchmarks/timeline.py wraps ProcessGroupResource._run and the submit
+    # of DirectCollective (a specialised run's own): it must keep up with
+    # their signatures, and print three stamps per
     # collective (submit, submit returned, completed) plus the end.
     import subprocess
     import sys

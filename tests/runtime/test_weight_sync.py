@@ -307,7 +307,7 @@ def _receiver_dies_before_its_install(ctx):
     kept = (versions.version, _synced(versions, infer, ctx.rank, 2))
     distir.recover(deadline=10)
     until = time.monotonic() + 60
-    while not elastic.requests() and time.monotonic() < until:
+    while not elastic.join_requests() and time.monotonic() < until:
         time.sleep(0.05)
     m = elastic.grow(state, deadline=30)
     plan.sync(_shards_v(train, ctx.rank, 3), versions, delta=True, timeout=30, group=m.group)
