@@ -19,6 +19,7 @@ folder (what is left outside is listed, as debt).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -67,8 +68,10 @@ def _layer(module: str) -> str:
     return ""
 
 
+@functools.cache
 def _imports(path: Path) -> list[tuple[str, list[str], bool]]:
-    """(module, imported names, at top level) of every import of distir or torch."""
+    """(module, imported names, at top level) of every import of distir or
+    torch (read once per file: several tests walk every module)."""
     tree = ast.parse(path.read_text())
     found = []
     top = {id(node) for node in tree.body}
@@ -390,9 +393,10 @@ NOT_YET_IN_THEIR_FAMILY = {
 }  # fmt: skip
 
 
-def _names_in_code(path: Path) -> set[str]:
+@functools.cache
+def _names_in_code(path: Path) -> frozenset[str]:
     """Every name the module's code uses (imports, names, attributes), not
-    its docstrings or comments."""
+    its docstrings or comments (read once per file: every op's test asks)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Name):
@@ -401,7 +405,7 @@ def _names_in_code(path: Path) -> set[str]:
             names.add(node.attr)
         elif isinstance(node, ast.ImportFrom | ast.Import):
             names.update(alias.asname or alias.name for alias in node.names)
-    return names
+    return frozenset(names)
 
 
 def _place(module: str) -> str:
