@@ -65,6 +65,27 @@ def distir_run(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedPr
     )
 
 
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """distir-run called in this process, its result as `distir_run`'s: the
+    ranks fork from the worker's warm fork server instead of a fresh
+    interpreter importing torch twice (the console script itself keeps
+    subprocess tests: a program piped in, an output that cannot be written,
+    and those in tests/runtime/test_launch.py)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(ROOT)
+        capsys.readouterr()
+        try:
+            status = cli.main(list(args))
+        except SystemExit as e:  # argparse
+            status = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["distir-run", *args], status, out.out, out.err)
+
+    return run
+
+
 def rank_blocks(stdout: str) -> dict[int, list[str]]:
     """rank -> its `result #i: ...` lines, in printed order."""
     blocks: dict[int, list[str]] = {}
@@ -178,10 +199,10 @@ def make_inputs(rank, world_size):
 
 @multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_inputs_from_a_python_file(tmp_path) -> None:
+def test_inputs_from_a_python_file(tmp_path, run_cli) -> None:
     inputs = tmp_path / "my_inputs.py"
     inputs.write_text(INPUTS_PY)
-    proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(inputs))
+    proc = run_cli("examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(inputs))
     assert proc.returncode == 0, proc.stderr
     xs = [torch.arange(8) * (r + 1) + 2 for r in range(2)]
     total = xs[0] + xs[1]
@@ -202,36 +223,36 @@ func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {
 """
 
 
-def test_a_program_that_does_not_verify(tmp_path) -> None:
+def test_a_program_that_does_not_verify(tmp_path, run_cli) -> None:
     path = tmp_path / "bad.mlir"
     path.write_text(BAD_ROOT)
-    proc = distir_run(str(path), "--nproc", "2")
+    proc = run_cli(str(path), "--nproc", "2")
     assert_clean_failure(proc)
     assert f"'dist.broadcast' at {path}:3:3" in proc.stderr
     assert "rank 0:" not in proc.stdout, "no rank may start for a bad program"
 
 
-def test_a_parse_error(tmp_path) -> None:
+def test_a_parse_error(tmp_path, run_cli) -> None:
     path = tmp_path / "typo.mlir"
     path.write_text(BAD_ROOT.replace("dist.broadcast %x root 2", "dist.broadcast %x rot 2"))
-    proc = distir_run(str(path), "--nproc", "2")
+    proc = run_cli(str(path), "--nproc", "2")
     assert_clean_failure(proc)
     assert f"{path}:3:" in proc.stderr
 
 
-def test_a_missing_program_file(tmp_path) -> None:
-    proc = distir_run(str(tmp_path / "nowhere.mlir"), "--nproc", "2")
+def test_a_missing_program_file(tmp_path, run_cli) -> None:
+    proc = run_cli(str(tmp_path / "nowhere.mlir"), "--nproc", "2")
     assert_clean_failure(proc)
     assert "nowhere.mlir" in proc.stderr
 
 
-def test_an_unknown_pass(tmp_path) -> None:
-    proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "-p", "no-such-pass")
+def test_an_unknown_pass(tmp_path, run_cli) -> None:
+    proc = run_cli("examples/all_reduce.mlir", "--nproc", "2", "-p", "no-such-pass")
     assert_clean_failure(proc)
     assert "no-such-pass" in proc.stderr
 
 
-def test_a_type_error_caught_while_parsing(tmp_path) -> None:
+def test_a_type_error_caught_while_parsing(tmp_path, run_cli) -> None:
     # (arith.extui on i1 tensors is a valid cast since the combine language
     # grew tensor casts; an operand used at two types is still a parse error.)
     path = tmp_path / "mistyped.mlir"
@@ -241,13 +262,13 @@ func.func @main(%a: tensor<4xi1>) -> tensor<4xi64> {
   func.return %e : tensor<4xi64>
 }
 """)
-    proc = distir_run(str(path), "--nproc", "2")
+    proc = run_cli(str(path), "--nproc", "2")
     assert_clean_failure(proc)
     assert f"{path}:2:" in proc.stderr
 
 
-def test_a_malformed_pipeline() -> None:
-    proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "-p", "canonicalize,,")
+def test_a_malformed_pipeline(run_cli) -> None:
+    proc = run_cli("examples/all_reduce.mlir", "--nproc", "2", "-p", "canonicalize,,")
     assert_clean_failure(proc)
 
 
@@ -267,10 +288,10 @@ def make_inputs(rank, world_size):
 
 @multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_inputs_that_every_rank_rejects_are_reported_once(tmp_path) -> None:
+def test_inputs_that_every_rank_rejects_are_reported_once(tmp_path, run_cli) -> None:
     inputs = tmp_path / "wrong.py"
     inputs.write_text(WRONG_SHAPES)
-    proc = distir_run("examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(inputs))
+    proc = run_cli("examples/all_reduce.mlir", "--nproc", "2", "--inputs", str(inputs))
     assert_clean_failure(proc)
     assert proc.stderr.splitlines() == [
         "distir-run: error: 2 of 2 ranks failed:",
@@ -293,10 +314,10 @@ def make_inputs(rank, world_size):
 
 @multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_a_factory_that_raises_on_every_rank_is_one_line(tmp_path) -> None:
+def test_a_factory_that_raises_on_every_rank_is_one_line(tmp_path, run_cli) -> None:
     inputs = tmp_path / "raises.py"
     inputs.write_text(RAISES_ON.format(ranks="range(99)"))
-    proc = distir_run("examples/all_reduce.mlir", "--nproc", "3", "--inputs", str(inputs))
+    proc = run_cli("examples/all_reduce.mlir", "--nproc", "3", "--inputs", str(inputs))
     assert_clean_failure(proc)
     assert proc.stderr.splitlines() == [
         "distir-run: error: 3 of 3 ranks failed:",
@@ -307,10 +328,10 @@ def test_a_factory_that_raises_on_every_rank_is_one_line(tmp_path) -> None:
 
 @multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_a_factory_that_raises_on_one_rank_stops_the_others_at_once(tmp_path) -> None:
+def test_a_factory_that_raises_on_one_rank_stops_the_others_at_once(tmp_path, run_cli) -> None:
     inputs = tmp_path / "raises.py"
     inputs.write_text(RAISES_ON.format(ranks="{1}"))
-    proc = distir_run("examples/all_reduce.mlir", "--nproc", "3", "--inputs", str(inputs))
+    proc = run_cli("examples/all_reduce.mlir", "--nproc", "3", "--inputs", str(inputs))
     # The collective timeout is 60 s: the others must not wait for it. Timed
     # from the raise, not from the launch (starting 3 interpreters on a
     # loaded 2-core machine is not what this bounds).
@@ -547,11 +568,11 @@ def test_what_a_pass_assumed_about_the_group_size_is_checked(capsys, no_launch) 
 
 @multirank
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
-def test_lowered_ciphertext_sums_print_what_the_unlowered_one_computes() -> None:
+def test_lowered_ciphertext_sums_print_what_the_unlowered_one_computes(run_cli) -> None:
     path = ROOT / "examples/ciphertext_add.mlir"
     expected = expected_lines(path, 3)
     for pipeline in ("lower-ciphertext-add", "defer-modular-reduction{max-group-size=8}"):
-        proc = distir_run("examples/ciphertext_add.mlir", "--nproc", "3", "-p", pipeline)
+        proc = run_cli("examples/ciphertext_add.mlir", "--nproc", "3", "-p", pipeline)
         assert proc.returncode == 0, (pipeline, proc.stderr)
         assert f"(pipeline: {pipeline})" in proc.stdout.splitlines()[0]
         blocks = rank_blocks(proc.stdout)
@@ -681,11 +702,11 @@ func.func @narrow(%h: tensor<5xbf16>, %u: tensor<3xui8>) -> (tensor<5xbf16>, ten
 
 @multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_entry_output_and_narrow_types(tmp_path) -> None:
+def test_entry_output_and_narrow_types(tmp_path, run_cli) -> None:
     program = tmp_path / "two.mlir"
     program.write_text(TWO_ENTRIES)
     output = tmp_path / "results.pt"
-    proc = distir_run(str(program), "--nproc", "2", "--entry", "narrow", "--output", str(output))
+    proc = run_cli(str(program), "--nproc", "2", "--entry", "narrow", "--output", str(output))
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     expected = expected_lines(program, 2, entry="narrow")
@@ -715,13 +736,13 @@ func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 @multirank
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_deadline_bounds_every_collective(tmp_path) -> None:
+def test_deadline_bounds_every_collective(tmp_path, run_cli) -> None:
     # Both ranks receive and neither sends: each recv fails at the deadline.
     # (The peers come from a table, which verify-spmd does not evaluate: with
     # peers it can follow, it rejects this program before it runs.)
     program = tmp_path / "deadlock.mlir"
     program.write_text(DEADLOCK)
-    proc = distir_run(str(program), "--nproc", "2", "--deadline", "1.5")
+    proc = run_cli(str(program), "--nproc", "2", "--deadline", "1.5")
     assert_clean_failure(proc)
     for rank in (0, 1):
         assert (
