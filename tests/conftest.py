@@ -105,11 +105,20 @@ def _no_cuda_reason() -> str | None:
     )
 
 
+#: the modules that take longest (minutes, measured with --durations=0):
+#: they start first, so that no worker runs one alone at the end while the
+#: other has nothing left (`--dist loadscope` hands out whole modules in
+#: collection order; the README's blocks, collected last, ran 3 min alone)
+LONGEST_FIRST = ("tests/test_readme.py", "tests/runtime/test_launch.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--fast"):
         kept = [i for i in items if not any(i.get_closest_marker(m) for m in _NOT_FAST)]
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not cuda_items:
         return  # torch is not even imported for suites without CUDA tests
