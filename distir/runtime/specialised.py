@@ -85,10 +85,11 @@ def specialised_run(
     single = len(plan.output_types) == 1
     collective = direct_collective(binding)
     if collective is not None and inputs_accepted is not None:
-        return _direct_run(
-            program, binding, donate, collective, inputs_accepted, records, donation,
-            mark_written, owned, agreement, call,
-        )  # fmt: skip
+        body = _direct_body(binding, collective, owned, call)
+    else:
+
+        def body(inputs: Sequence[Any], writable: frozenset[int]) -> tuple[Any, ...]:
+            return owned(call(inputs, writable), inputs, writable)
 
     def run(inputs: Sequence[Any], who: Any = None, submitted: Any = None) -> Any:
         # Guards before the gate: a failing one has claimed nothing.
@@ -119,7 +120,7 @@ def specialised_run(
                         inputs = plan.check_inputs(inputs, submitted)
                 writable = donation if type(donation) is frozenset else donation(inputs)
                 mark_written(inputs, writable)
-                results = owned(call(inputs, writable), inputs, writable)
+                results = body(inputs, writable)
                 domain.completed += 1  # as the general path: where `distir.recover` resumes
             except BaseException as e:
                 # As the general path: nothing here enters a collective again.
@@ -146,91 +147,46 @@ def direct_collective(binding: Binding) -> DirectCollective | None:
     return collective if collective is not None and collective.same_type else None
 
 
-def _direct_run(
-    program: Any,
+def _direct_body(
     binding: Binding,
-    donate: bool,
     collective: DirectCollective,
-    inputs_accepted: Callable[[Sequence[Any]], bool],
-    records: Callable[[Sequence[Any]], bool] | None,
-    donation: Any,
-    mark_written: Callable[[Sequence[Any], frozenset[int]], None],
     owned: Callable[..., tuple[Any, ...]],
-    agreement: Any,
     call: Callable[[Sequence[Any], frozenset[int]], tuple[Any, ...]],
-) -> Callable[[Sequence[Any]], Any]:
-    """`specialised_run` for a run that is one backend collective
-    (`direct_collective`): the same rules in the same order, and the
-    block's kernel (`DirectCollective.kernel`) inlined, so the run submits
-    and waits for the collective itself (one Python call to c10d where the
-    block's kernel takes five: each costs about five times its own time
-    right after a barrier at P=2). What the inlined kernel no longer checks
-    holds by the guards: the input guard accepted the declared dtype and
-    shape, and the result has that type (`same_type`: no result check); an
-    input donation makes writable is contiguous (`donation_for`)."""
-    base = binding.base
-    pg, domain, gate = base.pg, base.domain, binding.gate
-    what, fingerprint, general = program._what, binding.fingerprint, program._run_bound
+) -> Callable[[Sequence[Any], frozenset[int]], tuple[Any, ...]]:
+    """The body of a specialised run that is one backend collective
+    (`direct_collective`): the block's kernel (`DirectCollective.kernel`)
+    inlined, so the run submits and waits for the collective itself (one
+    Python call to c10d where the block's kernel takes five: each costs
+    about five times its own time right after a barrier at P=2). What the
+    inlined kernel no longer checks holds by the run's guards: the input
+    guard accepted the declared dtype and shape, and the result has that
+    type (`same_type`: no result check); an input donation makes writable
+    is contiguous (`donation_for`)."""
     resource, invocation = collective.resource, collective.invocation
     submit, out_of_place, current = collective.submit, collective.out_of_place, collective.current
-    options, check_inputs = collective.options, binding.plan.check_inputs
+    options = collective.options
     step = binding.compiled.direct_step
     # Whether the op may overwrite its donated operand (the block's liveness).
     overwrites = 0 in step.writable_when(frozenset({0}))
     monotonic = time.monotonic
 
-    def run(inputs: Sequence[Any], who: Any = None, submitted: Any = None) -> Any:
-        # Guards before the gate: a failing one has claimed nothing.
-        if (
-            not group_alive(pg)
-            or domain.first_failure is not None
-            or binding.configured != program.deadline_s
-        ):
-            return GENERAL
-        sync = who is None  # else a queued run, claimed when it was queued
-        if sync:
-            who = gate.enter(what)
-            if who is None:  # this thread's queued async runs go first
-                return GENERAL
+    def body(inputs: Sequence[Any], writable: frozenset[int]) -> tuple[Any, ...]:
+        x = inputs[0]
+        start = monotonic()
         try:
-            if not inputs_accepted(inputs) or (records is not None and records(inputs)):
-                return general(binding, inputs, None, donate, who, submitted)
-            try:
-                if agreement is not None:
-                    inputs, base.hoisted = agreement.agree(
-                        inputs, base, fingerprint, who, submitted
-                    )
-                else:
-                    base.hoisted = ()
-                    if submitted is not None:  # unchanged since queued, as the general path
-                        inputs = check_inputs(inputs, submitted)
-                writable = donation if type(donation) is frozenset else donation(inputs)
-                mark_written(inputs, writable)
-                x = inputs[0]
-                start = monotonic()
-                try:
-                    y = x if writable and overwrites else out_of_place(x)
-                    if y is not None:
-                        if current[0] != resource.deadline_s:
-                            options()  # the deadline changed: its options
-                        opts, timeout = current[1]
-                        submit([y], opts).wait(timeout=timeout)
-                except RuntimeError as e:  # as the kernel: a named distir error
-                    raise resource.failure(e, invocation, monotonic() - start) from None
-                except DistirError:
-                    raise
-                except Exception as e:  # as the block: an error naming the op
-                    raise step.error(e) from e
-                # `y` None: a root that copies its input (the kernel's way).
-                results = owned((y,) if y is not None else call(inputs, writable), inputs, writable)
-                domain.completed += 1  # as the general path: where `distir.recover` resumes
-            except BaseException as e:
-                # As the general path: nothing here enters a collective again.
-                domain.poison(e)
-                raise
-        finally:
-            if sync:
-                gate.leave()
-        return results[0]
+            y = x if writable and overwrites else out_of_place(x)
+            if y is not None:
+                if current[0] != resource.deadline_s:
+                    options()  # the deadline changed: its options
+                opts, timeout = current[1]
+                submit([y], opts).wait(timeout=timeout)
+        except RuntimeError as e:  # as the kernel: a named distir error
+            raise resource.failure(e, invocation, monotonic() - start) from None
+        except DistirError:
+            raise
+        except Exception as e:  # as the block: an error naming the op
+            raise step.error(e) from e
+        # `y` None: a root that copies its input (the kernel's way).
+        return owned((y,) if y is not None else call(inputs, writable), inputs, writable)
 
-    return run
+    return body
