@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -157,6 +158,31 @@ class InProcessWorld:
 
     def exchange(self, rank: int) -> InProcessExchange:
         return InProcessExchange(self, rank)
+
+    def run(self, body: Callable[[InProcessExchange], Any], join_s: float = 60.0) -> list[Any]:
+        """`body(exchange)` on one thread per rank; their results in rank
+        order. The first error a rank raised is raised here, and a rank
+        still running after `join_s` is an error (an algorithm that waits
+        for a message nobody sends ends its test, not the process)."""
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException] = []
+
+        def thread(rank: int) -> None:
+            try:
+                results[rank] = body(self.exchange(rank))
+            except BaseException as e:  # raised below, in the caller's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=thread, args=(r,)) for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(join_s)
+        if errors:
+            raise errors[0]
+        if any(t.is_alive() for t in threads):
+            raise TimeoutError(f"an in-process rank still runs after {join_s} s")
+        return results
 
 
 class InProcessExchange:

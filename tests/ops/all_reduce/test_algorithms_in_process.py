@@ -11,8 +11,6 @@ integers with moduli near 2^62 (no headroom) and below 2^60 (deferred).
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -32,24 +30,7 @@ GROUP_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16] + [
 
 def _run(size: int, body) -> list:
     """Runs `body(exchange)` on `size` threads; returns their results."""
-    world = InProcessWorld(size, timeout=30)
-    results: list = [None] * size
-    errors: list[BaseException] = []
-
-    def thread(rank: int) -> None:
-        try:
-            results[rank] = body(world.exchange(rank))
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=thread, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors[0]
-    assert not any(t.is_alive() for t in threads)
-    return results
+    return InProcessWorld(size, timeout=30).run(body)
 
 
 def _values(size: int, n: int) -> list[torch.Tensor]:

@@ -24,24 +24,8 @@ from distir.ops.reduce_scatter.torch import direct_reduce_scatter, ring_reduce_s
 
 
 def _run(size: int, body) -> list:
-    world = InProcessWorld(size, timeout=30)
-    results: list = [None] * size
-    errors: list[BaseException] = []
-
-    def thread(rank: int) -> None:
-        try:
-            results[rank] = body(world.exchange(rank))
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=thread, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors[0]
-    assert not any(t.is_alive() for t in threads)
-    return results
+    """Runs `body(exchange)` on `size` threads; returns their results."""
+    return InProcessWorld(size, timeout=30).run(body)
 
 
 @pytest.fixture(autouse=True)
