@@ -289,6 +289,12 @@ def lying_commitment_worker(ctx) -> dict:
         zero = ckks_to_limbs(ts.ckks_vector(context, [0.0] * SIZE))[0].unsqueeze(0)
         committed = hashlib.sha256(zero.contiguous().numpy().tobytes()).digest()
         ta._commitment = lambda limbs: committed
+    return _aggregate_and_decrypt(encrypted, share)
+
+
+def _aggregate_and_decrypt(encrypted, share) -> dict:
+    """A rank's report of `aggregate` then `decrypt`: the first values, or
+    the error (its type's name and message)."""
     out: dict = {"error": None, "values": None}
     try:
         total = ta.aggregate([encrypted], share)
@@ -321,13 +327,7 @@ def framing_worker(ctx) -> dict:
     encrypted = ts.ckks_vector(share.public_key.context(), [1.0] * SIZE)
     if ctx.rank == 1:
         ta._unfaithful_ranks = lambda *args: [0]
-    out: dict = {"error": None, "values": None}
-    try:
-        total = ta.aggregate([encrypted], share)
-        out["values"] = ta.decrypt(total, share)[0][:4]
-    except Exception as e:  # recorded for the parent
-        out["error"] = (type(e).__name__, str(e))
-    return out
+    return _aggregate_and_decrypt(encrypted, share)
 
 
 @pytest.mark.multirank
