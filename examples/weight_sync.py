@@ -32,6 +32,7 @@ from distir.ir.layouts import Mesh
 TRAIN = Mesh("train", (2,), (0, 1))
 INFER = Mesh("infer", (2,), (2, 3))
 SHAPE = (8192, 256)  # 2 Mi bf16 elements, 4 MiB per tensor: 256 MiB in all
+TIMEOUT_S = 40.0  # set by configure
 BUCKET_BYTES = 16 << 20
 #: (source dims, source partial, destination dims), by tensor index mod 4
 LAYOUTS = [
@@ -45,8 +46,12 @@ NAMES = [f"layer{i // 4}.w{i % 4}" for i in range(64)]
 
 def configure(mb: int) -> None:
     """Size the state dict to ``mb`` MiB in all (64 tensors of 256 bf16 columns)."""
-    global SHAPE
+    global SHAPE, TIMEOUT_S
     SHAPE = (mb * 32, 256)
+    # A sync's deadline: the killed sync's survivors that were not talking
+    # to the dead rank wait it out, so it is sized to the state (the slowest
+    # sync measured, fp8 at 256 MiB on a loaded 2-core machine, took 8 s).
+    TIMEOUT_S = 8 + mb / 8
 
 
 def declarations(infer: Mesh = INFER, wire: torch.dtype | None = None):
@@ -127,7 +132,7 @@ def rank_main(ctx, mb: int):
         mine = shards(ctx.rank, step)
         line_up(group)  # time the sync alone, not the ranks' oracle checks
         start = time.perf_counter()
-        which.sync(mine, versions, delta=delta, timeout=30, group=group)
+        which.sync(mine, versions, delta=delta, timeout=TIMEOUT_S, group=group)
         seconds = time.perf_counter() - start
         err = error(versions, ctx.rank, step, infer)
         what = "equal to the oracle" if err == 0 else f"within {err:.3f} x amax of the oracle"
