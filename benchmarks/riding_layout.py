@@ -28,8 +28,10 @@ an element), P consecutive groups of them forming the ranks' chunks: a
 layout that puts each of those segments' gradients in a segment of its own
 with riding slots after it keeps DDP's bits, as long as the slots do not
 change the segment count (B' = B + slots·4 below the next MiB multiple).
-The 1 MiB and the minimum of two segments per rank are inferred from these
-measurements, not read from gloo's source.
+The 1 MiB and the minimum of two segments per rank, inferred here from
+these measurements, are what gloo's source says (gloo/allreduce.cc `ring`,
+`kMaxSegmentSize` in gloo/allreduce.h); tests/ddp/test_riding_layout.py
+checks the layout against a model of that ring.
 
     python benchmarks/riding_layout.py [--nproc 3 4]
 """

@@ -213,10 +213,13 @@ class HookState:
 # ranks (float32) the payload gives each of gloo's segments of the bucket a
 # row of its own with riding slots after it (`riding_layout`): every
 # gradient stays in its chunk and is summed in DDP's order, bit for bit.
-# gloo's segment count is inferred by measurement (benchmarks/
-# riding_layout.py: bit-identical at 3 and 4 ranks for every size tried up
-# to 6M elements); the DDP tests check the bits at 3 and 4 ranks. Other
-# groups and dtypes keep the agreement at every run.
+# gloo's segment count is its ring's (gloo/allreduce.cc `ring`, with
+# `kMaxSegmentSize` = 1 MiB from gloo/allreduce.h), which the measurements
+# of benchmarks/riding_layout.py agree with (bit-identical at 3 and 4 ranks
+# for every size tried up to 6M elements); tests/ddp/test_riding_layout.py
+# checks every gradient's chunk against a model of that ring, and the DDP
+# tests check the bits at 3 and 4 ranks. Other groups and dtypes keep the
+# agreement at every run.
 
 #: bytes of the digest a bucket carries
 DIGEST_BYTES = 4
@@ -226,13 +229,14 @@ RIDING = 2 * DIGEST_BYTES
 RIDES = (torch.float32, torch.float64)
 
 
-#: the bytes gloo's ring puts at most in one segment (inferred, see above)
+#: the bytes gloo's ring puts at most in one segment (`kMaxSegmentSize`)
 GLOO_SEGMENT_BYTES = 1 << 20
 
 
 def gloo_segments(numel: int, world_size: int, element_bytes: int) -> int:
     """The segments gloo's ring all-reduce cuts a buffer into (P groups of
-    consecutive segments are the ranks' chunks), as measured."""
+    consecutive segments are the ranks' chunks): at least two per rank, a
+    multiple of the ranks, none over `GLOO_SEGMENT_BYTES`."""
     wanted = max(-(-numel * element_bytes // GLOO_SEGMENT_BYTES), 2 * world_size)
     return -(-wanted // world_size) * world_size
 
