@@ -67,6 +67,15 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
+from xdsl.irdl.declarative_assembly_format import (
+    AttributeVariable,
+    CustomDirective,
+    ParsingState,
+    PrintingState,
+    irdl_custom_directive,
+)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
 from xdsl.traits import Pure
 
 _INDEX_ATTR = IntegerAttr.constr(IndexTypeConstr)
@@ -128,6 +137,25 @@ class AllToAllOp(CollectiveCommunicationOp):
     )
 
 
+@irdl_custom_directive
+class ScatterAxis(CustomDirective):
+    """`scatter_axis = N`, also read in the older spelling `scatter_dim = N`
+    (upstream's ShardToMPI tests still write it); printed as `scatter_axis`."""
+
+    axis: AttributeVariable
+
+    def parse(self, parser: Parser, state: ParsingState) -> None:
+        parser.parse_keyword_in(("scatter_axis", "scatter_dim"))
+        parser.parse_punctuation("=")
+        self.axis.set(state, IntegerAttr(parser.parse_integer(allow_boolean=False), IndexType()))
+
+    def print(self, printer: Printer, state: PrintingState, op: IRDLOperation) -> None:
+        state.print_whitespace(printer)
+        axis = self.axis.get(op)
+        assert isinstance(axis, IntegerAttr)
+        printer.print_string(f"scatter_axis = {axis.value.data}")
+
+
 @irdl_op_definition
 class ReduceScatterOp(CollectiveCommunicationOp):
     """Reduces the group's tensors elementwise, then gives member j the j-th
@@ -145,8 +173,9 @@ class ReduceScatterOp(CollectiveCommunicationOp):
 
     assembly_format = (
         "$input `on` $grid (`grid_axes` `=` $grid_axes^)? (`reduction` `=` $reduction^)? "
-        "`scatter_axis` `=` $scatter_axis attr-dict `:` type($input) `->` type($result)"
+        "custom<ScatterAxis>($scatter_axis) attr-dict `:` type($input) `->` type($result)"
     )
+    custom_directives = (ScatterAxis,)
 
 
 @irdl_op_definition

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 import distir
 from distir.errors import CompileError
+from distir.ir.parsing import parse_module
 
 PIPELINE = "convert-shard-to-dist"
 
@@ -709,3 +710,18 @@ def test_listed_programs_on_gloo_ranks_equal_the_simulator() -> None:
             assert len(got) == len(want), name
             for g, w in zip(got, want):
                 assert torch.equal(torch.as_tensor(g), torch.as_tensor(w)), f"{name}, rank {rank}"
+
+
+def test_reduce_scatter_reads_the_older_scatter_dim_spelling() -> None:
+    """`scatter_dim = N` (upstream's ShardToMPI tests) reads as `scatter_axis
+    = N`, prints in the canonical spelling, and computes the same."""
+    grid, axes = (2, 2), (1, 0)
+    rng = np.random.default_rng(7)
+    inputs = [rng.integers(-9, 10, (2, 8)).astype(np.float32) for _ in range(4)]
+    case = make_case("reduce_scatter", grid, axes, {"kind": "max", "axis": 1}, inputs)
+    older = case.text.replace("scatter_axis", "scatter_dim")
+    assert "scatter_dim = 1" in older
+    printed = str(parse_module(older))
+    assert "scatter_dim" not in printed and "scatter_axis = 1" in printed
+    assert printed == str(parse_module(case.text)) == str(parse_module(printed))
+    check(case, distir.simulate(older, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE))
