@@ -492,8 +492,9 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     shape = t.get_shape()
     if any(d < 0 for i, d in enumerate(shape) if i != axis):
         raise _fail(op, f"takes {t}; distir gathers tensors dynamic along the gather axis only")
+    root = None
     if isinstance(op, shard.GatherOp):
-        _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
+        root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     result = op.result.type
     if not isinstance(result, TensorType) or result.element_type != t.element_type or [
         d for i, d in enumerate(result.get_shape()) if i != axis
@@ -508,7 +509,11 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     mine = b.value(tensor.FromElementsOp(b.value(arith.IndexCastOp(length, i64)),
                                          result_type=TensorType(i64, [1])))
     counts = b.value(AllGatherOp(mine, TensorType(i64, [n]), axis=0, group=group))
-    gathered = b.value(AllGatherOp(op.input, result, axis=axis, counts=counts, group=group))
+    if isinstance(root, int):  # to a static root: an uneven dist.gather (zeros elsewhere)
+        gathered = b.value(DistGatherOp(op.input, result, root=root, axis=axis, counts=counts,
+                                        group=group))
+    else:
+        gathered = b.value(AllGatherOp(op.input, result, axis=axis, counts=counts, group=group))
     order = grid.listed_order(axes)
     if list(order) == list(range(n)):
         return gathered

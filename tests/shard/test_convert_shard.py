@@ -683,6 +683,9 @@ def special_programs() -> list[tuple[str, str, list[list[torch.Tensor]]]]:
     uneven = program((2, 2), "tensor<?x2xf32>", "tensor<?x2xf32>",
                      "shard.all_gather %x on @g grid_axes = [1, 0] gather_axis = 0 "
                      ": tensor<?x2xf32> -> tensor<?x2xf32>")
+    uneven_to_root = program((2, 2), "tensor<?x2xf32>", "tensor<?x2xf32>",
+                             "shard.gather %x on @g grid_axes = [1, 0] gather_axis = 0 root = [1, 0] "
+                             ": (tensor<?x2xf32>) -> tensor<?x2xf32>")
     rows = [[torch.full((n, 2), float(r))] for r, n in enumerate([1, 0, 3, 2])]
     return [
         ("update_halo", halo, ints),
@@ -690,6 +693,7 @@ def special_programs() -> list[tuple[str, str, list[list[torch.Tensor]]]]:
         ("index ops", index, devices),
         ("generic", generic, floats),
         ("uneven all_gather", uneven, rows),
+        ("uneven gather to a root", uneven_to_root, rows),
     ]
 
 
