@@ -31,6 +31,7 @@ from xdsl.dialects import arith, func, tensor
 from xdsl.dialects.builtin import (
     AnyFloat,
     DenseIntOrFPElementsAttr,
+    FloatAttr,
     IndexType,
     IntegerAttr,
     IntegerType,
@@ -249,9 +250,12 @@ class _Builder:
 
 
 def _tensor(op: Operation, value: SSAValue) -> TensorType:
+    """The op's ranked tensor operand. Its dimensions may be dynamic: dist's
+    ops take the size at run time, and ranks whose sizes differ get dist's
+    named mismatch error; `_static_axis` asks for the ones the group splits."""
     t = value.type
-    if not isinstance(t, TensorType) or any(d < 0 for d in t.get_shape()):
-        raise _fail(op, f"takes {t}; distir converts statically shaped tensors only")
+    if not isinstance(t, TensorType):
+        raise _fail(op, f"takes {t}; distir converts tensors (and memrefs used as values)")
     return t
 
 
@@ -262,11 +266,25 @@ def _axis(op: Operation, prop: str, t: TensorType) -> int:
     return axis
 
 
+def _static_axis(op: Operation, prop: str, t: TensorType) -> int:
+    """`_axis`, for a dimension the group splits into equal pieces: its size
+    must be known when converting, to check it divides and to cut it."""
+    axis = _axis(op, prop, t)
+    if t.get_shape()[axis] < 0:
+        raise _fail(op, f"takes {t}, dynamic along {prop} {axis}; the group splits that "
+                    "dimension into equal pieces, so distir needs its size when converting")
+    return axis
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join("?" if d < 0 else str(d) for d in shape)
+
+
 def _check_result(op: Operation, expected: Sequence[int], element: Attribute | None = None) -> None:
     t = op.results[0].type
     if not isinstance(t, TensorType) or tuple(t.get_shape()) != tuple(expected):
         raise _fail(op, f"result type {t} disagrees with the group: expected shape "
-                    f"{'x'.join(map(str, expected))}")
+                    f"{_dims(expected)}")
     if element is not None and t.element_type != element:
         raise _fail(op, f"result element type {t.element_type} differs from the input's {element}")
 
@@ -299,11 +317,17 @@ def _divide_by(b: _Builder, value: SSAValue, n: int) -> SSAValue:
     t = value.type
     assert isinstance(t, TensorType)
     e = t.element_type
-    if isinstance(e, AnyFloat):
-        divisor = b.value(arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [float(n)])))
-        return b.value(arith.DivfOp(value, divisor))
-    divisor = b.value(arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [n])))
-    return b.value(arith.DivSIOp(value, divisor))
+    floating = isinstance(e, AnyFloat)
+    if t.has_static_shape():
+        divisor = b.value(arith.ConstantOp(
+            DenseIntOrFPElementsAttr.from_list(t, [float(n) if floating else n])))
+    else:  # a splat of the scalar, sized like `value`
+        scalar = b.value(arith.ConstantOp(
+            FloatAttr(float(n), e) if floating else IntegerAttr(n, e)))  # type: ignore[arg-type]
+        sizes = [b.value(tensor.DimOp(value, b.index(d)))
+                 for d, size in enumerate(t.get_shape()) if size < 0]
+        divisor = b.value(tensor.SplatOp(scalar, sizes, t))
+    return b.value((arith.DivfOp if floating else arith.DivSIOp)(value, divisor))
 
 
 @dataclass(frozen=True)
@@ -397,9 +421,12 @@ def _slice(b: _Builder, value: SSAValue, axis: int, offset: int | SSAValue, size
     shape = list(t.get_shape())
     offsets: list[int | SSAValue] = [0] * len(shape)
     offsets[axis] = offset
-    sizes = shape.copy()
-    sizes[axis] = size
-    result = TensorType(t.element_type, sizes)
+    # a dynamic dimension other than `axis` is taken whole: its size at run time
+    sizes: list[int | SSAValue] = [
+        size if d == axis else b.value(tensor.DimOp(value, b.index(d))) if n < 0 else n
+        for d, n in enumerate(shape)
+    ]
+    result = TensorType(t.element_type, [size if d == axis else n for d, n in enumerate(shape)])
     return b.value(tensor.ExtractSliceOp(value, offsets, sizes, [1] * len(shape), result))
 
 
@@ -427,7 +454,8 @@ def _concat(b: _Builder, values: Sequence[SSAValue], axis: int) -> SSAValue:
     first = values[0].type
     assert isinstance(first, TensorType)
     shape = list(first.get_shape())
-    shape[axis] = sum(v.type.get_shape()[axis] for v in values)  # type: ignore[attr-defined]
+    lengths = [v.type.get_shape()[axis] for v in values]  # type: ignore[attr-defined]
+    shape[axis] = DYNAMIC if any(n < 0 for n in lengths) else sum(lengths)
     return b.value(tensor.ConcatOp(list(values), axis, TensorType(first.element_type, shape)))
 
 
@@ -490,8 +518,6 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     ascending order, the pieces are put back in the listed order by offsets
     computed from the counts."""
     shape = t.get_shape()
-    if any(d < 0 for i, d in enumerate(shape) if i != axis):
-        raise _fail(op, f"takes {t}; distir gathers tensors dynamic along the gather axis only")
     root = None
     if isinstance(op, shard.GatherOp):
         root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
@@ -528,7 +554,9 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     pieces = []
     for r in _inverse(order):  # shard index j is dist rank inverse[j]'s piece
         starts: list[int | SSAValue] = [0] * len(shape)
-        lengths: list[int | SSAValue] = list(shape)
+        lengths: list[int | SSAValue] = [
+            b.value(tensor.DimOp(gathered, b.index(d))) if n < 0 else n for d, n in enumerate(shape)
+        ]
         starts[axis], lengths[axis] = offsets[r], sizes[r]
         pieces.append(b.value(tensor.ExtractSliceOp(gathered, starts, lengths, [1] * len(shape), result)))
     return b.value(tensor.ConcatOp(pieces, axis, result))
@@ -569,7 +597,7 @@ def _all_slice(c: _Converter, op: shard.AllSliceOp, b: _Builder) -> list[SSAValu
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    axis = _axis(op, "slice_axis", t)
+    axis = _static_axis(op, "slice_axis", t)
     result = _slice_of_rank(c, op, b, op.input, grid, axes, axis)
     _check_result(op, result.type.get_shape(), t.element_type)  # type: ignore[attr-defined]
     return [result]
@@ -579,7 +607,7 @@ def _scatter(c: _Converter, op: shard.ScatterOp, b: _Builder) -> list[SSAValue]:
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    axis = _axis(op, "scatter_axis", t)
+    axis = _static_axis(op, "scatter_axis", t)
     root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     if axes and isinstance(root, int):
         # dist.scatter gives dist rank r piece r: put piece listed_order[r] there
@@ -616,7 +644,7 @@ def _reduce_scatter(c: _Converter, op: shard.ReduceScatterOp, b: _Builder) -> li
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    axis = _axis(op, "scatter_axis", t)
+    axis = _static_axis(op, "scatter_axis", t)
     n = _group_size(grid, axes)
     shape = list(t.get_shape())
     if shape[axis] % n:
@@ -643,7 +671,7 @@ def _all_to_all(c: _Converter, op: shard.AllToAllOp, b: _Builder) -> list[SSAVal
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    split = _axis(op, "split_axis", t)
+    split = _static_axis(op, "split_axis", t)
     concat = _axis(op, "concat_axis", t)
     n = _group_size(grid, axes)
     shape = list(t.get_shape())
@@ -653,33 +681,22 @@ def _all_to_all(c: _Converter, op: shard.AllToAllOp, b: _Builder) -> list[SSAVal
     piece = shape.copy()
     piece[split] //= n
     out = piece.copy()
-    out[concat] *= n
+    out[concat] = out[concat] * n if out[concat] >= 0 else DYNAMIC
     _check_result(op, out, t.element_type)
     if n == 1:
         return [op.input]
-    # Stack the n pieces along a new leading axis, exchange one row per rank,
-    # then lay the received pieces side by side along concat_axis.
-    stacked_piece = TensorType(t.element_type, [1, *piece])
+    # Send block r of the split axis to dist rank r (whose shard index is
+    # order[r]), every block the same size; the blocks arrive in dist rank
+    # order along the split axis, and are laid side by side along
+    # concat_axis in shard index order.
     order = grid.listed_order(axes)
-    rows = []
-    for j in order:  # row r goes to dist rank r, whose shard index is order[r]
-        p = _slice(b, op.input, split, j * piece[split], piece[split])
-        rows.append(_reshape(b, p, stacked_piece))
-    stacked = _concat(b, rows, 0)
-    ones = b.i64_tensor([1] * n)
-    exchange = VariableAllToAllOp(stacked, ones, stacked.type, axis=0,  # type: ignore[arg-type]
-                                  group=c.group(grid, axes))
+    blocks = _permute(b, op.input, split, order)
+    counts = b.i64_tensor([piece[split]] * n)
+    exchange = VariableAllToAllOp(blocks, counts, t, axis=split, group=c.group(grid, axes))
     received = b.emit(exchange).results[0]
-    pieces = [
-        _reshape(b, _slice(b, received, 0, r, 1), TensorType(t.element_type, piece))
-        for r in _inverse(order)  # shard index j came from dist rank inverse[j]
-    ]
+    pieces = [_slice(b, received, split, r * piece[split], piece[split])
+              for r in _inverse(order)]  # shard index j came from dist rank inverse[j]
     return [_concat(b, pieces, concat)]
-
-
-def _reshape(b: _Builder, value: SSAValue, to: TensorType) -> SSAValue:
-    shape = b.i64_tensor(list(to.get_shape()))
-    return b.value(tensor.ReshapeOp(value, shape, to))
 
 
 def _send(c: _Converter, op: shard.SendOp, b: _Builder) -> list[SSAValue]:
@@ -764,6 +781,9 @@ def _update_halo(c: _Converter, op: shard.UpdateHaloOp, b: _Builder) -> list[SSA
         (axis,) = axes
         low, high = halos[2 * k], halos[2 * k + 1]
         size = t.get_shape()[dim]
+        if size < 0:
+            raise _fail(op, f"takes {t}, dynamic along split dimension {dim}; distir needs "
+                        "the size of a dimension with halos when converting")
         core = size - low - high
         if core < max(low, high) or core <= 0:
             raise _fail(op, f"dimension {dim} of {t} holds {core} rows inside halos of "

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import distir
-from distir.errors import CompileError
+from distir.errors import CollectiveMismatchError, CompileError
 from distir.ir.parsing import parse_module
 
 PIPELINE = "convert-shard-to-dist"
@@ -601,7 +601,7 @@ def test_memrefs_are_refused_by_name(tmp_path) -> None:
                     "  func.return %h : memref<4xf32>\n}\n")
     with pytest.raises(CompileError, match=re.escape(
             "'shard.update_halo' at " + str(path) + ":3:3: takes memref<4xf32>; distir converts "
-            "statically shaped tensors only")):
+            "tensors")):
         distir.compile(path, PIPELINE)
 
 
@@ -687,6 +687,16 @@ def special_programs() -> list[tuple[str, str, list[list[torch.Tensor]]]]:
                              "shard.gather %x on @g grid_axes = [1, 0] gather_axis = 0 root = [1, 0] "
                              ": (tensor<?x2xf32>) -> tensor<?x2xf32>")
     rows = [[torch.full((n, 2), float(r))] for r, n in enumerate([1, 0, 3, 2])]
+    d = "tensor<?x4xf32>"
+    dynamic = (f"shard.grid @g(shape = 2x2)\n"
+               f"func.func @main(%x: {d}) -> ({d}, tensor<?x8xf32>, tensor<?x2xf32>, {d}) {{\n"
+               f"  %a = shard.all_reduce %x on @g grid_axes = [1, 0] reduction = average : {d} -> {d}\n"
+               f"  %b = shard.all_gather %x on @g grid_axes = [0] gather_axis = 1 : {d} -> tensor<?x8xf32>\n"
+               f"  %c = shard.all_to_all %x on @g grid_axes = [1] split_axis = 1 concat_axis = 0 "
+               f": {d} -> tensor<?x2xf32>\n"
+               f"  %e = shard.shift %x on @g grid_axes = [0, 1] shift_axis = 1 offset = 1 rotate : {d} -> {d}\n"
+               f"  func.return %a, %b, %c, %e : {d}, tensor<?x8xf32>, tensor<?x2xf32>, {d}\n}}\n")
+    threes = [[torch.from_numpy(rng.integers(-9, 10, (3, 4)).astype(np.float32))] for _ in range(4)]
     return [
         ("update_halo", halo, ints),
         ("send_recv", SEND_RECV, [[torch.full((3,), float(r))] for r in range(4)]),
@@ -694,6 +704,7 @@ def special_programs() -> list[tuple[str, str, list[list[torch.Tensor]]]]:
         ("generic", generic, floats),
         ("uneven all_gather", uneven, rows),
         ("uneven gather to a root", uneven_to_root, rows),
+        ("dynamic dimensions", dynamic, threes),
     ]
 
 
@@ -729,3 +740,62 @@ def test_reduce_scatter_reads_the_older_scatter_dim_spelling() -> None:
     assert "scatter_dim" not in printed and "scatter_axis = 1" in printed
     assert printed == str(parse_module(case.text)) == str(parse_module(printed))
     check(case, distir.simulate(older, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE))
+
+
+# -- dynamic dimensions other than the gather axis --------------------------------
+
+
+def with_dynamic_dim(text: str, dim: int) -> str:
+    """`text` with dimension `dim` of every 2-D tensor type made dynamic."""
+    def one(m: re.Match) -> str:
+        dims = [m.group(1), m.group(2)]
+        dims[dim] = "?"
+        return f"tensor<{dims[0]}x{dims[1]}x{m.group(3)}>"
+    return re.sub(r"tensor<(\d+)x(\d+)x(\w+)>", one, text)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.data())
+def test_dynamic_dimensions_the_group_does_not_split(case: Case, data) -> None:
+    """A dimension no op splits may be dynamic (`tensor<?x4xf32>`): dist's
+    ops take its size at run time; the results equal the static program's
+    oracle."""
+    params = ast.literal_eval(case.name[case.name.index("{"):case.name.index("}") + 1])
+    split = {params.get("axis"), params.get("split")} - {None}
+    dim = data.draw(st.sampled_from([d for d in (0, 1) if d not in split]))
+    text = with_dynamic_dim(case.text, dim)
+    assert "?" in text
+    check(case, distir.simulate(text, [[torch.from_numpy(x)] for x in case.inputs],
+                                pipeline=PIPELINE))
+
+
+DYNAMIC_REFUSED = {
+    "all_slice": ("%y = shard.all_slice %x on @g grid_axes = [0] slice_axis = 0 : tensor<?x4xf32> -> tensor<?x4xf32>",
+                  "takes tensor<?x4xf32>, dynamic along slice_axis 0; the group splits that dimension"),
+    "scatter": ("%y = shard.scatter %x on @g grid_axes = [0] scatter_axis = 0 root = [0] : (tensor<?x4xf32>) -> tensor<?x4xf32>",
+                "takes tensor<?x4xf32>, dynamic along scatter_axis 0; the group splits that dimension"),
+    "reduce_scatter": ("%y = shard.reduce_scatter %x on @g grid_axes = [0] scatter_axis = 0 : tensor<?x4xf32> -> tensor<?x4xf32>",
+                       "takes tensor<?x4xf32>, dynamic along scatter_axis 0; the group splits that dimension"),
+    "all_to_all": ("%y = shard.all_to_all %x on @g grid_axes = [0] split_axis = 0 concat_axis = 1 : tensor<?x4xf32> -> tensor<?x8xf32>",
+                   "takes tensor<?x4xf32>, dynamic along split_axis 0; the group splits that dimension"),
+    "update_halo": ("%y = shard.update_halo %x on @g split_axes = [[0]] halo_sizes = [1, 1] : tensor<?x4xf32>",
+                    "takes tensor<?x4xf32>, dynamic along split dimension 0; distir needs the size"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(DYNAMIC_REFUSED))
+def test_a_dynamic_dimension_the_group_splits_is_refused(op: str) -> None:
+    body, message = DYNAMIC_REFUSED[op]
+    text = (f"shard.grid @g(shape = 2)\nfunc.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {{\n"
+            f"  {body}\n  func.return %x : tensor<?x4xf32>\n}}\n")
+    with pytest.raises(CompileError, match=re.escape(f"'shard.{op}' at <program>:3:3: {message}")):
+        distir.compile(text, PIPELINE)
+
+
+def test_ranks_with_different_dynamic_sizes_get_a_located_error() -> None:
+    """The dist op the shard op became carries the shard op's location."""
+    t = "tensor<?x4xf32>"
+    text = program((2, 2), t, t, f"shard.all_reduce %x on @g grid_axes = [1, 0] : {t} -> {t}")
+    with pytest.raises(CollectiveMismatchError, match=re.escape(
+            "'dist.all_reduce' at <program>:3:3: ranks pass different input layouts")):
+        distir.simulate(text, [[torch.zeros(3 - r % 2, 4)] for r in range(4)], pipeline=PIPELINE)
