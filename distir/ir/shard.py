@@ -80,6 +80,10 @@ from xdsl.traits import Pure
 
 _INDEX_ATTR = IntegerAttr.constr(IndexTypeConstr)
 
+#: a tensor, or a memref where upstream's ShardToMPI tests pass one
+#: (all_gather, reduce_scatter; xDSL's all_reduce takes both already)
+_TENSOR_OR_MEMREF = TensorType.constr() | MemRefType.constr()
+
 
 @irdl_op_definition
 class AllGatherOp(CollectiveCommunicationOp):
@@ -88,9 +92,9 @@ class AllGatherOp(CollectiveCommunicationOp):
 
     name = "shard.all_gather"
 
-    input = operand_def(TensorType)
+    input = operand_def(_TENSOR_OR_MEMREF)
     gather_axis = prop_def(_INDEX_ATTR)
-    result = result_def(TensorType)
+    result = result_def(_TENSOR_OR_MEMREF)
     traits = traits_def(Pure())
 
     assembly_format = (
@@ -163,12 +167,12 @@ class ReduceScatterOp(CollectiveCommunicationOp):
 
     name = "shard.reduce_scatter"
 
-    input = operand_def(TensorType)
+    input = operand_def(_TENSOR_OR_MEMREF)
     reduction = prop_def(
         ReductionKindAttr, default_value=ReductionKindAttr(ReductionKind.SUM)
     )
     scatter_axis = prop_def(_INDEX_ATTR)
-    result = result_def(TensorType)
+    result = result_def(_TENSOR_OR_MEMREF)
     traits = traits_def(Pure())
 
     assembly_format = (

@@ -35,12 +35,14 @@ from xdsl.dialects.builtin import (
     IndexType,
     IntegerAttr,
     IntegerType,
+    MemRefType,
     ModuleOp,
+    NoneAttr,
     SymbolRefAttr,
     TensorType,
     i64,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import DiagnosticException
@@ -185,6 +187,9 @@ class _Converter:
 
     def run(self) -> None:
         self.read_grids()
+        for function in list(self.module.walk()):
+            if isinstance(function, func.FuncOp) and not function.is_declaration:
+                _memrefs_as_values(function)
         for op in list(self.module.walk()):
             if op.dialect_name() != "shard" or isinstance(op, shard.GridOp):
                 continue
@@ -222,6 +227,78 @@ class _Converter:
         for old, new in zip(op.results, results, strict=True):
             old.replace_all_uses_with(new)
         Rewriter.erase_op(op)
+
+
+#: the shard ops upstream's tests run on memrefs. Upstream's MPI lowering
+#: gives all_reduce, all_gather and reduce_scatter a fresh buffer and leaves
+#: the input as it was: a value. update_halo writes the destination in place
+#: and returns it, which is a value too while nothing reads the old buffer.
+_MEMREF_OPS = (shard.AllReduceOp, shard.AllGatherOp, shard.ReduceScatterOp, shard.UpdateHaloOp)
+
+_MEMREF_RULE = ("distir runs a memref as a value only where it passes between the "
+                "function's arguments, shard.all_reduce, all_gather, reduce_scatter, "
+                "update_halo and func.return")
+
+
+def _memrefs_as_values(function: func.FuncOp) -> None:
+    """Retype `function`'s memrefs as tensors of the same shape, where that
+    keeps the program's meaning (see `_MEMREF_OPS`); refuse the rest, each
+    refusal naming the op and its location."""
+    values = [*function.args, *(r for op in function.walk() for r in op.results)]
+    memrefs = [v for v in values if isinstance(v.type, MemRefType)]
+    for value in memrefs:
+        _check_memref(function, value)
+    for value in memrefs:
+        t = value.type
+        assert isinstance(t, MemRefType)
+        Rewriter.replace_value_with_new_type(value, TensorType(t.element_type, t.get_shape()))
+    if memrefs:
+        function.update_function_type()
+
+
+def _check_memref(function: func.FuncOp, value: SSAValue) -> None:
+    t = value.type
+    assert isinstance(t, MemRefType)
+    if isinstance(value, BlockArgument):
+        if value.block is not function.body.blocks[0]:
+            raise _fail(value.block.parent_op() or function,
+                        f"takes a memref block argument ({t}); {_MEMREF_RULE}")
+    elif not isinstance(value.owner, _MEMREF_OPS):
+        raise _fail(value.owner, f"defines a memref ({t}); {_MEMREF_RULE}")
+    if not isinstance(t.layout, NoneAttr) or not isinstance(t.memory_space, NoneAttr):
+        owner = value.owner if isinstance(value.owner, Operation) else function
+        raise _fail(owner, f"has {t}, a memref with a layout or memory space; distir "
+                    "reads memrefs as plain row-major values only")
+    for use in value.uses:
+        user = use.operation
+        if isinstance(user, func.ReturnOp) or isinstance(user, _MEMREF_OPS) and use.index == 0:
+            continue
+        raise _fail(user, f"uses a memref ({t}); {_MEMREF_RULE}")
+    for use in value.uses:
+        if isinstance(use.operation, shard.UpdateHaloOp):
+            _check_in_place(use.operation, value)
+
+
+def _check_in_place(op: shard.UpdateHaloOp, buffer: SSAValue) -> None:
+    """Upstream updates the halos in the buffer itself: a read of `buffer`
+    after the op sees the new halos, which a value cannot give, and an unused
+    result means the program meant the write into its caller's buffer, which
+    distir never makes (it does not write inputs)."""
+    block = op.parent_block()
+    for use in buffer.uses:
+        other = use.operation
+        if other is op:
+            continue
+        before = other.parent_block() is block and block is not None and \
+            block.get_operation_index(other) < block.get_operation_index(op)
+        if not before:
+            raise _fail(op, f"updates the halos of {buffer.type} in place, and the buffer is "
+                        f"used again after it (by '{other.name}'); distir reads memrefs as "
+                        "values: use the op's result")
+    if not any(op.result.uses):
+        raise _fail(op, f"updates the halos of {buffer.type} in place and its result is "
+                    "unused; distir computes the update as a new value (it never writes a "
+                    "caller's buffer): use the op's result")
 
 
 class _Builder:

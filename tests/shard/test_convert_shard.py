@@ -593,15 +593,84 @@ def test_the_mlp_example_matches_numpy() -> None:
     assert "the 2x2 grid matches numpy within 1e-5" in run.stdout
 
 
-def test_memrefs_are_refused_by_name(tmp_path) -> None:
+# -- memrefs (the forms of upstream's ShardToMPI tests): values where that is exact --
+
+
+@pytest.mark.parametrize(("op", "params", "grid", "axes"), [
+    ("all_reduce", {"kind": "max", "widen": True}, (2, 2), (0, 1)),
+    ("all_reduce", {"kind": "sum"}, (2, 3), (1,)),
+    ("all_gather", {"axis": 1}, (2, 2), (1, 0)),
+    ("all_gather", {"axis": 0}, (4,), (0,)),
+    ("reduce_scatter", {"kind": "sum", "axis": 0}, (2, 2), (0,)),
+    ("reduce_scatter", {"kind": "min", "axis": 1}, (2, 2), (1, 0)),
+])  # fmt: skip
+def test_memref_forms_compute_what_the_tensor_forms_do(op: str, params, grid, axes) -> None:
+    """Upstream's MPI lowering gives these a fresh buffer and leaves the
+    input as it was: on memrefs they mean what they mean on tensors."""
+    n = prod(grid[a] for a in axes)
+    rng = np.random.default_rng(n)
+    inputs = [rng.integers(-9, 10, (n, 2 * n)).astype(np.float32) for _ in range(prod(grid))]
+    case = make_case(op, grid, axes, params, inputs)
+    text = case.text.replace("tensor<", "memref<")
+    assert "tensor<" not in text
+    check(case, distir.simulate(text, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE))
+
+
+MEMREF_HALO = """
+shard.grid @g(shape = 2x2)
+func.func @main(%x: {t}) -> ({t}, {t}) {{
+  %s = shard.all_reduce %x on @g grid_axes = [0] : {t} -> {t}
+  %y = shard.update_halo %x on @g split_axes = [[0], [1]] halo_sizes = [1, 2, 1, 0] : {t}
+  func.return %y, %s : {t}, {t}
+}}
+"""
+
+
+def test_memref_update_halo_equals_the_tensor_form() -> None:
+    """update_halo writes its memref in place upstream; read only before the
+    op (here by an all_reduce) and through the result, that is a value."""
+    rng = np.random.default_rng(3)
+    inputs = [[torch.from_numpy(rng.integers(-99, 100, (5, 3)).astype(np.int32))] for _ in range(4)]
+    as_memref = distir.simulate(MEMREF_HALO.format(t="memref<5x3xi32>"), inputs, pipeline=PIPELINE)
+    as_tensor = distir.simulate(MEMREF_HALO.format(t="tensor<5x3xi32>"), inputs, pipeline=PIPELINE)
+    for r in range(4):
+        for got, want in zip(as_memref[r], as_tensor[r]):
+            assert torch.equal(got, want), f"process {r}"
+    assert not torch.equal(as_tensor[0][0], inputs[0][0])  # the halos did change
+
+
+MEMREF_REFUSED = {
+    "read after an in-place update": (
+        "%y = shard.update_halo %x on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
+        "  %z = shard.all_reduce %x on @g grid_axes = [0] : memref<4xf32> -> memref<4xf32>",
+        "'shard.update_halo' at {f}:3:3: updates the halos of memref<4xf32> in place, and the "
+        "buffer is used again after it (by 'shard.all_reduce')"),
+    "another op on a memref": (
+        "%y = func.call @main(%x) : (memref<4xf32>) -> memref<4xf32>",
+        "'func.call' at {f}:3:3: uses a memref (memref<4xf32>); distir runs a memref as a value only"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MEMREF_REFUSED))
+def test_memref_forms_that_are_not_values_are_refused(name: str, tmp_path) -> None:
+    body, message = MEMREF_REFUSED[name]
     path = tmp_path / "prog.mlir"
     path.write_text("shard.grid @g(shape = 2)\n"
-                    "func.func @main(%m: memref<4xf32>) -> memref<4xf32> {\n"
-                    "  %h = shard.update_halo %m on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
-                    "  func.return %h : memref<4xf32>\n}\n")
+                    "func.func @main(%x: memref<4xf32>) -> memref<4xf32> {\n"
+                    f"  {body}\n  func.return %y : memref<4xf32>\n}}\n")
+    with pytest.raises(CompileError, match=re.escape(message.format(f=path))):
+        distir.compile(path, PIPELINE)
+
+
+def test_an_unused_in_place_update_is_refused(tmp_path) -> None:
+    path = tmp_path / "prog.mlir"
+    path.write_text("shard.grid @g(shape = 2)\n"
+                    "func.func @main(%x: memref<4xf32>) {\n"
+                    "  %y = shard.update_halo %x on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
+                    "  func.return\n}\n")
     with pytest.raises(CompileError, match=re.escape(
-            "'shard.update_halo' at " + str(path) + ":3:3: takes memref<4xf32>; distir converts "
-            "tensors")):
+            f"'shard.update_halo' at {path}:3:3: updates the halos of memref<4xf32> in place and "
+            "its result is unused")):
         distir.compile(path, PIPELINE)
 
 
