@@ -868,3 +868,17 @@ def test_ranks_with_different_dynamic_sizes_get_a_located_error() -> None:
     with pytest.raises(CollectiveMismatchError, match=re.escape(
             "'dist.all_reduce' at <program>:3:3: ranks pass different input layouts")):
         distir.simulate(text, [[torch.zeros(3 - r % 2, 4)] for r in range(4)], pipeline=PIPELINE)
+
+
+def test_the_memref_forms_file_equals_its_tensor_form() -> None:
+    """docs/shard.md converts this file; its memref forms compute what the
+    same program on tensors does (held to the oracle above)."""
+    text = (Path(__file__).parent / "memref_forms.mlir").read_text()
+    rng = np.random.default_rng(5)
+    inputs = [[torch.from_numpy(rng.integers(-9, 10, (4, 3)).astype(np.float32))] for _ in range(4)]
+    as_memref = distir.simulate(text, inputs, pipeline=PIPELINE)
+    as_tensor = distir.simulate(text.replace("memref<", "tensor<"), inputs, pipeline=PIPELINE)
+    for r in range(4):
+        assert len(as_memref[r]) == 3
+        for got, want in zip(as_memref[r], as_tensor[r]):
+            assert torch.equal(got, want), f"process {r}"
