@@ -18,6 +18,11 @@ communication op becomes the dist ops with the same meaning, and each index
 op arithmetic on the process's rank; docs/shard.md lists them op by op, with
 what is refused and why (each refusal an error naming the op and its
 location).
+
+Shapes may be dynamic except along a dimension the group cuts into equal
+pieces (dist's ops take sizes at run time). Memrefs, as upstream's
+ShardToMPI tests pass them, become tensors first where a value means the
+same as upstream's buffer (`_memrefs_as_values`).
 """
 
 from __future__ import annotations
