@@ -88,6 +88,25 @@ def parse_program(text: str, filename: str):
         raise CompileError(f"{filename}: {e}") from None
 
 
+def input_function(module, request: RunRequest):
+    """The entry function whose arguments a run takes: the program as
+    written (whose ops say what synthesised inputs must keep), unless the
+    pipeline changes their types (convert-shard-to-dist runs a memref
+    argument as a tensor); then the converted one."""
+    from distir.ir.parsing import make_context
+    from distir.passes import apply_pipeline
+    from distir.runtime.planning import entry_function
+
+    function = entry_function(module, request.entry)
+    if not request.pipeline:
+        return function
+    lowered = module.clone()
+    apply_pipeline(make_context(), lowered, request.pipeline)
+    converted = entry_function(lowered, request.entry)
+    same = converted.function_type.inputs == function.function_type.inputs
+    return function if same else converted
+
+
 # Before any rank starts -----------------------------------------------------------------
 
 
@@ -127,7 +146,6 @@ def check_program(request: RunRequest, nproc: int) -> None:
         check_world_size(module, nproc, request.entry)
     import distir
     from distir.runtime.inputs import MAX_SEED, check_inputs_file
-    from distir.runtime.planning import entry_function
 
     program = distir.compile(
         module, request.pipeline, entry=request.entry, deadline=request.deadline
@@ -135,7 +153,7 @@ def check_program(request: RunRequest, nproc: int) -> None:
     check_world_size(program.module, nproc, request.entry)  # what the passes assumed
     _check_point_to_point(program.module, request.entry, nproc)
     if request.inputs:
-        check_inputs_file(request.inputs, entry_function(module, request.entry), nproc)
+        check_inputs_file(request.inputs, input_function(module, request), nproc)
     elif request.seed > MAX_SEED:
         raise DistirError(f"--random-inputs {request.seed}: the seed must be at most {MAX_SEED}")
 
@@ -184,7 +202,6 @@ def run_rank(request: RunRequest, rank: int, world_size: int, joining: bool = Fa
     import distir
     from distir.errors import DistirError, one_line
     from distir.runtime import elastic
-    from distir.runtime.planning import entry_function
 
     module = parse_program(request.source, request.filename)
     recovered: list[str] = []
@@ -195,12 +212,12 @@ def run_rank(request: RunRequest, rank: int, world_size: int, joining: bool = Fa
             f"joined: epoch {m.epoch}, rank {m.rank} of {m.size} ({rank_list(m.ranks)}), "
             f"from run #{m.completed}"
         )
-        inputs = _rank_inputs(request, entry_function(module, request.entry), m.rank, m.size)
+        inputs = _rank_inputs(request, input_function(module, request), m.rank, m.size)
     else:
         m = distir.membership()
         error = None
         try:
-            inputs = _rank_inputs(request, entry_function(module, request.entry), rank, world_size)
+            inputs = _rank_inputs(request, input_function(module, request), rank, world_size)
         except DistirError as e:
             error = str(e)
         except Exception as e:
@@ -228,7 +245,7 @@ def run_rank(request: RunRequest, rank: int, world_size: int, joining: bool = Fa
                 grown = elastic.grow([], deadline=request.deadline + 10.0, progress=done)
                 if grown.epoch != m.epoch:
                     m, group = grown, grown.group
-                    fn = entry_function(module, request.entry)
+                    fn = input_function(module, request)
                     inputs = _rank_inputs(request, fn, m.rank, m.size)
                     recovered.append(
                         f"grown: epoch {m.epoch}, rank {m.rank} of {m.size} "
@@ -241,7 +258,7 @@ def run_rank(request: RunRequest, rank: int, world_size: int, joining: bool = Fa
             # finish the runs on them.
             m = distir.recover(deadline=request.deadline + 10.0, progress=done)
             group, done = m.group, m.completed
-            inputs = _rank_inputs(request, entry_function(module, request.entry), m.rank, m.size)
+            inputs = _rank_inputs(request, input_function(module, request), m.rank, m.size)
             recovered.append(
                 f"recovered: epoch {m.epoch}, rank {m.rank} of {m.size} "
                 f"({rank_list(m.ranks)}; lost {rank_list(m.lost)})"

@@ -67,9 +67,22 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
+from xdsl.irdl.declarative_assembly_format import (
+    AttributeVariable,
+    CustomDirective,
+    ParsingState,
+    PrintingState,
+    irdl_custom_directive,
+)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
 from xdsl.traits import Pure
 
 _INDEX_ATTR = IntegerAttr.constr(IndexTypeConstr)
+
+#: a tensor, or a memref where upstream's ShardToMPI tests pass one
+#: (all_gather, reduce_scatter; xDSL's all_reduce takes both already)
+_TENSOR_OR_MEMREF = TensorType.constr() | MemRefType.constr()
 
 
 @irdl_op_definition
@@ -79,9 +92,9 @@ class AllGatherOp(CollectiveCommunicationOp):
 
     name = "shard.all_gather"
 
-    input = operand_def(TensorType)
+    input = operand_def(_TENSOR_OR_MEMREF)
     gather_axis = prop_def(_INDEX_ATTR)
-    result = result_def(TensorType)
+    result = result_def(_TENSOR_OR_MEMREF)
     traits = traits_def(Pure())
 
     assembly_format = (
@@ -128,6 +141,25 @@ class AllToAllOp(CollectiveCommunicationOp):
     )
 
 
+@irdl_custom_directive
+class ScatterAxis(CustomDirective):
+    """`scatter_axis = N`, also read in the older spelling `scatter_dim = N`
+    (upstream's ShardToMPI tests still write it); printed as `scatter_axis`."""
+
+    axis: AttributeVariable
+
+    def parse(self, parser: Parser, state: ParsingState) -> None:
+        parser.parse_keyword_in(("scatter_axis", "scatter_dim"))
+        parser.parse_punctuation("=")
+        self.axis.set(state, IntegerAttr(parser.parse_integer(allow_boolean=False), IndexType()))
+
+    def print(self, printer: Printer, state: PrintingState, op: IRDLOperation) -> None:
+        state.print_whitespace(printer)
+        axis = self.axis.get(op)
+        assert isinstance(axis, IntegerAttr)
+        printer.print_string(f"scatter_axis = {axis.value.data}")
+
+
 @irdl_op_definition
 class ReduceScatterOp(CollectiveCommunicationOp):
     """Reduces the group's tensors elementwise, then gives member j the j-th
@@ -135,18 +167,19 @@ class ReduceScatterOp(CollectiveCommunicationOp):
 
     name = "shard.reduce_scatter"
 
-    input = operand_def(TensorType)
+    input = operand_def(_TENSOR_OR_MEMREF)
     reduction = prop_def(
         ReductionKindAttr, default_value=ReductionKindAttr(ReductionKind.SUM)
     )
     scatter_axis = prop_def(_INDEX_ATTR)
-    result = result_def(TensorType)
+    result = result_def(_TENSOR_OR_MEMREF)
     traits = traits_def(Pure())
 
     assembly_format = (
         "$input `on` $grid (`grid_axes` `=` $grid_axes^)? (`reduction` `=` $reduction^)? "
-        "`scatter_axis` `=` $scatter_axis attr-dict `:` type($input) `->` type($result)"
+        "custom<ScatterAxis>($scatter_axis) attr-dict `:` type($input) `->` type($result)"
     )
+    custom_directives = (ScatterAxis,)
 
 
 @irdl_op_definition

@@ -18,6 +18,11 @@ communication op becomes the dist ops with the same meaning, and each index
 op arithmetic on the process's rank; docs/shard.md lists them op by op, with
 what is refused and why (each refusal an error naming the op and its
 location).
+
+Shapes may be dynamic except along a dimension the group cuts into equal
+pieces (dist's ops take sizes at run time). Memrefs, as upstream's
+ShardToMPI tests pass them, become tensors first where a value means the
+same as upstream's buffer (`_memrefs_as_values`).
 """
 
 from __future__ import annotations
@@ -31,15 +36,18 @@ from xdsl.dialects import arith, func, tensor
 from xdsl.dialects.builtin import (
     AnyFloat,
     DenseIntOrFPElementsAttr,
+    FloatAttr,
     IndexType,
     IntegerAttr,
     IntegerType,
+    MemRefType,
     ModuleOp,
+    NoneAttr,
     SymbolRefAttr,
     TensorType,
     i64,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.utils.exceptions import DiagnosticException
@@ -184,6 +192,9 @@ class _Converter:
 
     def run(self) -> None:
         self.read_grids()
+        for function in list(self.module.walk()):
+            if isinstance(function, func.FuncOp) and not function.is_declaration:
+                _memrefs_as_values(function)
         for op in list(self.module.walk()):
             if op.dialect_name() != "shard" or isinstance(op, shard.GridOp):
                 continue
@@ -223,6 +234,78 @@ class _Converter:
         Rewriter.erase_op(op)
 
 
+#: the shard ops upstream's tests run on memrefs. Upstream's MPI lowering
+#: gives all_reduce, all_gather and reduce_scatter a fresh buffer and leaves
+#: the input as it was: a value. update_halo writes the destination in place
+#: and returns it, which is a value too while nothing reads the old buffer.
+_MEMREF_OPS = (shard.AllReduceOp, shard.AllGatherOp, shard.ReduceScatterOp, shard.UpdateHaloOp)
+
+_MEMREF_RULE = ("distir runs a memref as a value only where it passes between the "
+                "function's arguments, shard.all_reduce, all_gather, reduce_scatter, "
+                "update_halo and func.return")
+
+
+def _memrefs_as_values(function: func.FuncOp) -> None:
+    """Retype `function`'s memrefs as tensors of the same shape, where that
+    keeps the program's meaning (see `_MEMREF_OPS`); refuse the rest, each
+    refusal naming the op and its location."""
+    values = [*function.args, *(r for op in function.walk() for r in op.results)]
+    memrefs = [v for v in values if isinstance(v.type, MemRefType)]
+    for value in memrefs:
+        _check_memref(function, value)
+    for value in memrefs:
+        t = value.type
+        assert isinstance(t, MemRefType)
+        Rewriter.replace_value_with_new_type(value, TensorType(t.element_type, t.get_shape()))
+    if memrefs:
+        function.update_function_type()
+
+
+def _check_memref(function: func.FuncOp, value: SSAValue) -> None:
+    t = value.type
+    assert isinstance(t, MemRefType)
+    if isinstance(value, BlockArgument):
+        if value.block is not function.body.blocks[0]:
+            raise _fail(value.block.parent_op() or function,
+                        f"takes a memref block argument ({t}); {_MEMREF_RULE}")
+    elif not isinstance(value.owner, _MEMREF_OPS):
+        raise _fail(value.owner, f"defines a memref ({t}); {_MEMREF_RULE}")
+    if not isinstance(t.layout, NoneAttr) or not isinstance(t.memory_space, NoneAttr):
+        owner = value.owner if isinstance(value.owner, Operation) else function
+        raise _fail(owner, f"has {t}, a memref with a layout or memory space; distir "
+                    "reads memrefs as plain row-major values only")
+    for use in value.uses:
+        user = use.operation
+        if isinstance(user, func.ReturnOp) or isinstance(user, _MEMREF_OPS) and use.index == 0:
+            continue
+        raise _fail(user, f"uses a memref ({t}); {_MEMREF_RULE}")
+    for use in value.uses:
+        if isinstance(use.operation, shard.UpdateHaloOp):
+            _check_in_place(use.operation, value)
+
+
+def _check_in_place(op: shard.UpdateHaloOp, buffer: SSAValue) -> None:
+    """Upstream updates the halos in the buffer itself: a read of `buffer`
+    after the op sees the new halos, which a value cannot give, and an unused
+    result means the program meant the write into its caller's buffer, which
+    distir never makes (it does not write inputs)."""
+    block = op.parent_block()
+    for use in buffer.uses:
+        other = use.operation
+        if other is op:
+            continue
+        before = other.parent_block() is block and block is not None and \
+            block.get_operation_index(other) < block.get_operation_index(op)
+        if not before:
+            raise _fail(op, f"updates the halos of {buffer.type} in place, and the buffer is "
+                        f"used again after it (by '{other.name}'); distir reads memrefs as "
+                        "values: use the op's result")
+    if not any(op.result.uses):
+        raise _fail(op, f"updates the halos of {buffer.type} in place and its result is "
+                    "unused; distir computes the update as a new value (it never writes a "
+                    "caller's buffer): use the op's result")
+
+
 class _Builder:
     """Collects the ops a lowering emits, in order."""
 
@@ -249,9 +332,12 @@ class _Builder:
 
 
 def _tensor(op: Operation, value: SSAValue) -> TensorType:
+    """The op's ranked tensor operand. Its dimensions may be dynamic: dist's
+    ops take the size at run time, and ranks whose sizes differ get dist's
+    named mismatch error; `_static_axis` asks for the ones the group splits."""
     t = value.type
-    if not isinstance(t, TensorType) or any(d < 0 for d in t.get_shape()):
-        raise _fail(op, f"takes {t}; distir converts statically shaped tensors only")
+    if not isinstance(t, TensorType):
+        raise _fail(op, f"takes {t}; distir converts tensors (and memrefs used as values)")
     return t
 
 
@@ -262,11 +348,25 @@ def _axis(op: Operation, prop: str, t: TensorType) -> int:
     return axis
 
 
+def _static_axis(op: Operation, prop: str, t: TensorType) -> int:
+    """`_axis`, for a dimension the group splits into equal pieces: its size
+    must be known when converting, to check it divides and to cut it."""
+    axis = _axis(op, prop, t)
+    if t.get_shape()[axis] < 0:
+        raise _fail(op, f"takes {t}, dynamic along {prop} {axis}; the group splits that "
+                    "dimension into equal pieces, so distir needs its size when converting")
+    return axis
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join("?" if d < 0 else str(d) for d in shape)
+
+
 def _check_result(op: Operation, expected: Sequence[int], element: Attribute | None = None) -> None:
     t = op.results[0].type
     if not isinstance(t, TensorType) or tuple(t.get_shape()) != tuple(expected):
         raise _fail(op, f"result type {t} disagrees with the group: expected shape "
-                    f"{'x'.join(map(str, expected))}")
+                    f"{_dims(expected)}")
     if element is not None and t.element_type != element:
         raise _fail(op, f"result element type {t.element_type} differs from the input's {element}")
 
@@ -299,11 +399,17 @@ def _divide_by(b: _Builder, value: SSAValue, n: int) -> SSAValue:
     t = value.type
     assert isinstance(t, TensorType)
     e = t.element_type
-    if isinstance(e, AnyFloat):
-        divisor = b.value(arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [float(n)])))
-        return b.value(arith.DivfOp(value, divisor))
-    divisor = b.value(arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [n])))
-    return b.value(arith.DivSIOp(value, divisor))
+    floating = isinstance(e, AnyFloat)
+    if t.has_static_shape():
+        divisor = b.value(arith.ConstantOp(
+            DenseIntOrFPElementsAttr.from_list(t, [float(n) if floating else n])))
+    else:  # a splat of the scalar, sized like `value`
+        scalar = b.value(arith.ConstantOp(
+            FloatAttr(float(n), e) if floating else IntegerAttr(n, e)))  # type: ignore[arg-type]
+        sizes = [b.value(tensor.DimOp(value, b.index(d)))
+                 for d, size in enumerate(t.get_shape()) if size < 0]
+        divisor = b.value(tensor.SplatOp(scalar, sizes, t))
+    return b.value((arith.DivfOp if floating else arith.DivSIOp)(value, divisor))
 
 
 @dataclass(frozen=True)
@@ -397,9 +503,12 @@ def _slice(b: _Builder, value: SSAValue, axis: int, offset: int | SSAValue, size
     shape = list(t.get_shape())
     offsets: list[int | SSAValue] = [0] * len(shape)
     offsets[axis] = offset
-    sizes = shape.copy()
-    sizes[axis] = size
-    result = TensorType(t.element_type, sizes)
+    # a dynamic dimension other than `axis` is taken whole: its size at run time
+    sizes: list[int | SSAValue] = [
+        size if d == axis else b.value(tensor.DimOp(value, b.index(d))) if n < 0 else n
+        for d, n in enumerate(shape)
+    ]
+    result = TensorType(t.element_type, [size if d == axis else n for d, n in enumerate(shape)])
     return b.value(tensor.ExtractSliceOp(value, offsets, sizes, [1] * len(shape), result))
 
 
@@ -427,7 +536,8 @@ def _concat(b: _Builder, values: Sequence[SSAValue], axis: int) -> SSAValue:
     first = values[0].type
     assert isinstance(first, TensorType)
     shape = list(first.get_shape())
-    shape[axis] = sum(v.type.get_shape()[axis] for v in values)  # type: ignore[attr-defined]
+    lengths = [v.type.get_shape()[axis] for v in values]  # type: ignore[attr-defined]
+    shape[axis] = DYNAMIC if any(n < 0 for n in lengths) else sum(lengths)
     return b.value(tensor.ConcatOp(list(values), axis, TensorType(first.element_type, shape)))
 
 
@@ -490,10 +600,9 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     ascending order, the pieces are put back in the listed order by offsets
     computed from the counts."""
     shape = t.get_shape()
-    if any(d < 0 for i, d in enumerate(shape) if i != axis):
-        raise _fail(op, f"takes {t}; distir gathers tensors dynamic along the gather axis only")
+    root = None
     if isinstance(op, shard.GatherOp):
-        _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
+        root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     result = op.result.type
     if not isinstance(result, TensorType) or result.element_type != t.element_type or [
         d for i, d in enumerate(result.get_shape()) if i != axis
@@ -508,7 +617,11 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     mine = b.value(tensor.FromElementsOp(b.value(arith.IndexCastOp(length, i64)),
                                          result_type=TensorType(i64, [1])))
     counts = b.value(AllGatherOp(mine, TensorType(i64, [n]), axis=0, group=group))
-    gathered = b.value(AllGatherOp(op.input, result, axis=axis, counts=counts, group=group))
+    if isinstance(root, int):  # to a static root: an uneven dist.gather (zeros elsewhere)
+        gathered = b.value(DistGatherOp(op.input, result, root=root, axis=axis, counts=counts,
+                                        group=group))
+    else:
+        gathered = b.value(AllGatherOp(op.input, result, axis=axis, counts=counts, group=group))
     order = grid.listed_order(axes)
     if list(order) == list(range(n)):
         return gathered
@@ -523,7 +636,9 @@ def _uneven_gather(c: _Converter, op: shard.AllGatherOp | shard.GatherOp, b: _Bu
     pieces = []
     for r in _inverse(order):  # shard index j is dist rank inverse[j]'s piece
         starts: list[int | SSAValue] = [0] * len(shape)
-        lengths: list[int | SSAValue] = list(shape)
+        lengths: list[int | SSAValue] = [
+            b.value(tensor.DimOp(gathered, b.index(d))) if n < 0 else n for d, n in enumerate(shape)
+        ]
         starts[axis], lengths[axis] = offsets[r], sizes[r]
         pieces.append(b.value(tensor.ExtractSliceOp(gathered, starts, lengths, [1] * len(shape), result)))
     return b.value(tensor.ConcatOp(pieces, axis, result))
@@ -564,7 +679,7 @@ def _all_slice(c: _Converter, op: shard.AllSliceOp, b: _Builder) -> list[SSAValu
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    axis = _axis(op, "slice_axis", t)
+    axis = _static_axis(op, "slice_axis", t)
     result = _slice_of_rank(c, op, b, op.input, grid, axes, axis)
     _check_result(op, result.type.get_shape(), t.element_type)  # type: ignore[attr-defined]
     return [result]
@@ -574,7 +689,7 @@ def _scatter(c: _Converter, op: shard.ScatterOp, b: _Builder) -> list[SSAValue]:
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    axis = _axis(op, "scatter_axis", t)
+    axis = _static_axis(op, "scatter_axis", t)
     root = _in_group_rank(b, c, op, grid, axes, op.root.get_values(), op.root_dynamic, "root")
     if axes and isinstance(root, int):
         # dist.scatter gives dist rank r piece r: put piece listed_order[r] there
@@ -611,7 +726,7 @@ def _reduce_scatter(c: _Converter, op: shard.ReduceScatterOp, b: _Builder) -> li
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    axis = _axis(op, "scatter_axis", t)
+    axis = _static_axis(op, "scatter_axis", t)
     n = _group_size(grid, axes)
     shape = list(t.get_shape())
     if shape[axis] % n:
@@ -638,7 +753,7 @@ def _all_to_all(c: _Converter, op: shard.AllToAllOp, b: _Builder) -> list[SSAVal
     grid = c.grid_of(op)
     axes = c.axes_of(op, grid)
     t = _tensor(op, op.input)
-    split = _axis(op, "split_axis", t)
+    split = _static_axis(op, "split_axis", t)
     concat = _axis(op, "concat_axis", t)
     n = _group_size(grid, axes)
     shape = list(t.get_shape())
@@ -648,33 +763,22 @@ def _all_to_all(c: _Converter, op: shard.AllToAllOp, b: _Builder) -> list[SSAVal
     piece = shape.copy()
     piece[split] //= n
     out = piece.copy()
-    out[concat] *= n
+    out[concat] = out[concat] * n if out[concat] >= 0 else DYNAMIC
     _check_result(op, out, t.element_type)
     if n == 1:
         return [op.input]
-    # Stack the n pieces along a new leading axis, exchange one row per rank,
-    # then lay the received pieces side by side along concat_axis.
-    stacked_piece = TensorType(t.element_type, [1, *piece])
+    # Send block r of the split axis to dist rank r (whose shard index is
+    # order[r]), every block the same size; the blocks arrive in dist rank
+    # order along the split axis, and are laid side by side along
+    # concat_axis in shard index order.
     order = grid.listed_order(axes)
-    rows = []
-    for j in order:  # row r goes to dist rank r, whose shard index is order[r]
-        p = _slice(b, op.input, split, j * piece[split], piece[split])
-        rows.append(_reshape(b, p, stacked_piece))
-    stacked = _concat(b, rows, 0)
-    ones = b.i64_tensor([1] * n)
-    exchange = VariableAllToAllOp(stacked, ones, stacked.type, axis=0,  # type: ignore[arg-type]
-                                  group=c.group(grid, axes))
+    blocks = _permute(b, op.input, split, order)
+    counts = b.i64_tensor([piece[split]] * n)
+    exchange = VariableAllToAllOp(blocks, counts, t, axis=split, group=c.group(grid, axes))
     received = b.emit(exchange).results[0]
-    pieces = [
-        _reshape(b, _slice(b, received, 0, r, 1), TensorType(t.element_type, piece))
-        for r in _inverse(order)  # shard index j came from dist rank inverse[j]
-    ]
+    pieces = [_slice(b, received, split, r * piece[split], piece[split])
+              for r in _inverse(order)]  # shard index j came from dist rank inverse[j]
     return [_concat(b, pieces, concat)]
-
-
-def _reshape(b: _Builder, value: SSAValue, to: TensorType) -> SSAValue:
-    shape = b.i64_tensor(list(to.get_shape()))
-    return b.value(tensor.ReshapeOp(value, shape, to))
 
 
 def _send(c: _Converter, op: shard.SendOp, b: _Builder) -> list[SSAValue]:
@@ -759,6 +863,9 @@ def _update_halo(c: _Converter, op: shard.UpdateHaloOp, b: _Builder) -> list[SSA
         (axis,) = axes
         low, high = halos[2 * k], halos[2 * k + 1]
         size = t.get_shape()[dim]
+        if size < 0:
+            raise _fail(op, f"takes {t}, dynamic along split dimension {dim}; distir needs "
+                        "the size of a dimension with halos when converting")
         core = size - low - high
         if core < max(low, high) or core <= 0:
             raise _fail(op, f"dimension {dim} of {t} holds {core} rows inside halos of "

@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import distir
-from distir.errors import CompileError
+from distir.errors import CollectiveMismatchError, CompileError
+from distir.ir.parsing import parse_module
 
 PIPELINE = "convert-shard-to-dist"
 
@@ -592,15 +593,84 @@ def test_the_mlp_example_matches_numpy() -> None:
     assert "the 2x2 grid matches numpy within 1e-5" in run.stdout
 
 
-def test_memrefs_are_refused_by_name(tmp_path) -> None:
+# -- memrefs (the forms of upstream's ShardToMPI tests): values where that is exact --
+
+
+@pytest.mark.parametrize(("op", "params", "grid", "axes"), [
+    ("all_reduce", {"kind": "max", "widen": True}, (2, 2), (0, 1)),
+    ("all_reduce", {"kind": "sum"}, (2, 3), (1,)),
+    ("all_gather", {"axis": 1}, (2, 2), (1, 0)),
+    ("all_gather", {"axis": 0}, (4,), (0,)),
+    ("reduce_scatter", {"kind": "sum", "axis": 0}, (2, 2), (0,)),
+    ("reduce_scatter", {"kind": "min", "axis": 1}, (2, 2), (1, 0)),
+])  # fmt: skip
+def test_memref_forms_compute_what_the_tensor_forms_do(op: str, params, grid, axes) -> None:
+    """Upstream's MPI lowering gives these a fresh buffer and leaves the
+    input as it was: on memrefs they mean what they mean on tensors."""
+    n = prod(grid[a] for a in axes)
+    rng = np.random.default_rng(n)
+    inputs = [rng.integers(-9, 10, (n, 2 * n)).astype(np.float32) for _ in range(prod(grid))]
+    case = make_case(op, grid, axes, params, inputs)
+    text = case.text.replace("tensor<", "memref<")
+    assert "tensor<" not in text
+    check(case, distir.simulate(text, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE))
+
+
+MEMREF_HALO = """
+shard.grid @g(shape = 2x2)
+func.func @main(%x: {t}) -> ({t}, {t}) {{
+  %s = shard.all_reduce %x on @g grid_axes = [0] : {t} -> {t}
+  %y = shard.update_halo %x on @g split_axes = [[0], [1]] halo_sizes = [1, 2, 1, 0] : {t}
+  func.return %y, %s : {t}, {t}
+}}
+"""
+
+
+def test_memref_update_halo_equals_the_tensor_form() -> None:
+    """update_halo writes its memref in place upstream; read only before the
+    op (here by an all_reduce) and through the result, that is a value."""
+    rng = np.random.default_rng(3)
+    inputs = [[torch.from_numpy(rng.integers(-99, 100, (5, 3)).astype(np.int32))] for _ in range(4)]
+    as_memref = distir.simulate(MEMREF_HALO.format(t="memref<5x3xi32>"), inputs, pipeline=PIPELINE)
+    as_tensor = distir.simulate(MEMREF_HALO.format(t="tensor<5x3xi32>"), inputs, pipeline=PIPELINE)
+    for r in range(4):
+        for got, want in zip(as_memref[r], as_tensor[r]):
+            assert torch.equal(got, want), f"process {r}"
+    assert not torch.equal(as_tensor[0][0], inputs[0][0])  # the halos did change
+
+
+MEMREF_REFUSED = {
+    "read after an in-place update": (
+        "%y = shard.update_halo %x on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
+        "  %z = shard.all_reduce %x on @g grid_axes = [0] : memref<4xf32> -> memref<4xf32>",
+        "'shard.update_halo' at {f}:3:3: updates the halos of memref<4xf32> in place, and the "
+        "buffer is used again after it (by 'shard.all_reduce')"),
+    "another op on a memref": (
+        "%y = func.call @main(%x) : (memref<4xf32>) -> memref<4xf32>",
+        "'func.call' at {f}:3:3: uses a memref (memref<4xf32>); distir runs a memref as a value only"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MEMREF_REFUSED))
+def test_memref_forms_that_are_not_values_are_refused(name: str, tmp_path) -> None:
+    body, message = MEMREF_REFUSED[name]
     path = tmp_path / "prog.mlir"
     path.write_text("shard.grid @g(shape = 2)\n"
-                    "func.func @main(%m: memref<4xf32>) -> memref<4xf32> {\n"
-                    "  %h = shard.update_halo %m on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
-                    "  func.return %h : memref<4xf32>\n}\n")
+                    "func.func @main(%x: memref<4xf32>) -> memref<4xf32> {\n"
+                    f"  {body}\n  func.return %y : memref<4xf32>\n}}\n")
+    with pytest.raises(CompileError, match=re.escape(message.format(f=path))):
+        distir.compile(path, PIPELINE)
+
+
+def test_an_unused_in_place_update_is_refused(tmp_path) -> None:
+    path = tmp_path / "prog.mlir"
+    path.write_text("shard.grid @g(shape = 2)\n"
+                    "func.func @main(%x: memref<4xf32>) {\n"
+                    "  %y = shard.update_halo %x on @g split_axes = [[0]] halo_sizes = [1, 1] : memref<4xf32>\n"
+                    "  func.return\n}\n")
     with pytest.raises(CompileError, match=re.escape(
-            "'shard.update_halo' at " + str(path) + ":3:3: takes memref<4xf32>; distir converts "
-            "statically shaped tensors only")):
+            f"'shard.update_halo' at {path}:3:3: updates the halos of memref<4xf32> in place and "
+            "its result is unused")):
         distir.compile(path, PIPELINE)
 
 
@@ -649,7 +719,8 @@ def test_uneven_gathers(grid_axes, data) -> None:
     root = [grid[a] - 1 for a in axes]
     inputs = [np.full((n, 2), float(r), np.float32) + np.arange(n, dtype=np.float32)[:, None] / 8
               for r, n in enumerate(lengths)]
-    t = "tensor<?x2xf32>"
+    # the other dimension dynamic too: taken whole where pieces are reordered
+    t = "tensor<?x?xf32>" if data.draw(st.booleans()) else "tensor<?x2xf32>"
     op = (f"shard.gather %x on @g {axes_text(axes)} gather_axis = 0 root = {root} : ({t}) -> {t}"
           if gather else f"shard.all_gather %x on @g {axes_text(axes)} gather_axis = 0 : {t} -> {t}")
     text = program(grid, t, t, op)
@@ -682,13 +753,28 @@ def special_programs() -> list[tuple[str, str, list[list[torch.Tensor]]]]:
     uneven = program((2, 2), "tensor<?x2xf32>", "tensor<?x2xf32>",
                      "shard.all_gather %x on @g grid_axes = [1, 0] gather_axis = 0 "
                      ": tensor<?x2xf32> -> tensor<?x2xf32>")
+    uneven_to_root = program((2, 2), "tensor<?x2xf32>", "tensor<?x2xf32>",
+                             "shard.gather %x on @g grid_axes = [1, 0] gather_axis = 0 root = [1, 0] "
+                             ": (tensor<?x2xf32>) -> tensor<?x2xf32>")
     rows = [[torch.full((n, 2), float(r))] for r, n in enumerate([1, 0, 3, 2])]
+    d = "tensor<?x4xf32>"
+    dynamic = (f"shard.grid @g(shape = 2x2)\n"
+               f"func.func @main(%x: {d}) -> ({d}, tensor<?x8xf32>, tensor<?x2xf32>, {d}) {{\n"
+               f"  %a = shard.all_reduce %x on @g grid_axes = [1, 0] reduction = average : {d} -> {d}\n"
+               f"  %b = shard.all_gather %x on @g grid_axes = [0] gather_axis = 1 : {d} -> tensor<?x8xf32>\n"
+               f"  %c = shard.all_to_all %x on @g grid_axes = [1] split_axis = 1 concat_axis = 0 "
+               f": {d} -> tensor<?x2xf32>\n"
+               f"  %e = shard.shift %x on @g grid_axes = [0, 1] shift_axis = 1 offset = 1 rotate : {d} -> {d}\n"
+               f"  func.return %a, %b, %c, %e : {d}, tensor<?x8xf32>, tensor<?x2xf32>, {d}\n}}\n")
+    threes = [[torch.from_numpy(rng.integers(-9, 10, (3, 4)).astype(np.float32))] for _ in range(4)]
     return [
         ("update_halo", halo, ints),
         ("send_recv", SEND_RECV, [[torch.full((3,), float(r))] for r in range(4)]),
         ("index ops", index, devices),
         ("generic", generic, floats),
         ("uneven all_gather", uneven, rows),
+        ("uneven gather to a root", uneven_to_root, rows),
+        ("dynamic dimensions", dynamic, threes),
     ]
 
 
@@ -709,3 +795,110 @@ def test_listed_programs_on_gloo_ranks_equal_the_simulator() -> None:
             assert len(got) == len(want), name
             for g, w in zip(got, want):
                 assert torch.equal(torch.as_tensor(g), torch.as_tensor(w)), f"{name}, rank {rank}"
+
+
+def test_reduce_scatter_reads_the_older_scatter_dim_spelling() -> None:
+    """`scatter_dim = N` (upstream's ShardToMPI tests) reads as `scatter_axis
+    = N`, prints in the canonical spelling, and computes the same."""
+    grid, axes = (2, 2), (1, 0)
+    rng = np.random.default_rng(7)
+    inputs = [rng.integers(-9, 10, (2, 8)).astype(np.float32) for _ in range(4)]
+    case = make_case("reduce_scatter", grid, axes, {"kind": "max", "axis": 1}, inputs)
+    older = case.text.replace("scatter_axis", "scatter_dim")
+    assert "scatter_dim = 1" in older
+    printed = str(parse_module(older))
+    assert "scatter_dim" not in printed and "scatter_axis = 1" in printed
+    assert printed == str(parse_module(case.text)) == str(parse_module(printed))
+    check(case, distir.simulate(older, [[torch.from_numpy(x)] for x in inputs], pipeline=PIPELINE))
+
+
+# -- dynamic dimensions other than the gather axis --------------------------------
+
+
+def with_dynamic_dim(text: str, dim: int) -> str:
+    """`text` with dimension `dim` of every 2-D tensor type made dynamic."""
+    def one(m: re.Match) -> str:
+        dims = [m.group(1), m.group(2)]
+        dims[dim] = "?"
+        return f"tensor<{dims[0]}x{dims[1]}x{m.group(3)}>"
+    return re.sub(r"tensor<(\d+)x(\d+)x(\w+)>", one, text)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.data())
+def test_dynamic_dimensions_the_group_does_not_split(case: Case, data) -> None:
+    """A dimension no op splits may be dynamic (`tensor<?x4xf32>`): dist's
+    ops take its size at run time; the results equal the static program's
+    oracle."""
+    params = ast.literal_eval(case.name[case.name.index("{"):case.name.index("}") + 1])
+    split = {params.get("axis"), params.get("split")} - {None}
+    dim = data.draw(st.sampled_from([d for d in (0, 1) if d not in split]))
+    text = with_dynamic_dim(case.text, dim)
+    assert "?" in text
+    check(case, distir.simulate(text, [[torch.from_numpy(x)] for x in case.inputs],
+                                pipeline=PIPELINE))
+
+
+DYNAMIC_REFUSED = {
+    "all_slice": ("%y = shard.all_slice %x on @g grid_axes = [0] slice_axis = 0 : tensor<?x4xf32> -> tensor<?x4xf32>",
+                  "takes tensor<?x4xf32>, dynamic along slice_axis 0; the group splits that dimension"),
+    "scatter": ("%y = shard.scatter %x on @g grid_axes = [0] scatter_axis = 0 root = [0] : (tensor<?x4xf32>) -> tensor<?x4xf32>",
+                "takes tensor<?x4xf32>, dynamic along scatter_axis 0; the group splits that dimension"),
+    "reduce_scatter": ("%y = shard.reduce_scatter %x on @g grid_axes = [0] scatter_axis = 0 : tensor<?x4xf32> -> tensor<?x4xf32>",
+                       "takes tensor<?x4xf32>, dynamic along scatter_axis 0; the group splits that dimension"),
+    "all_to_all": ("%y = shard.all_to_all %x on @g grid_axes = [0] split_axis = 0 concat_axis = 1 : tensor<?x4xf32> -> tensor<?x8xf32>",
+                   "takes tensor<?x4xf32>, dynamic along split_axis 0; the group splits that dimension"),
+    "update_halo": ("%y = shard.update_halo %x on @g split_axes = [[0]] halo_sizes = [1, 1] : tensor<?x4xf32>",
+                    "takes tensor<?x4xf32>, dynamic along split dimension 0; distir needs the size"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(DYNAMIC_REFUSED))
+def test_a_dynamic_dimension_the_group_splits_is_refused(op: str) -> None:
+    body, message = DYNAMIC_REFUSED[op]
+    text = (f"shard.grid @g(shape = 2)\nfunc.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {{\n"
+            f"  {body}\n  func.return %x : tensor<?x4xf32>\n}}\n")
+    with pytest.raises(CompileError, match=re.escape(f"'shard.{op}' at <program>:3:3: {message}")):
+        distir.compile(text, PIPELINE)
+
+
+def test_ranks_with_different_dynamic_sizes_get_a_located_error() -> None:
+    """The dist op the shard op became carries the shard op's location."""
+    t = "tensor<?x4xf32>"
+    text = program((2, 2), t, t, f"shard.all_reduce %x on @g grid_axes = [1, 0] : {t} -> {t}")
+    with pytest.raises(CollectiveMismatchError, match=re.escape(
+            "'dist.all_reduce' at <program>:3:3: ranks pass different input layouts")):
+        distir.simulate(text, [[torch.zeros(3 - r % 2, 4)] for r in range(4)], pipeline=PIPELINE)
+
+
+def test_the_memref_forms_file_equals_its_tensor_form() -> None:
+    """docs/shard.md converts this file; its memref forms compute what the
+    same program on tensors does (held to the oracle above)."""
+    text = (Path(__file__).parent / "memref_forms.mlir").read_text()
+    rng = np.random.default_rng(5)
+    inputs = [[torch.from_numpy(rng.integers(-9, 10, (4, 3)).astype(np.float32))] for _ in range(4)]
+    as_memref = distir.simulate(text, inputs, pipeline=PIPELINE)
+    as_tensor = distir.simulate(text.replace("memref<", "tensor<"), inputs, pipeline=PIPELINE)
+    for r in range(4):
+        assert len(as_memref[r]) == 3
+        for got, want in zip(as_memref[r], as_tensor[r]):
+            assert torch.equal(got, want), f"process {r}"
+
+
+@pytest.mark.multirank
+def test_distir_run_takes_the_converted_arguments_of_a_memref_program(tmp_path) -> None:
+    """distir-run synthesises inputs for what the converted function takes:
+    the memref program prints what the same program on tensors prints."""
+    root = Path(__file__).resolve().parents[2]
+    memref = Path(__file__).parent / "memref_forms.mlir"
+    tensor_form = tmp_path / "tensor_forms.mlir"
+    tensor_form.write_text(memref.read_text().replace("memref<", "tensor<"))
+
+    def results(path: Path) -> list[str]:
+        run = subprocess.run([sys.executable, "-m", "distir.cli.run", str(path), "--nproc", "4",
+                              "-p", PIPELINE], capture_output=True, text=True, timeout=180, cwd=root)
+        assert run.returncode == 0, run.stderr
+        return [line for line in run.stdout.splitlines() if "result #" in line]
+
+    got = results(memref)
+    assert len(got) == 12 and got == results(tensor_form)
