@@ -298,9 +298,16 @@ def _replication(
     `dist.rank` decides). Values inside regions count as varying (their ops are
     transposed apart from the replicated ones). A local op that reads a
     replicated value together with a varying one reads it through an
-    implicit pvary: the cotangent it sends back is summed over ranks."""
+    implicit pvary: the cotangent it sends back is summed over ranks.
+
+    A `dist.pvary` whose input the types prove varying is refused
+    (`_varying_over`): the sum over ranks it sends back would count that
+    value's cotangent once per rank on top of its own rule. Its other
+    inputs are checked at run time to be the same on every rank (the
+    agreement compares their digests)."""
     kinds: dict[SSAValue, object] = {}
     as_one: set[Operation] = set()
+    varying = _varying_over(function)
     block = function.body.block
     for i, arg in enumerate(block.args):
         attrs = function.arg_attrs.data[i].data if function.arg_attrs else {}
@@ -313,6 +320,16 @@ def _replication(
                 kinds[r] = ("replicated", getattr(op, "group", None))
             continue
         if isinstance(op, Transposable) and op.SUMS_COTANGENT:
+            origin = varying.get(op.operands[0])
+            if origin is not None:
+                group = _group_key(origin)
+                raise NotDifferentiable(
+                    f"{describe_op(op)}: its input is varying over "
+                    f"{'@' + group if group else 'the world'} (it comes from "
+                    f"{describe_op(origin)}), but pvary's input must be replicated: one "
+                    "value every rank holds. Use the value without pvary (it already "
+                    "varies), or psum it first"
+                )
             kind = kinds.get(op.operands[0])
             if kind is None or kind is _CONSTANT or kind == ("replicated", op.group):  # type: ignore[attr-defined]
                 as_one.add(op)
@@ -336,6 +353,41 @@ def _replication(
         if kind is not _CONSTANT and is_float(v.type)
     }
     return replicated, as_one
+
+
+def _group_key(op: Operation) -> str | None:
+    """The name of `op`'s group (None: the world)."""
+    group = getattr(op, "group", None)
+    return group.root_reference.data if isinstance(group, SymbolRefAttr) else None
+
+
+def _varying_over(function: func.FuncOp) -> dict[SSAValue, Operation]:
+    """The float values of `function`'s body the types prove varying, each
+    with the collective that made it so: the results of a collective whose
+    transpose takes one cotangent per rank (every one but a replicated
+    result's, `dist.psum`'s: `dist.pvary`, `dist.all_reduce`,
+    `dist.all_gather`, ...), and a local op's results when an operand is
+    proven varying. Values of regions and calls are proven nothing.
+
+    Over any group: a value varying over one group is not one value over
+    the world, nor over a group whose subgroups it meets in two ranks, and
+    the transposes would sum its cotangent over both groups."""
+    varying: dict[SSAValue, Operation] = {}
+    for op in function.body.block.ops:
+        origin: Operation | None = None
+        if isinstance(op, CollectiveOp) and isinstance(op, Transposable):
+            if op.REPLICATED_RESULT:
+                continue
+            origin = op
+        elif op.name.startswith("dist.") or op.regions or isinstance(op, func.CallOp):
+            continue
+        else:
+            origin = next((varying[v] for v in op.operands if v in varying), None)
+        if origin is not None:
+            for r in op.results:
+                if is_float(r.type):
+                    varying[r] = origin
+    return varying
 
 
 #: (transposer, op, result cotangents) -> operand cotangents (None: none)
