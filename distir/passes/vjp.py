@@ -28,8 +28,9 @@ Collective rules (JAX's transposes, written with distir's own ops):
     gather x root k       ->  scatter dy root k (with the counts, if any)
     scatter x root k      ->  gather dy root k (with the counts, if any)
     all_gather x          ->  reduce_scatter sum dy (this rank's part)
-    all_gather x counts   ->  all_reduce sum dy, then this rank's slice
-                              (offset the sum of the counts of lower ranks)
+    all_gather x counts   ->  reduce-scatter sum dy by the run-time counts:
+                              variable_all_to_all dy, counts (part j to
+                              rank j), then the P parts summed in rank order
     reduce_scatter sum x  ->  all_gather dy
     variable_all_to_all x, send -> (y, recv)
                           ->  variable_all_to_all dy, recv (the reverse
@@ -54,12 +55,10 @@ extract_slice of unit strides, concat, cast, from_elements), `linalg.broadcast` 
 broadcast back), `scf.if` (branch by branch) and `scf.for` of a static trip
 count (unrolled in `@main_fwd`, see `_loops_unrolled`).
 
-The reduce-to-root of a broadcast and the backward of an uneven all-gather
-are an all-reduce then a local selection: distir has no reduce op and no
-uneven reduce-scatter yet, and an all-reduce of the cotangent keeps the
-backward one collective per forward collective (the same count and order on
-every rank, which is what the agreement checks). It moves P times the bytes
-of a reduce-scatter; correctness first.
+The backward of a dynamic-root broadcast is an all-reduce then a local
+selection: an all-reduce of the cotangent keeps the backward one collective
+per forward collective (the same count and order on every rank, which is
+what the agreement checks), at P times the bytes of a reduce to the root.
 
     %y = dist.all_reduce sum %x : tensor<4xf32>        // in @main
     // becomes, in @main_bwd(%dy):
