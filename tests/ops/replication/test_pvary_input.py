@@ -159,3 +159,67 @@ def test_an_input_the_types_prove_varying_is_refused_when_the_backward_is_derive
         NotDifferentiable, match=r"'dist.pvary' at .*:\d+:\d+: its input is varying"
     ):
         add_vjp(parse_module(PROVEN_VARYING[name]))
+
+
+# -- a pvary over a group narrower than its input's replication ----------------------
+
+NESTED = """
+dist.group @tp [[0, 1], [2, 3]]
+dist.group @solo [[0], [1], [2], [3]]
+func.func @main(%x: tensor<2xf64> {REPLICATED}, %w: tensor<2xf64>) -> tensor<2xf64> {
+  %z = dist.pvary %x group @GROUP : tensor<2xf64>
+  %u = arith.mulf %z, %w : tensor<2xf64>
+  %v = arith.mulf %x, %w : tensor<2xf64>
+  %o = arith.addf %u, %v : tensor<2xf64>
+  func.return %o : tensor<2xf64>
+}"""
+
+#: (x replicated over, pvary's group) -> the subgroups x is one value of
+HELD = {
+    ("dist.replicated", "tp"): [[0, 1, 2, 3]],
+    ("dist.replicated", "solo"): [[0, 1, 2, 3]],
+    ("dist.replicated = @tp", "solo"): [[0, 1], [2, 3]],
+}
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(st.sampled_from(sorted(HELD)), st.data())
+def test_a_pvary_inside_its_inputs_replication_sends_back_the_sum_over_that_group_once(case, data):
+    """Fails on old main: the pvary summed over its group and the input's
+    varying use summed that again over the wider group (|tp| times the
+    gradient). Oracle: one plain-torch leaf per subgroup x is one value of."""
+    replicated, group = case
+    number = st.floats(-2, 2, allow_nan=False, width=64)
+
+    def draw() -> torch.Tensor:
+        return torch.tensor(
+            data.draw(st.lists(number, min_size=2, max_size=2)), dtype=torch.float64
+        )
+
+    held = HELD[case]
+    leaves = [draw().requires_grad_(True) for _ in held]
+    owner = {r: k for k, part in enumerate(held) for r in part}
+    w = [draw() for _ in range(4)]
+    cts = [draw() for _ in range(4)]
+    sum(((leaves[owner[r]] * w[r] * 2) * cts[r]).sum() for r in range(4)).backward()
+    text = NESTED.replace("REPLICATED", replicated).replace("GROUP", group)
+    inputs = [[leaves[owner[r]].detach(), w[r]] for r in range(4)]
+    _, grads = simulate_vjp(distir.compile(text), inputs, [[c] for c in cts])
+    for r in range(4):
+        torch.testing.assert_close(grads[r][0], leaves[owner[r]].grad)
+        torch.testing.assert_close(grads[r][1], leaves[owner[r]].detach() * 2 * cts[r])
+
+
+@pytest.mark.parametrize(
+    ("replicated", "group"),
+    [("dist.replicated = @tp", "tp2"), ("dist.replicated = @tp", "world")],
+)
+def test_a_pvary_wider_than_its_inputs_replication_is_refused(replicated, group):
+    """x is one value per subgroup of @tp, several over @tp2's subgroups or
+    the world's: pvary's input would not be one value."""
+    text = NESTED.replace("REPLICATED", replicated).replace(
+        "dist.group @solo", "dist.group @tp2 [[0, 2], [1, 3]]\ndist.group @solo"
+    )
+    text = text.replace(" group @GROUP", "" if group == "world" else f" group @{group}")
+    with pytest.raises(NotDifferentiable, match=r"'dist.pvary' at .* replicated over @tp, whose"):
+        add_vjp(parse_module(text))
