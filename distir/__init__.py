@@ -6,7 +6,7 @@
     distir.launch(worker, nproc=4)                         # real gloo ranks
     y = distir.all_reduce(x, "sum")                        # one collective, on a rank
     y = distir.all_gather(x, axis=0)                       # also broadcast, reduce_scatter,
-    y = distir.shift(x, 1, rotate=True)                    # reduce, gather, scatter
+    y = distir.shift(x, 1, rotate=True)                    # reduce, gather, scatter, all_to_all
     h = distir.pvary(x); y = distir.psum(h @ w)            # Megatron's f and g
     distir.recover()                 # after a lost rank: agree on who is left, go on
     distir.grow(state)               # members: admit waiting joiners, send them state
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from distir.runtime.eager import (
         all_gather,
         all_reduce,
+        all_to_all,
         broadcast,
         gather,
         psum,
@@ -43,6 +44,7 @@ __all__ = [
     "Program",
     "all_gather",
     "all_reduce",
+    "all_to_all",
     "broadcast",
     "compile",
     "gather",
@@ -69,7 +71,7 @@ def __getattr__(name: str) -> Any:
         return getattr(program, name)
     if name in (
         "all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "gather", "scatter",
-        "shift", "pvary", "psum",
+        "shift", "pvary", "psum", "all_to_all",
     ):  # fmt: skip
         from distir.runtime import eager
 

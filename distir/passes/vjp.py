@@ -28,8 +28,9 @@ Collective rules (JAX's transposes, written with distir's own ops):
     gather x root k       ->  scatter dy root k (with the counts, if any)
     scatter x root k      ->  gather dy root k (with the counts, if any)
     all_gather x          ->  reduce_scatter sum dy (this rank's part)
-    all_gather x counts   ->  all_reduce sum dy, then this rank's slice
-                              (offset the sum of the counts of lower ranks)
+    all_gather x counts   ->  reduce-scatter sum dy by the run-time counts:
+                              variable_all_to_all dy, counts (part j to
+                              rank j), then the P parts summed in rank order
     reduce_scatter sum x  ->  all_gather dy
     variable_all_to_all x, send -> (y, recv)
                           ->  variable_all_to_all dy, recv (the reverse
@@ -54,12 +55,10 @@ extract_slice of unit strides, concat, cast, from_elements), `linalg.broadcast` 
 broadcast back), `scf.if` (branch by branch) and `scf.for` of a static trip
 count (unrolled in `@main_fwd`, see `_loops_unrolled`).
 
-The reduce-to-root of a broadcast and the backward of an uneven all-gather
-are an all-reduce then a local selection: distir has no reduce op and no
-uneven reduce-scatter yet, and an all-reduce of the cotangent keeps the
-backward one collective per forward collective (the same count and order on
-every rank, which is what the agreement checks). It moves P times the bytes
-of a reduce-scatter; correctness first.
+The backward of a dynamic-root broadcast is an all-reduce then a local
+selection: an all-reduce of the cotangent keeps the backward one collective
+per forward collective (the same count and order on every rank, which is
+what the agreement checks), at P times the bytes of a reduce to the root.
 
     %y = dist.all_reduce sum %x : tensor<4xf32>        // in @main
     // becomes, in @main_bwd(%dy):
@@ -152,7 +151,8 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
         raise NotDifferentiable(f"@{entry} already has {names[0]} or {names[1]}")
     _check_replicated_arguments(module, function)
     working = _loops_unrolled(function)
-    transposer = _Transposer(working)
+    groups = {g.sym_name.data: g.rank_lists for g in group_declarations(module)}
+    transposer = _Transposer(working, groups)
     backward = transposer.backward(names[1])
     forward = _forward(working, names[0], transposer.residuals)
     module.body.block.insert_op_after(forward, function)
@@ -284,10 +284,11 @@ def _check_replicated_arguments(module: ModuleOp, function: func.FuncOp) -> None
 
 
 def _replication(
-    function: func.FuncOp,
-) -> tuple[dict[SSAValue, Attribute | None], set[Operation]]:
-    """The float values of `function`'s body replicated over a group, and
-    the ops that read their operands as one replicated value.
+    function: func.FuncOp, groups: dict[str, tuple[tuple[int, ...], ...]]
+) -> tuple[dict[SSAValue, Attribute | None], set[Operation], set[Operation]]:
+    """The float values of `function`'s body replicated over a group, the
+    ops that read their operands as one replicated value, and the
+    `dist.pvary`s whose input is replicated over a wider group than theirs.
 
     As JAX types values invariant or varying in `shard_map`: an argument
     that says so (`REPLICATED_ARGUMENT`) and a result of an op that declares
@@ -298,9 +299,25 @@ def _replication(
     `dist.rank` decides). Values inside regions count as varying (their ops are
     transposed apart from the replicated ones). A local op that reads a
     replicated value together with a varying one reads it through an
-    implicit pvary: the cotangent it sends back is summed over ranks."""
+    implicit pvary: the cotangent it sends back is summed over ranks.
+
+    A `dist.pvary` whose input the types prove varying is refused
+    (`_varying_over`): the sum over ranks it sends back would count that
+    value's cotangent once per rank on top of its own rule. Its other
+    inputs are checked at run time to be the same on every rank (the
+    agreement compares their digests).
+
+    A pvary over a group whose every subgroup lies inside one subgroup of
+    the group its input is replicated over (a world-replicated value, f
+    over a tensor-parallel group) reads one value of that wider group: its
+    cotangent goes back unsummed, as a varying use's, and is summed over
+    the wider group once (`_final`); summed by the pvary too, it would
+    count |group| times. A wider group that does not hold the pvary's
+    subgroups holds several values of its input: refused."""
     kinds: dict[SSAValue, object] = {}
     as_one: set[Operation] = set()
+    through: set[Operation] = set()
+    varying = _varying_over(function)
     block = function.body.block
     for i, arg in enumerate(block.args):
         attrs = function.arg_attrs.data[i].data if function.arg_attrs else {}
@@ -313,9 +330,29 @@ def _replication(
                 kinds[r] = ("replicated", getattr(op, "group", None))
             continue
         if isinstance(op, Transposable) and op.SUMS_COTANGENT:
+            origin = varying.get(op.operands[0])
+            if origin is not None:
+                group = _group_key(origin)
+                raise NotDifferentiable(
+                    f"{describe_op(op)}: its input is varying over "
+                    f"{'@' + group if group else 'the world'} (it comes from "
+                    f"{describe_op(origin)}), but pvary's input must be replicated: one "
+                    "value every rank holds. Use the value without pvary (it already "
+                    "varies), or psum it first"
+                )
             kind = kinds.get(op.operands[0])
             if kind is None or kind is _CONSTANT or kind == ("replicated", op.group):  # type: ignore[attr-defined]
                 as_one.add(op)
+            elif _holds(kind[1], op, groups):  # type: ignore[index]
+                through.add(op)
+            else:
+                wider = kind[1].root_reference.data  # type: ignore[index]
+                raise NotDifferentiable(
+                    f"{describe_op(op)}: its input is replicated over @{wider}, whose "
+                    "subgroups do not each hold one of this pvary's group "
+                    f"({'@' + _group_key(op) if _group_key(op) else 'the world'}): it is "
+                    "several values there, but pvary's input must be one value"
+                )
             continue
         if op.name.startswith("dist.") or op.regions or isinstance(op, func.CallOp):
             if op.has_trait(UniformResults) and not any(is_float(r.type) for r in op.results):
@@ -335,7 +372,56 @@ def _replication(
         for v, kind in kinds.items()
         if kind is not _CONSTANT and is_float(v.type)
     }
-    return replicated, as_one
+    return replicated, as_one, through
+
+
+def _holds(
+    wider: SymbolRefAttr | None, op: Operation, groups: dict[str, tuple[tuple[int, ...], ...]]
+) -> bool:
+    """Whether every subgroup of `op`'s group lies inside one subgroup of
+    `wider` (None: the world, which holds every group)."""
+    if wider is None:
+        return True
+    name = _group_key(op)
+    outer = groups.get(wider.root_reference.data)
+    if name is None or outer is None or name not in groups:
+        return False
+    return all(any(set(part) <= set(o) for o in outer) for part in groups[name])
+
+
+def _group_key(op: Operation) -> str | None:
+    """The name of `op`'s group (None: the world)."""
+    group = getattr(op, "group", None)
+    return group.root_reference.data if isinstance(group, SymbolRefAttr) else None
+
+
+def _varying_over(function: func.FuncOp) -> dict[SSAValue, Operation]:
+    """The float values of `function`'s body the types prove varying, each
+    with the collective that made it so: the results of a collective whose
+    transpose takes one cotangent per rank (every one but a replicated
+    result's, `dist.psum`'s: `dist.pvary`, `dist.all_reduce`,
+    `dist.all_gather`, ...), and a local op's results when an operand is
+    proven varying. Values of regions and calls are proven nothing.
+
+    Over any group: a value varying over one group is not one value over
+    the world, nor over a group whose subgroups it meets in two ranks, and
+    the transposes would sum its cotangent over both groups."""
+    varying: dict[SSAValue, Operation] = {}
+    for op in function.body.block.ops:
+        origin: Operation | None = None
+        if isinstance(op, CollectiveOp) and isinstance(op, Transposable):
+            if op.REPLICATED_RESULT:
+                continue
+            origin = op
+        elif op.name.startswith("dist.") or op.regions or isinstance(op, func.CallOp):
+            continue
+        else:
+            origin = next((varying[v] for v in op.operands if v in varying), None)
+        if origin is not None:
+            for r in op.results:
+                if is_float(r.type):
+                    varying[r] = origin
+    return varying
 
 
 #: (transposer, op, result cotangents) -> operand cotangents (None: none)
@@ -355,6 +441,8 @@ def _needs_rule(op: Operation) -> bool:
 @dataclass
 class _Transposer:
     function: func.FuncOp
+    groups: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    """The module's declared groups: name -> subgroups of global ranks."""
     block: Block = field(init=False)
     residuals: list[SSAValue] = field(default_factory=list)
     float_inputs: list[int] = field(default_factory=list)
@@ -371,6 +459,9 @@ class _Transposer:
     """Float values replicated over a group (the group: None for the world)."""
     _as_one: set[Operation] = field(default_factory=set)
     """Ops whose operand cotangents are already those of one replicated value."""
+    _through: set[Operation] = field(default_factory=set)
+    """pvarys of a value replicated over a wider group: their cotangent goes
+    back unsummed, as a varying use's (`_replication`)."""
     _varying: dict[SSAValue, SSAValue] = field(default_factory=dict)
     """Per replicated value, the sum of the cotangents its varying uses sent
     back, summed over ranks once its own op is transposed."""
@@ -386,7 +477,7 @@ class _Transposer:
         entry = self.function.body.block
         ret = entry.last_op
         assert isinstance(ret, func.ReturnOp)
-        self._replicated, self._as_one = _replication(self.function)
+        self._replicated, self._as_one, self._through = _replication(self.function, self.groups)
         self._location = self.function.location
         for arg, i in zip(self.block.args, self.float_results):
             hint = ret.arguments[i].name_hint
@@ -429,10 +520,14 @@ class _Transposer:
                 # No result reaches a float output: no gradient flows here (on
                 # every rank alike, since this is decided by the program only).
                 continue
-            try:
-                operand_cotangents = rule(self, op, cotangents)
-            except NoDerivative as e:
-                raise NotDifferentiable(f"{describe_op(op)}: {e}") from None
+            if op in self._through:
+                # summed over the input's wider group once, by `_final`
+                operand_cotangents: Cotangents = cotangents
+            else:
+                try:
+                    operand_cotangents = rule(self, op, cotangents)
+                except NoDerivative as e:
+                    raise NotDifferentiable(f"{describe_op(op)}: {e}") from None
             varying = op not in self._as_one
             for operand, cotangent in zip(op.operands, operand_cotangents):
                 if cotangent is not None and is_float(operand.type):

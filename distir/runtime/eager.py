@@ -1,6 +1,7 @@
 """One collective without writing a program: `distir.all_reduce(x, ...)`,
 `distir.broadcast`, `distir.all_gather`, `distir.reduce_scatter`,
-`distir.reduce`, `distir.gather`, `distir.scatter` and `distir.shift`, and
+`distir.reduce`, `distir.gather`, `distir.scatter`, `distir.shift` and
+`distir.all_to_all`, and
 Megatron's f and g, `distir.pvary` and `distir.psum`.
 
     y = distir.all_reduce(x, "sum")                                  # native
@@ -69,17 +70,19 @@ def _program(
     dtype: torch.dtype,
     shape: tuple[int | None, ...],
     deadline: float,
+    more: Sequence[Any] = (),
 ) -> Program:
     """The one-op program `build(x)` of `distir.<op>` for a tensor of `dtype`
     and `shape`, compiled on first use and cached under `(op, params, ...)`:
-    `params` must name everything `build` depends on."""
+    `params` must name everything `build` depends on. `more`: the IR types
+    of further arguments (`build(x, *more)`)."""
     from distir.ir import builder
 
     # The op is located at the caller's line (errors found later point
     # there), so the call site is part of what a cached program is.
     builder.located_at_callers_of(__file__)
     site = builder.call_site()
-    key = (op, params, dtype, shape, deadline, str(site))
+    key = (op, params, dtype, shape, deadline, str(site), tuple(map(str, more)))
     with _lock:
         program = _cache.get(key)
         if program is not None:
@@ -90,7 +93,7 @@ def _program(
         raise DistirError(
             f"distir.{op} takes tensors of {', '.join(map(str, _ELEMENTS))}, got {dtype}"
         )
-    module = builder.build_program(build, [builder.tensor_type(element, list(shape))])
+    module = builder.build_program(build, [builder.tensor_type(element, list(shape)), *more])
     program = compile(module, deadline=deadline)
     with _lock:
         _cache[key] = program
@@ -303,37 +306,64 @@ def _uneven_all_gather(
 
 def reduce_scatter(
     x: torch.Tensor,
-    kind: str = "sum",
+    kind: str | None = None,
     axis: int = 0,
     *,
+    counts: Sequence[int] | None = None,
+    combine: Callable[..., Any] | None = None,
+    commutative: bool = False,
     group: Any = None,
     deadline: float = 60.0,
 ) -> torch.Tensor:
-    """Reduce every rank's `x` with `kind` and return part r of the result,
-    split evenly along `axis`, on group rank r. Differentiable for "sum":
-    the gradient of `x` is every rank's cotangent, concatenated along `axis`.
+    """Reduce every rank's `x` and return part r of the result, split along
+    `axis`, on group rank r: equal parts, or `counts[r]` rows for rank r.
+    The reduction is a native `kind` (default "sum") or, as for
+    `all_reduce`, a `combine(a, b)` built from builder helpers.
+    Differentiable for a sum (a combine recognised as one included): the
+    gradient of `x` is every rank's cotangent, concatenated along `axis`.
 
     Args:
         x: this rank's tensor (CPU for gloo), the same dtype and shape on
-            every rank; `x.shape[axis]` a multiple of the group size.
+            every rank; `x.shape[axis]` a multiple of the group size, or the
+            sum of `counts`.
         kind: a native reduction: "sum", "prod", "min", "max", ...
         axis: the axis to split (negative counts from the end).
+        counts: for an uneven split, the rows each group rank gets (the
+            same list on every rank, summing to `x.shape[axis]`).
+        combine: instead of `kind`, `combine(a, b)` building the combine
+            region; it must be associative (rank order is kept unless
+            `commutative`).
+        commutative: the combine may be applied in any order.
         group: a torch.distributed process group (None: the world).
         deadline: seconds every collective of the run may take.
 
     Example (on every rank, 3 ranks)::
 
         part = distir.reduce_scatter(torch.ones(6, 4))   # shape [2, 4], all 3.0
+        mine = distir.reduce_scatter(torch.ones(6), counts=[1, 2, 3])  # rank r: r + 1 rows
+        largest = distir.reduce_scatter(x, combine=abs_max, counts=[1, 2, 3])
     """
+    if kind is not None and combine is not None:
+        raise DistirError("distir.reduce_scatter takes `kind` or `combine`, not both")
     _require("reduce_scatter", x)
-    kinds = [k.value for k in ReductionKind]
-    if kind not in kinds:
-        raise _refuse(
-            "reduce_scatter", f"no native reduction {kind!r}; they are {', '.join(kinds)}"
-        )
+    if combine is None:
+        kind = kind or "sum"
+        kinds = [k.value for k in ReductionKind]
+        if kind not in kinds:
+            raise _refuse(
+                "reduce_scatter", f"no native reduction {kind!r}; they are {', '.join(kinds)}"
+            )
     axis = _checked_axis("reduce_scatter", x, axis)
     size = _group_size(group)
-    if x.shape[axis] % size:
+    parts: tuple[int, ...] | None = None
+    if counts is not None:
+        parts = _checked_counts("reduce_scatter", counts, group)
+        if sum(parts) != x.shape[axis]:
+            raise _refuse(
+                "reduce_scatter", f"counts {list(parts)} sum to {sum(parts)}, but x has "
+                f"{x.shape[axis]} rows along axis {axis}",
+            )  # fmt: skip
+    elif x.shape[axis] % size:
         raise _refuse(
             "reduce_scatter",
             f"axis {axis} has {x.shape[axis]} elements, not a multiple of the group size {size}",
@@ -341,9 +371,17 @@ def reduce_scatter(
     from distir.ir import builder
 
     def build(v: Any) -> Any:
-        return builder.reduce_scatter(v, kind, axis=axis)
+        return builder.reduce_scatter(
+            v,
+            kind,
+            axis=axis,
+            counts=None if parts is None else list(parts),
+            combine=combine,
+            commutative=commutative,
+        )
 
-    return _run("reduce_scatter", x, (kind, axis), build, group, deadline)
+    params = (kind, axis, parts, combine, commutative)
+    return _run("reduce_scatter", x, params, build, group, deadline)
 
 
 def _checked_root(op: str, root: int, group: Any) -> None:
@@ -545,6 +583,80 @@ def shift(
         return builder.shift(v, offset, rotate=rotate)
 
     return _run("shift", x, (offset, bool(rotate)), build, group, deadline)
+
+
+def all_to_all(
+    x: torch.Tensor,
+    send_counts: Sequence[int] | None = None,
+    axis: int = 0,
+    *,
+    return_counts: bool = False,
+    group: Any = None,
+    deadline: float = 60.0,
+) -> torch.Tensor | tuple[torch.Tensor, list[int]]:
+    """Split `x` along `axis` into one block per group rank, send block j to
+    rank j, and return the blocks every rank sent here, concatenated in
+    rank order. Blocks are equal, or rank r's are `send_counts` rows each
+    (every rank its own list: a variable exchange, as MoE token routing).
+    Differentiable: the gradient of `x` is the cotangent sent back by the
+    reverse exchange (the receive counts as send counts).
+
+    Args:
+        x: this rank's tensor (CPU for gloo), the same dtype and shape on
+            every rank but along `axis`.
+        send_counts: the rows this rank sends each group rank, in rank
+            order (summing to `x.shape[axis]`); None: equal blocks
+            (`x.shape[axis]` a multiple of the group size).
+        axis: the axis to split (negative counts from the end).
+        return_counts: also return the rows received from each rank.
+        group: a torch.distributed process group (None: the world).
+        deadline: seconds every collective of the run may take.
+
+    Example (on every rank, 3 ranks)::
+
+        y = distir.all_to_all(torch.full((3, 2), rank))   # row j from rank j
+        y, got = distir.all_to_all(x, send_counts=[1, 0, 2], return_counts=True)
+    """
+    _require("all_to_all", x)
+    axis = _checked_axis("variable_all_to_all", x, axis)
+    size = _group_size(group)
+    from distir.ir import builder
+
+    if send_counts is None:
+        if x.shape[axis] % size:
+            raise _refuse(
+                "variable_all_to_all",
+                f"axis {axis} has {x.shape[axis]} elements, not a multiple of the group size "
+                f"{size}",
+            )
+        even = [x.shape[axis] // size] * size
+
+        def build(v: Any) -> Any:
+            return builder.variable_all_to_all(v, builder.constant_tensor(even), axis=axis)
+
+        program = _program("all_to_all", (axis, size), build, x.dtype, tuple(x.shape), deadline)
+        y, received = program.run(x, group=group)
+    else:
+        sent = _checked_counts("variable_all_to_all", send_counts, group)
+        if sum(sent) != x.shape[axis]:
+            raise _refuse(
+                "variable_all_to_all", f"send counts {list(sent)} sum to {sum(sent)}, but x "
+                f"has {x.shape[axis]} rows along axis {axis}",
+            )  # fmt: skip
+
+        def build_variable(v: Any, counts: Any) -> Any:
+            return builder.variable_all_to_all(v, counts, axis=axis)
+
+        shape: list[int | None] = list(x.shape)
+        shape[axis] = None  # ranks send different rows
+        program = _program(
+            "all_to_all", (axis,), build_variable, x.dtype, tuple(shape), deadline,
+            more=(builder.tensor_type("i64", [size]),),
+        )  # fmt: skip
+        y, received = program.run(x, torch.tensor(sent, dtype=torch.int64), group=group)
+    if return_counts:
+        return y, [int(c) for c in received.tolist()]
+    return y
 
 
 def pvary(x: torch.Tensor, *, group: Any = None, deadline: float = 60.0) -> torch.Tensor:

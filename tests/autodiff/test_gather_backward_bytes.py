@@ -1,8 +1,11 @@
-"""The even all-gather's backward moves half the bytes it used to: a sum
+"""The all-gather's backward moves half the bytes it used to: a sum
 reduce-scatter of the cotangent (each rank sends N·(P-1)/P bytes of an
 N-byte cotangent) instead of an all-reduce and a slice (2·N·(P-1)/P on a
 ring, the cheapest all-reduce). Counted from the backward program with
-the textbook per-rank volumes, written here and not read from distir."""
+the textbook per-rank volumes, written here and not read from distir, and
+from what runs. The uneven all-gather, whose counts are known at run time
+only, too: its reduce-scatter is a variable all-to-all of the cotangent's
+parts (rank r sends N less its own part; N·(P-1) over the ranks)."""
 
 from __future__ import annotations
 
@@ -141,3 +144,96 @@ def test_what_the_backward_runs_on_gloo_sends_half_an_all_reduce(P, schedule):
     cotangent = 4 * n
     assert sent == [cotangent * (P - 1) // P] * P
     assert max(sent) <= (2 * cotangent * (P - 1) // P) // 2
+
+
+# -- the uneven all-gather, its counts known at run time only ---------------------
+
+
+def _uneven_text(P: int) -> str:
+    t = "tensor<?x2xf32>"
+    return (
+        f"func.func @main(%x: {t}, %c: tensor<{P}xi64>) -> {t} {{\n"
+        f"  %y = dist.all_gather %x counts(%c : tensor<{P}xi64>) axis 0 : {t} -> {t}\n"
+        f"  func.return %y : {t}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_the_uneven_backward_is_one_exchange_of_the_cotangent_by_the_gather_counts(P):
+    """Counted from the plan: the backward's one collective sends part j of
+    the cotangent (counts[j] rows) to rank j, by the forward's counts; no
+    all-reduce. Rank r sends every part but its own: N - counts[r] rows."""
+    module = parse_module(_uneven_text(P))
+    functions = add_vjp(module)
+    module.verify()
+    backward = next(
+        op for op in module.walk()
+        if op.name == "func.func" and op.sym_name.data == functions.backward
+    )  # fmt: skip
+    collectives = [op for op in backward.walk() if op.name.startswith("dist.")]
+    assert [op.name for op in collectives] == ["dist.variable_all_to_all"]
+    (exchange,) = collectives
+    dy, counts = backward.body.block.args
+    assert exchange.operands[0] is dy and exchange.operands[1] is counts
+
+
+def _count_worker(ctx, cases: list[list[int]]) -> list[tuple[int, list[float]]]:
+    """Per case, the bytes this rank sends in the backward of an uneven
+    all-gather (every all-to-all counted as run: the bytes of the parts
+    for other ranks; an all-reduce, as on main, at the ring's 2·N·(P-1)/P)
+    and the gradient of sum(y * 2)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import ProcessGroup
+
+    import distir
+
+    me, sent = dist.get_rank(), [0]
+    all_to_all, all_reduce = ProcessGroup.all_to_all_single, ProcessGroup.allreduce
+
+    def counting_all_to_all(self, out, tensor, out_splits, in_splits, *args):
+        rows = sum(in_splits)
+        if rows:
+            sent[0] += tensor.numel() * tensor.element_size() * (rows - in_splits[me]) // rows
+        return all_to_all(self, out, tensor, out_splits, in_splits, *args)
+
+    def counting_all_reduce(self, tensors, *args):
+        P = dist.get_world_size()
+        sent[0] += sum(2 * t.numel() * t.element_size() * (P - 1) // P for t in tensors)
+        return all_reduce(self, tensors, *args)
+
+    out = []
+    for counts in cases:
+        x = torch.ones(counts[ctx.rank], 2, requires_grad=True)
+        y = distir.all_gather(x, counts=counts)
+        ProcessGroup.all_to_all_single = counting_all_to_all
+        ProcessGroup.allreduce = counting_all_reduce
+        sent[0] = 0
+        try:
+            (y * 2).sum().backward()
+        finally:
+            ProcessGroup.all_to_all_single, ProcessGroup.allreduce = all_to_all, all_reduce
+        out.append((sent[0], x.grad.reshape(-1).tolist()))
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_what_the_uneven_backward_runs_on_gloo_sends_half_an_all_reduce():
+    """Fails on main (an all-reduce of the whole cotangent, then a slice).
+    Counted as it runs on 3 gloo ranks: rank r sends N - counts[r] rows of
+    the N-row cotangent, N·(P-1) over the ranks, half the all-reduce's
+    2·N·(P-1); counts that happen to be even give N·(P-1)/P per rank."""
+    import distir
+
+    P, row = 3, 2 * 4
+    cases = [[1, 0, 3], [2, 2, 2]]
+    per_rank = distir.launch(_count_worker, P, cases, pass_context=True, timeout=100)
+    for k, counts in enumerate(cases):
+        n = sum(counts) * row
+        sent = [per_rank[r][k][0] for r in range(P)]
+        assert sent == [n - counts[r] * row for r in range(P)], (counts, sent)
+        assert sum(sent) == n * (P - 1) == (P * 2 * n * (P - 1) // P) // 2
+        for r in range(P):  # d sum(2y) / dx: 2 from each of the P ranks
+            assert per_rank[r][k][1] == [2.0 * P] * (counts[r] * 2)
+    assert [per_rank[r][1][0] for r in range(P)] == [6 * row * (P - 1) // P] * P

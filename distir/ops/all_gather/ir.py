@@ -9,7 +9,6 @@ from xdsl.dialects import arith, tensor
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     I64,
-    IndexType,
     IntegerAttr,
     TensorType,
     i64,
@@ -44,7 +43,8 @@ from distir.ir.syntax import (
     GroupRef,
 )
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable, Transposer
-from distir.ops.groups.ir import GroupName, RankOp, group_property
+from distir.ops.all_to_all.ir import VariableAllToAllOp
+from distir.ops.groups.ir import GroupName, group_property
 
 
 @irdl_op_definition
@@ -124,26 +124,21 @@ class AllGatherOp(CollectiveOp, Transposable, ImpliesGroupSize):
             )
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
-        """Even: the sum reduce-scatter of the cotangent (this rank's part of
-        the sum, N·(P-1)/P bytes per rank). Uneven: the summed cotangent,
-        then this rank's slice of it (after the counts of the lower ranks)."""
+        """The sum reduce-scatter of the cotangent: this rank's part of the
+        sum, N·(P-1)/P bytes per rank (even), or N less this rank's part
+        (uneven). Uneven, the counts are known at run time only, so it is
+        written as the direct reduce-scatter: a variable all-to-all sends
+        part j of the cotangent (`counts[j]` rows) to rank j, and the P
+        parts received are summed in rank order."""
         (ct,) = cotangents
         assert ct is not None
         x = self.input
         axis = self.axis.value.data
         if self.counts is None:
             return [t.reduce_scatter_sum(ct, x.type, axis, self.group), None]
-        total = t.all_reduce_sum(ct, self.group)
-        me = t.emit(RankOp(self.group)).results[0]
-        sizes = t.shape_of(x, primal=True)
-        offset = self._rows_before(t, me)
-        offsets: list[SSAValue | int] = [0] * len(sizes)
-        offsets[axis] = offset
-        sliced = tensor.ExtractSliceOp(total, offsets, sizes, [1] * len(sizes), x.type)
-        return [t.emit(sliced).results[0], None]
+        return [self._uneven_reduce_scatter(t, ct), None]
 
-    def _rows_before(self, t: Transposer, me: SSAValue) -> SSAValue:
-        """Σ_{j < rank} counts[j], unrolled over the counts' static length."""
+    def _uneven_reduce_scatter(self, t: Transposer, ct: SSAValue) -> SSAValue:
         counts_type = self.counts.type  # type: ignore[union-attr]
         assert isinstance(counts_type, TensorType)
         (n,) = counts_type.get_shape()
@@ -151,16 +146,41 @@ class AllGatherOp(CollectiveOp, Transposable, ImpliesGroupSize):
             raise NoDerivative(
                 "the backward of an uneven all-gather needs counts of static length (tensor<Pxi64>)"
             )
-        counts = t.primal(self.counts)  # type: ignore[arg-type]
-        element = counts_type.element_type
-        total = t.emit(arith.ConstantOp(IntegerAttr(0, element))).results[0]  # type: ignore[arg-type]
-        zero = total
+        x_type = self.input.type
+        assert isinstance(x_type, TensorType)
+        axis = self.axis.value.data
+        shape = list(x_type.get_shape())
+        shape[axis] = DYNAMIC_INDEX
+        exchange = VariableAllToAllOp(
+            ct,
+            t.primal(self.counts),  # type: ignore[arg-type]
+            TensorType(x_type.element_type, shape),
+            axis=axis,
+            group=self.group,  # type: ignore[arg-type]
+        )
+        parts = t.emit(exchange).results[0]  # n parts of counts[rank] rows each
+        sizes: list[SSAValue | int] = []
+        for d, size in enumerate(x_type.get_shape()):
+            if size != DYNAMIC_INDEX:
+                sizes.append(size)
+                continue
+            dim = t.emit(tensor.DimOp(parts, t.index(d))).results[0]
+            if d == axis:
+                dim = t.emit(arith.DivUIOp(dim, t.index(n))).results[0]
+            sizes.append(dim)
+        total: SSAValue | None = None
         for j in range(n):
-            count = t.emit(tensor.ExtractOp(counts, [t.index(j)], element)).results[0]
-            lower = t.emit(arith.CmpiOp(t.index(j), me, "ult")).results[0]
-            kept = t.emit(arith.SelectOp(lower, count, zero)).results[0]
-            total = t.binary(arith.AddiOp, total, kept)
-        return t.emit(arith.IndexCastOp(total, IndexType())).results[0]
+            offsets: list[SSAValue | int] = [0] * len(sizes)
+            rows = sizes[axis]
+            offsets[axis] = (
+                j * rows if isinstance(rows, int)
+                else t.emit(arith.MuliOp(rows, t.index(j))).results[0]
+            )  # fmt: skip
+            part = tensor.ExtractSliceOp(parts, offsets, sizes, [1] * len(sizes), x_type)
+            value = t.emit(part).results[0]
+            total = value if total is None else t.binary(arith.AddfOp, total, value)
+        assert total is not None
+        return total
 
     def implied_group_size(self) -> tuple[str, int | None] | None:
         if self.counts is not None:

@@ -72,13 +72,16 @@ class PvaryOp(_ReplicationOp):
 
     `%y = dist.pvary %x : tensor<4xf32>`. It moves nothing forward, and
     counts as a collective (every rank enters it, in order) because its
-    backward is one.
+    backward is one. Its input must be replicated: every rank passes the
+    same value (checked with the run's agreement, as `dist.assert_uniform`
+    is), since a per-rank value's gradient is its own cotangent, not the
+    sum this op sends back.
     """
 
     name = "dist.pvary"
 
     traits = traits_def(CollectiveEffect(), EveryRankEnters())
-    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.PAYLOAD}
+    OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"input": OperandRole.UNIFORM}
     SUMS_COTANGENT: ClassVar[bool] = True
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:

@@ -6,15 +6,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from distir.interpreters.checks import Agreed, Precondition
+from distir.interpreters.invocation import Invocation
 from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ops.all_reduce.semantics import AllReduceSemantics
 from distir.ops.replication.ir import PsumOp, PvaryOp
+
+#: how a pvary input that differs between ranks reads in the error
+REPLICATED_INPUT = (
+    "values to dist.pvary, whose input must be replicated (the same on every rank; "
+    "its gradient is the sum over ranks)"
+)
 
 
 class PvarySemantics(OpSemantics):
     op = PvaryOp
 
+    def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
+        # the input is one replicated value: a per-rank one would get the
+        # sum over ranks as its gradient, silently wrong
+        return Precondition(agreed=[Agreed.tensor(REPLICATED_INPUT, inputs[0])])
+
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
+        call.agree(inputs)
         return (inputs[0].clone(),)  # a new tensor, as every result is
 
 

@@ -14,12 +14,14 @@ from distir.ops.replication.ir import PsumOp, PvaryOp
 
 
 class PvaryImplementation(Implementation):
-    """The identity: moves nothing (its backward is the collective)."""
+    """The identity: moves nothing (its backward is the collective) but the
+    agreement that every rank passes the same input."""
 
     name = "pvary"
     operation_types = (PvaryOp,)
 
     def execute(self, invocation, inputs, resources, writable=frozenset()):
+        resources.precondition(invocation, inputs)
         return (writable_result(inputs[0], 0, writable),)
 
 
