@@ -151,3 +151,30 @@ def one_rank_world():
     )
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """distir-run called in this process, its result as a subprocess's
+    (`CompletedProcess`): the ranks fork from the worker's warm fork server
+    instead of a fresh interpreter importing torch twice (the console script
+    itself keeps subprocess tests: a program piped in, an output that cannot
+    be written, and those in tests/runtime/test_launch.py)."""
+    import subprocess
+    from pathlib import Path
+
+    from distir.cli import run as cli
+
+    root = Path(__file__).resolve().parents[1]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(root)
+        capsys.readouterr()
+        try:
+            status = cli.main(list(args))
+        except SystemExit as e:  # argparse
+            status = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["distir-run", *args], status, out.out, out.err)
+
+    return run

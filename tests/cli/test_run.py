@@ -65,27 +65,6 @@ def distir_run(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedPr
     )
 
 
-@pytest.fixture
-def run_cli(capsys, monkeypatch):
-    """distir-run called in this process, its result as `distir_run`'s: the
-    ranks fork from the worker's warm fork server instead of a fresh
-    interpreter importing torch twice (the console script itself keeps
-    subprocess tests: a program piped in, an output that cannot be written,
-    and those in tests/runtime/test_launch.py)."""
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(ROOT)
-        capsys.readouterr()
-        try:
-            status = cli.main(list(args))
-        except SystemExit as e:  # argparse
-            status = e.code
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["distir-run", *args], status, out.out, out.err)
-
-    return run
-
-
 def rank_blocks(stdout: str) -> dict[int, list[str]]:
     """rank -> its `result #i: ...` lines, in printed order."""
     blocks: dict[int, list[str]] = {}

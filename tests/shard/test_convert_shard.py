@@ -886,17 +886,15 @@ def test_the_memref_forms_file_equals_its_tensor_form() -> None:
 
 
 @pytest.mark.multirank
-def test_distir_run_takes_the_converted_arguments_of_a_memref_program(tmp_path) -> None:
+def test_distir_run_takes_the_converted_arguments_of_a_memref_program(tmp_path, run_cli) -> None:
     """distir-run synthesises inputs for what the converted function takes:
     the memref program prints what the same program on tensors prints."""
-    root = Path(__file__).resolve().parents[2]
     memref = Path(__file__).parent / "memref_forms.mlir"
     tensor_form = tmp_path / "tensor_forms.mlir"
     tensor_form.write_text(memref.read_text().replace("memref<", "tensor<"))
 
     def results(path: Path) -> list[str]:
-        run = subprocess.run([sys.executable, "-m", "distir.cli.run", str(path), "--nproc", "4",
-                              "-p", PIPELINE], capture_output=True, text=True, timeout=180, cwd=root)
+        run = run_cli(str(path), "--nproc", "4", "-p", PIPELINE)
         assert run.returncode == 0, run.stderr
         return [line for line in run.stdout.splitlines() if "result #" in line]
 
