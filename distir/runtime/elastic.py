@@ -24,6 +24,9 @@ with the joiners added to the proposal:
 4. The member that comes first in the new group among those that were there
    before broadcasts the state with a distir program (one broadcast per
    dtype over the flattened tensors): every member ends with its values.
+   State split across the members (`ShardedState`) moves instead from the
+   layout over the old members to the layout over the new ones, one
+   `dist.transfer` per tensor (`distir.runtime.elastic_shards`).
 
 Faults end as in recovery: a joiner that dies while joining makes forming
 fail on every member, who decide the next epoch without it (the launcher
@@ -56,6 +59,10 @@ from distir.backends.epochs import (
 )
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, JoinFailed, JoinRefused
+from distir.runtime.elastic_shards import ShardedState, hand_over, misfit, misfit_reason
+
+#: what `grow` and `join` hand over: whole tensors (broadcast), or shards
+State = Sequence[torch.Tensor] | ShardedState
 
 #: seconds between two looks at the store while a joiner waits
 _POLL_S = 0.01
@@ -69,14 +76,20 @@ def _refused_key(rank: int) -> str:
     return f"{STORE_PREFIX}refused/{rank}"
 
 
-def state_digest(state: Sequence[torch.Tensor], tag: str = "") -> str:
+def state_digest(state: State, tag: str = "") -> str:
     """What a joiner and the members must agree on before any byte moves:
-    the shapes and dtypes of the state, in order, and the application's tag."""
-    described = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in state)
+    the shapes and dtypes of the state, in order, and the application's tag
+    (of a `ShardedState`: its layout)."""
+    if isinstance(state, ShardedState):
+        described = f"sharded|{state.described()}"
+    else:
+        described = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in state)
     return hashlib.sha256(f"{tag}|{described}".encode()).hexdigest()[:32]
 
 
-def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+def _check_state(state: State, what: str) -> list[torch.Tensor] | ShardedState:
+    if isinstance(state, ShardedState):
+        return state
     tensors = list(state)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
@@ -100,7 +113,7 @@ def join_requests() -> tuple[int, ...]:
 
 
 def grow(
-    state: Sequence[torch.Tensor],
+    state: State,
     *,
     deadline: Duration = 30.0,
     progress: int | None = None,
@@ -113,7 +126,10 @@ def grow(
 
     Every member calls it at the same point of its loop, with the same
     `state` (tensors, e.g. parameters and optimizer state, written in place
-    on joiners). Returns the current membership when nobody waits (after
+    on joiners; or a `ShardedState`, split across the members: every member
+    then moves to its shard of the new membership by `dist.transfer`s, and
+    a member whose shard does not fit the current layout is named on every
+    member and to the joiners that asked, before anything is decided). Returns the current membership when nobody waits (after
     one small all-reduce), else the next one, the same on every member and
     joiner: `joined` names the new ranks and `completed` the position they
     start from (this rank's runs, or `progress` as in `recover`). A failure
@@ -175,14 +191,23 @@ def grow(
 
     from distir.runtime.eager import all_reduce
 
+    # Riding on the same all-reduce: whether some member's shards do not fit
+    # the current layout (rank * tensors + tensor + 1, the largest wins), and
+    # the members' digests (MAX of d and of -d: the largest and the least),
+    # so that every member finds a misfit or a disagreement in the same round.
+    me = dist.get_rank()
+    bad = misfit(tensors, current, me) if isinstance(tensors, ShardedState) else None
+    width = len(tensors.layout) if isinstance(tensors, ShardedState) else 1
+    problem = 0 if bad is None else me * width + bad[0] + 1
+    mine = int(digest[:15], 16)
     waited = time.monotonic() + (seconds(wait, "wait") if wait else 0.0)
     while True:
         seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
-        # The last entry: whether this member's wait is over. The members
-        # stop on the agreed row, so all in the same round.
+        # Then whether this member's wait is over. The members stop on the
+        # agreed row, so all in the same round.
         over = int(time.monotonic() >= waited)
         agreed = all_reduce(
-            torch.tensor([*seen, over], dtype=torch.int64),
+            torch.tensor([*seen, over, problem, mine, -mine], dtype=torch.int64),
             "max",
             group=current.group,
             deadline=deadline_s,
@@ -190,6 +215,25 @@ def grow(
         if int(agreed[world]) or any(int(v) for v in agreed[:world]):
             break
         time.sleep(_POLL_S)
+    worst, high, low = (int(v) for v in agreed[world + 1 :])
+    if worst or high != -low:
+        if worst:
+            rank, index = divmod(worst - 1, width)
+            assert isinstance(tensors, ShardedState)
+            reason = misfit_reason(tensors, current, rank, index)
+        else:
+            reason = (
+                f"the members (ranks {list(current.ranks)}) hold states with different "
+                "shapes, dtypes, layouts or tags; nothing moved"
+            )
+        # Every member writes the same answer to the joiners that asked.
+        protocol._bounded(
+            lambda: [store.set(_refused_key(r), reason) for r in outside if int(agreed[r]) == 1],
+            max(0.5, end - time.monotonic()),
+            "refusing join requests",
+        )
+        here = "" if bad is None else f" (rank {me} holds {bad[1]})"
+        raise DistirError(f"grow: {reason}{here}")
     end = max(end, time.monotonic() + deadline_s)
     admit = tuple(r for r in range(world) if int(agreed[r]) == 1)
     if not admit:
@@ -204,12 +248,12 @@ def grow(
         max(0.5, end - time.monotonic()),
         "clearing join requests",
     )
-    share_state(new, tensors, deadline=max(1.0, end - time.monotonic()))
+    _hand_over(new, tensors, deadline=max(1.0, end - time.monotonic()))
     return new
 
 
 def join(
-    state: Sequence[torch.Tensor],
+    state: State,
     *,
     deadline: Duration = 60.0,
     tag: str = "",
@@ -222,7 +266,8 @@ def join(
     member (a replacement `launch(..., replace=True)` starts, with
     `RankContext.joining` set). Returns the membership that admitted it (the
     same as the members'): `completed` is the position to start from, and
-    `state`'s tensors hold a member's values. Raises `JoinRefused` when the
+    `state`'s tensors hold a member's values (a `ShardedState`: its
+    `shards` hold this rank's shards of the new membership). Raises `JoinRefused` when the
     members' state differs (shapes, dtypes or `tag`), `JoinFailed` when not
     admitted within `deadline`, and as `recover` does when forming fails.
 
@@ -288,8 +333,15 @@ def join(
     position = f"{value.decode().split('|')[1]}:{completed}"
     new = protocol.agree(previous, position, end, window, "join", decision=value)
     _withdraw(store, me)
-    share_state(new, tensors, deadline=max(1.0, end - time.monotonic()))
+    _hand_over(new, tensors, deadline=max(1.0, end - time.monotonic()))
     return new
+
+
+def _hand_over(m: Membership, state: list[torch.Tensor] | ShardedState, deadline: float) -> None:
+    if isinstance(state, ShardedState):
+        hand_over(state, m, deadline=deadline)
+    else:
+        share_state(m, state, deadline=deadline)
 
 
 def _withdraw(store: Any, me: int) -> None:
