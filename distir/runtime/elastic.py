@@ -21,12 +21,14 @@ with the joiners added to the proposal:
    writes `admitted/<rank>` = the epoch; the joiner reads that decision and
    forms the group with them. One decision per epoch, and a rank of an older
    membership is fenced, exactly as in recovery.
-4. The member that comes first in the new group among those that were there
-   before broadcasts the state with a distir program (one broadcast per
-   dtype over the flattened tensors): every member ends with its values.
-   State split across the members (`ShardedState`) moves instead from the
-   layout over the old members to the layout over the new ones, one
-   `dist.transfer` per tensor (`distir.runtime.elastic_shards`).
+4. The joiners receive the state with a distir program: per dtype, the
+   flattened tensors go by one `dist.transfer` from the members that were
+   there before (each holds it whole) to the joiners only, each joiner
+   reading it from one member (two joiners from two members). State split
+   across the members (`ShardedState`) moves instead from the layout over
+   the old members to the layout over the new ones, one `dist.transfer`
+   per tensor (`distir.runtime.elastic_shards`). A joiner compiles its
+   program before asking.
 
 Faults end as in recovery: a joiner that dies while joining makes forming
 fail on every member, who decide the next epoch without it (the launcher
@@ -59,9 +61,17 @@ from distir.backends.epochs import (
 )
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, JoinFailed, JoinRefused
-from distir.runtime.elastic_shards import ShardedState, hand_over, misfit, misfit_reason
+from distir.runtime.elastic_shards import (
+    Shard,
+    ShardedState,
+    hand_over,
+    misfit,
+    misfit_reason,
+    prepare,
+    transfer,
+)
 
-#: what `grow` and `join` hand over: whole tensors (broadcast), or shards
+#: what `grow` and `join` hand over: whole tensors, or shards
 State = Sequence[torch.Tensor] | ShardedState
 
 #: seconds between two looks at the store while a joiner waits
@@ -295,6 +305,12 @@ def join(
             store.delete_key(key)
         store.set(_want_key(me), digest)
 
+    # The program that hands the state over, compiled before asking (the
+    # members wait for the joiner once it is admitted).
+    if isinstance(tensors, ShardedState):
+        prepare(tuple(tensors.layout.values()), dist.get_world_size(), me, whole=False)
+    elif tensors:
+        prepare(_whole(tensors)[1], dist.get_world_size(), me, whole=True)
     protocol._bounded(ask, max(0.5, end - time.monotonic()), "join: asking")
 
     def answer() -> tuple[str, bytes, int] | None:
@@ -351,25 +367,37 @@ def _withdraw(store: Any, me: int) -> None:
         pass
 
 
+def _whole(state: Sequence[torch.Tensor]) -> tuple[list[torch.dtype], list[Shard]]:
+    """The dtypes of `state` in a fixed order, and per dtype the flat tensor
+    its tensors travel in, held whole."""
+    dtypes = sorted({t.dtype for t in state}, key=str)
+    sizes = [sum(t.numel() for t in state if t.dtype == d) for d in dtypes]
+    return dtypes, [Shard((n,), d, None) for d, n in zip(dtypes, sizes)]
+
+
 def share_state(m: Membership, state: Sequence[torch.Tensor], *, deadline: float = 30.0) -> None:
-    """Every member of `m` ends with the state of the first member (in group
-    order) that was there before `m` admitted anyone: one distir broadcast
-    per dtype of the flattened tensors, written back in place. Does nothing
-    when `m` admitted nobody."""
+    """The members `m` admitted get the state of the members that were
+    there before: per dtype, the flattened tensors travel by one
+    `dist.transfer` (of one distir program) from the old members, where the
+    tensor is held whole, to the joiners only, who read it from one member
+    each (two joiners from two different members, where there are two),
+    and write it back in place. Does nothing when `m` admitted nobody."""
     if not m.joined:
         return
-    from distir.runtime.eager import broadcast
-
-    root = next(i for i, r in enumerate(m.ranks) if r not in m.joined)
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in state:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    for dtype in sorted(by_dtype, key=str):  # the same order on every member
-        tensors = by_dtype[dtype]
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        got = broadcast(flat, root, group=m.group, deadline=deadline)
-        offset = 0
-        with torch.no_grad():
-            for t in tensors:
-                t.copy_(got[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+    dtypes, specs = _whole(state)
+    joiners = tuple(i for i, r in enumerate(m.ranks) if r in m.joined)
+    mine = m.rank not in joiners
+    flats = [
+        torch.cat([t.detach().reshape(-1) for t in state if t.dtype == d]) if mine else None
+        for d in dtypes
+    ]
+    got = transfer(specs, flats, m, joiners, deadline=deadline)
+    if mine:
+        return
+    with torch.no_grad():
+        for d, flat in zip(dtypes, got):
+            offset = 0
+            for t in state:
+                if t.dtype == d:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()

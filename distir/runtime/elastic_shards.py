@@ -133,16 +133,15 @@ def misfit_reason(state: ShardedState, m: Membership, rank: int, index: int) -> 
     )
 
 
-def _program(state: ShardedState, before: tuple[int, ...], size: int) -> Any:
-    """The hand-over program: for every tensor a `dist.transfer` from the
-    layout over the group ranks `before` to the layout over all `size`
-    group ranks; compiled once per (layout, before, size)."""
+def _program(specs: tuple[Shard, ...], before: tuple[int, ...], after: tuple[int, ...]) -> Any:
+    """The hand-over program: for every tensor a `dist.transfer` from its
+    layout over the group ranks `before` to its layout over the group ranks
+    `after`; compiled once per (specs, before, after)."""
     from distir.ir import builder
     from distir.runtime.eager import _ELEMENTS
     from distir.runtime.program import compile
 
-    specs = tuple(state.layout.values())
-    key = (specs, before, size)
+    key = (specs, before, after)
     with _lock:
         program = _cache.get(key)
         if program is not None:
@@ -166,7 +165,7 @@ def _program(state: ShardedState, before: tuple[int, ...], size: int) -> Any:
         ]
 
     types = [builder.tensor_type(_ELEMENTS[s.dtype], [None] * len(s.shape)) for s in specs]
-    meshes = {"before": ((len(before),), before), "after": ((size,), tuple(range(size)))}
+    meshes = {"before": ((len(before),), before), "after": ((len(after),), after)}
     module = builder.build_program(body, types, meshes=meshes)
     program = compile(module)
     with _lock:
@@ -176,6 +175,37 @@ def _program(state: ShardedState, before: tuple[int, ...], size: int) -> Any:
     return program
 
 
+def transfer(
+    specs: Sequence[Shard],
+    shards: Sequence[torch.Tensor | None],
+    m: Membership,
+    after: Sequence[int],
+    *,
+    deadline: float,
+) -> tuple[torch.Tensor, ...]:
+    """Moves every tensor of `specs` from its layout over the members that
+    were there before `m` (their `shards`; None on the others) to its
+    layout over the group ranks `after` of `m`, by one distir program of
+    `dist.transfer`s on `m`'s group. Returns this rank's shards (empty
+    tensors on a rank outside `after`)."""
+    before = tuple(i for i, r in enumerate(m.ranks) if r not in m.joined)
+    program = _program(tuple(specs), before, tuple(after))
+    inputs = [
+        x if m.rank in before and x is not None else torch.empty((0,) * len(s.shape), dtype=s.dtype)
+        for s, x in zip(specs, shards)
+    ]
+    out = program.run(*inputs, group=m.group, deadline=deadline)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def prepare(specs: Sequence[Shard], world: int, me: int, *, whole: bool) -> None:
+    """Compiles, ahead of its admission, the program a joiner on rank `me`
+    most likely runs: the one of a membership of every rank of the `world`
+    that admits it alone (to every member, or, `whole`, to it only)."""
+    before = tuple(r for r in range(world) if r != me)
+    _program(tuple(specs), before, (me,) if whole else tuple(range(world)))
+
+
 def hand_over(state: ShardedState, m: Membership, *, deadline: float) -> None:
     """Every member of `m` ends with its shards of the layout over `m`'s
     members, moved from the shards of the members that were there before
@@ -183,14 +213,7 @@ def hand_over(state: ShardedState, m: Membership, *, deadline: float) -> None:
     group. Does nothing when `m` admitted nobody."""
     if not m.joined or not state.layout:
         return
-    before = tuple(i for i, r in enumerate(m.ranks) if r not in m.joined)
-    program = _program(state, before, m.size)
-    inputs = [
-        state.shards[name]
-        if m.rank in before
-        else torch.empty((0,) * len(spec.shape), dtype=spec.dtype)
-        for name, spec in state.layout.items()
-    ]
-    out = program.run(*inputs, group=m.group, deadline=deadline)
-    outs = out if isinstance(out, tuple) else (out,)
+    specs = tuple(state.layout.values())
+    shards = [state.shards.get(name) for name in state.layout]
+    outs = transfer(specs, shards, m, range(m.size), deadline=deadline)
     state.shards = dict(zip(state.layout, outs))
