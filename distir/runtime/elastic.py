@@ -86,6 +86,14 @@ def _refused_key(rank: int) -> str:
     return f"{STORE_PREFIX}refused/{rank}"
 
 
+#: the running job's world size, which members publish at their first `grow`
+#: (a joiner started in another world is refused: see `join`)
+_WORLD_KEY = f"{STORE_PREFIX}world"
+
+#: whether this process published the world size (once is enough)
+_world_published = False
+
+
 def state_digest(state: State, tag: str = "") -> str:
     """What a joiner and the members must agree on before any byte moves:
     the shapes and dtypes of the state, in order, and the application's tag
@@ -180,6 +188,14 @@ def grow(
     store = default_store()
     world = dist.get_world_size()
     outside = [r for r in range(world) if r not in current.ranks]
+    global _world_published
+    if not _world_published:
+        protocol._bounded(
+            lambda: store.set(_WORLD_KEY, str(world)),
+            max(0.5, end - time.monotonic()),
+            "publishing the world size",
+        )
+        _world_published = True
 
     def look() -> list[int]:
         seen = [0] * world
@@ -278,7 +294,8 @@ def join(
     same as the members'): `completed` is the position to start from, and
     `state`'s tensors hold a member's values (a `ShardedState`: its
     `shards` hold this rank's shards of the new membership). Raises `JoinRefused` when the
-    members' state differs (shapes, dtypes or `tag`), `JoinFailed` when not
+    members' state differs (shapes, dtypes or `tag`) or this process's world
+    size is not the job's (a job grows back to its world, never past it), `JoinFailed` when not
     admitted within `deadline`, and as `recover` does when forming fails.
 
         def worker(ctx):                  # launch(worker, 4, tolerate=1, replace=True)
@@ -313,10 +330,15 @@ def join(
         prepare(_whole(tensors)[1], dist.get_world_size(), me, whole=True)
     protocol._bounded(ask, max(0.5, end - time.monotonic()), "join: asking")
 
+    world = dist.get_world_size()
+
     def answer() -> tuple[str, bytes, int] | None:
         refused = read_key(store, _refused_key(me))
         if refused is not None:
             return "refused", refused, 0
+        theirs = read_key(store, _WORLD_KEY)
+        if theirs is not None and int(theirs) != world:
+            return "refused", _other_world(me, world, int(theirs)).encode(), 0
         epoch = read_key(store, admitted)
         if epoch is not None:
             decision = read_key(store, decision_key(int(epoch)))
@@ -358,6 +380,16 @@ def _hand_over(m: Membership, state: list[torch.Tensor] | ShardedState, deadline
         hand_over(state, m, deadline=deadline)
     else:
         share_state(m, state, deadline=deadline)
+
+
+def _other_world(me: int, world: int, theirs: int) -> str:
+    return (
+        f"this process is rank {me} of a world of {world} ranks, the running job's world "
+        f"has {theirs}: a job grows back to the ranks of the world it started with, never "
+        "past it (every membership's group is made from torch.distributed's default "
+        "group, whose size init_process_group fixes, and gloo enforces rank < size); "
+        f"start the replacement as a rank of range({theirs}) that is not a member"
+    )
 
 
 def _withdraw(store: Any, me: int) -> None:
