@@ -147,8 +147,9 @@ def grow(
     on joiners; or a `ShardedState`, split across the members: every member
     then moves to its shard of the new membership by `dist.transfer`s, and
     a member whose shard does not fit the current layout is named on every
-    member and to the joiners that asked, before anything is decided). Returns the current membership when nobody waits (after
-    one small all-reduce), else the next one, the same on every member and
+    member and to the joiners that asked, before anything is decided; so
+    are members whose states differ). Returns the current membership when
+    nobody waits (after one small all-reduce), else the next one, the same on every member and
     joiner: `joined` names the new ranks and `completed` the position they
     start from (this rank's runs, or `progress` as in `recover`). A failure
     raises as `recover` does; the caller then recovers. `deadline`,
@@ -293,10 +294,11 @@ def join(
     `RankContext.joining` set). Returns the membership that admitted it (the
     same as the members'): `completed` is the position to start from, and
     `state`'s tensors hold a member's values (a `ShardedState`: its
-    `shards` hold this rank's shards of the new membership). Raises `JoinRefused` when the
-    members' state differs (shapes, dtypes or `tag`) or this process's world
-    size is not the job's (a job grows back to its world, never past it), `JoinFailed` when not
-    admitted within `deadline`, and as `recover` does when forming fails.
+    `shards` hold this rank's shards of the new membership). Raises
+    `JoinRefused` when the members' state differs (shapes, dtypes or `tag`)
+    or this process's world size is not the job's (a job grows back to its
+    world, never past it), `JoinFailed` when not admitted within
+    `deadline`, and as `recover` does when forming fails.
 
         def worker(ctx):                  # launch(worker, 4, tolerate=1, replace=True)
             state = make_state()          # the same shapes and dtypes as the members'
@@ -386,8 +388,8 @@ def _other_world(me: int, world: int, theirs: int) -> str:
     return (
         f"this process is rank {me} of a world of {world} ranks, the running job's world "
         f"has {theirs}: a job grows back to the ranks of the world it started with, never "
-        "past it (every membership's group is made from torch.distributed's default "
-        "group, whose size init_process_group fixes, and gloo enforces rank < size); "
+        "past it (the members look for joiners among the ranks of their own world only: "
+        "docs/training/elastic.md, Limits); "
         f"start the replacement as a rank of range({theirs}) that is not a member"
     )
 
