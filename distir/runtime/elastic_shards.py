@@ -37,6 +37,19 @@ from distir.backends.epochs import Membership
 from distir.errors import DistirError
 from distir.ir.layouts import shard_range
 
+#: torch dtype -> IR element type of what a hand-over carries: those of the
+#: eager collectives (`distir.runtime.eager`; a test keeps the two equal)
+ELEMENTS: dict[torch.dtype, str] = {
+    torch.bool: "i1",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+}
+
 #: compiled hand-over programs kept (one per old/new membership shape and layout)
 _CACHE_SIZE = 16
 _cache: OrderedDict[tuple, Any] = OrderedDict()
@@ -64,8 +77,6 @@ class ShardedState:
     def __init__(
         self, layout: Mapping[str, Shard], shards: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        from distir.runtime.eager import _ELEMENTS
-
         self.layout: dict[str, Shard] = {}
         for name, spec in layout.items():
             where = f"ShardedState: tensor {name!r}"
@@ -78,10 +89,10 @@ class ShardedState:
                 raise DistirError(
                     f"{where}: shape {list(shape)} must be one or more non-negative ints"
                 )
-            if spec.dtype not in _ELEMENTS:
+            if spec.dtype not in ELEMENTS:
                 raise DistirError(
                     f"{where}: dtype {spec.dtype} is not carried (carried: "
-                    f"{', '.join(str(d) for d in _ELEMENTS)})"
+                    f"{', '.join(str(d) for d in ELEMENTS)})"
                 )
             if spec.dim is not None and not 0 <= spec.dim < len(shape):
                 raise DistirError(
@@ -138,7 +149,6 @@ def _program(specs: tuple[Shard, ...], before: tuple[int, ...], after: tuple[int
     layout over the group ranks `before` to its layout over the group ranks
     `after`; compiled once per (specs, before, after)."""
     from distir.ir import builder
-    from distir.runtime.eager import _ELEMENTS
     from distir.runtime.program import compile
 
     key = (specs, before, after)
@@ -164,7 +174,7 @@ def _program(specs: tuple[Shard, ...], before: tuple[int, ...], after: tuple[int
             for x, spec in zip(shards, specs)
         ]
 
-    types = [builder.tensor_type(_ELEMENTS[s.dtype], [None] * len(s.shape)) for s in specs]
+    types = [builder.tensor_type(ELEMENTS[s.dtype], [None] * len(s.shape)) for s in specs]
     meshes = {"before": ((len(before),), before), "after": ((len(after),), after)}
     module = builder.build_program(body, types, meshes=meshes)
     program = compile(module)
