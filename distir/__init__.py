@@ -36,12 +36,15 @@ if TYPE_CHECKING:
         shift,
     )
     from distir.runtime.elastic import grow, join, join_requests
+    from distir.runtime.elastic_shards import Shard, ShardedState
     from distir.runtime.launch import launch
     from distir.runtime.program import Program, compile, simulate
 
 __all__ = [
     "Membership",
     "Program",
+    "Shard",
+    "ShardedState",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -84,6 +87,10 @@ def __getattr__(name: str) -> Any:
         from distir.runtime import elastic
 
         return getattr(elastic, name)
+    if name in ("Shard", "ShardedState"):
+        from distir.runtime import elastic_shards
+
+        return getattr(elastic_shards, name)
     if name == "launch":
         from distir.runtime.launch import launch
 

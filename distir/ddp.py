@@ -47,6 +47,7 @@ without the lost rank, every survivor calls `m = distir.recover()` and wraps
 the model in a new DDP and a new state on `m.group`::
 
     except DistirError:
+        unwrap(model)                      # the old DDP leaves the parameters
         m = distir.recover(deadline=...)   # longer than the hook's deadline
         model = DistributedDataParallel(net, process_group=m.group)
         state = SumHookState(group=m.group)
@@ -80,6 +81,7 @@ __all__ = [
     "SumHookState",
     "program_hook",
     "sum_hook",
+    "unwrap",
 ]
 
 #: torch dtype -> IR element type of the buckets a hook accepts
@@ -526,3 +528,18 @@ def encrypted_hook(
 
     state._worker.submit(work)
     return state._track(bucket, called, future)
+
+
+def unwrap(ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+    """Detaches `ddp` from its module's parameters, before the module is
+    wrapped again on another group (after `distir.recover` or `distir.grow`).
+
+    DDP's reducer hooks every parameter's gradient accumulation; an old DDP
+    that is merely dropped keeps them until the garbage collector breaks its
+    reference cycles, and if its last step was cut short after the forward
+    (a failure in the backward), its reducer still expects a backward and
+    reduces each gradient again, on its old group (tests/ddp/test_unwrap.py). Removing its hooks takes microseconds where the full collection
+    that also frees it took about a second in a process holding distir's IR
+    (benchmarks/elastic_times.py); the rest of it is freed whenever Python
+    collects."""
+    ddp._remove_autograd_hooks()

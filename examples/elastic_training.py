@@ -12,7 +12,9 @@ the model in a new DDP on the new group and go on at 3. The launcher
 `distir.grow(state)` after step JOIN_AT (they pause before it until it
 asks, and call `grow` after every step from there on), and it receives the parameters, the optimizer's momentum and a 64 MB
 buffer (standing in for a larger model's state) from a member through a
-distir broadcast. The job finishes at 4.
+distir program (a `dist.transfer` per dtype). The job finishes at 4. An
+old DDP is taken off the parameters with `distir.ddp.unwrap` before the
+model is wrapped again.
 
 After every step the ranks agree on a digest of the parameters (one
 all-reduce of it and its negation: max equals min). Then a reference run,
@@ -26,7 +28,6 @@ run's. Times are seconds since the kill, or since the joiner asked.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 import signal
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import distir
+from distir.ddp import unwrap
 from distir.errors import DistirError
 
 STEPS = 20
@@ -137,12 +139,10 @@ def elastic_worker(ctx) -> dict:
                 grown = distir.grow(state, deadline=RECOVER_S, progress=done)
                 if grown.epoch != m.epoch:
                     m = grown
-                    del ddp
-                    gc.collect()  # the old DDP's hooks leave the parameters with it
+                    unwrap(ddp)  # the old DDP's hooks leave the parameters
                     ddp, hook = wrap(model, m.group)
         except DistirError:
-            del ddp
-            gc.collect()  # the old DDP's hooks leave the parameters with it
+            unwrap(ddp)  # the old DDP's hooks leave the parameters
             m = distir.recover(deadline=RECOVER_S, progress=done)
             events["recovered"] = time.monotonic()
             if m.completed < done:  # a step the others did not complete: undo it
@@ -177,8 +177,9 @@ def reference_worker(ctx, schedule: dict[int, tuple[int, ...]]) -> dict:
                 root = min(schedule[step])
                 for t in state:
                     dist.broadcast(t.data, root, group=groups[ranks])
+            if ddp is not None:
+                unwrap(ddp)  # the old DDP's hooks leave the parameters
             ddp = hook = None
-            gc.collect()  # the old DDP's hooks leave the parameters with it
             if ctx.rank in ranks:
                 ddp, hook = wrap(model, groups[ranks])
         if ctx.rank not in ranks:

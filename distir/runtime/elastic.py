@@ -21,9 +21,14 @@ with the joiners added to the proposal:
    writes `admitted/<rank>` = the epoch; the joiner reads that decision and
    forms the group with them. One decision per epoch, and a rank of an older
    membership is fenced, exactly as in recovery.
-4. The member that comes first in the new group among those that were there
-   before broadcasts the state with a distir program (one broadcast per
-   dtype over the flattened tensors): every member ends with its values.
+4. The joiners receive the state with a distir program: per dtype, the
+   flattened tensors go by one `dist.transfer` from the members that were
+   there before (each holds it whole) to the joiners only, each joiner
+   reading it from one member (two joiners from two members). State split
+   across the members (`ShardedState`) moves instead from the layout over
+   the old members to the layout over the new ones, one `dist.transfer`
+   per tensor (`distir.runtime.elastic_shards`). A joiner compiles its
+   program before asking.
 
 Faults end as in recovery: a joiner that dies while joining makes forming
 fail on every member, who decide the next epoch without it (the launcher
@@ -56,6 +61,18 @@ from distir.backends.epochs import (
 )
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, JoinFailed, JoinRefused
+from distir.runtime.elastic_shards import (
+    Shard,
+    ShardedState,
+    hand_over,
+    misfit,
+    misfit_reason,
+    prepare,
+    transfer,
+)
+
+#: what `grow` and `join` hand over: whole tensors, or shards
+State = Sequence[torch.Tensor] | ShardedState
 
 #: seconds between two looks at the store while a joiner waits
 _POLL_S = 0.01
@@ -69,14 +86,28 @@ def _refused_key(rank: int) -> str:
     return f"{STORE_PREFIX}refused/{rank}"
 
 
-def state_digest(state: Sequence[torch.Tensor], tag: str = "") -> str:
+#: the running job's world size, which members publish at their first `grow`
+#: (a joiner started in another world is refused: see `join`)
+_WORLD_KEY = f"{STORE_PREFIX}world"
+
+#: whether this process published the world size (once is enough)
+_world_published = False
+
+
+def state_digest(state: State, tag: str = "") -> str:
     """What a joiner and the members must agree on before any byte moves:
-    the shapes and dtypes of the state, in order, and the application's tag."""
-    described = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in state)
+    the shapes and dtypes of the state, in order, and the application's tag
+    (of a `ShardedState`: its layout)."""
+    if isinstance(state, ShardedState):
+        described = f"sharded|{state.described()}"
+    else:
+        described = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in state)
     return hashlib.sha256(f"{tag}|{described}".encode()).hexdigest()[:32]
 
 
-def _check_state(state: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+def _check_state(state: State, what: str) -> list[torch.Tensor] | ShardedState:
+    if isinstance(state, ShardedState):
+        return state
     tensors = list(state)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
@@ -100,7 +131,7 @@ def join_requests() -> tuple[int, ...]:
 
 
 def grow(
-    state: Sequence[torch.Tensor],
+    state: State,
     *,
     deadline: Duration = 30.0,
     progress: int | None = None,
@@ -113,8 +144,12 @@ def grow(
 
     Every member calls it at the same point of its loop, with the same
     `state` (tensors, e.g. parameters and optimizer state, written in place
-    on joiners). Returns the current membership when nobody waits (after
-    one small all-reduce), else the next one, the same on every member and
+    on joiners; or a `ShardedState`, split across the members: every member
+    then moves to its shard of the new membership by `dist.transfer`s, and
+    a member whose shard does not fit the current layout is named on every
+    member and to the joiners that asked, before anything is decided; so
+    are members whose states differ). Returns the current membership when
+    nobody waits (after one small all-reduce), else the next one, the same on every member and
     joiner: `joined` names the new ranks and `completed` the position they
     start from (this rank's runs, or `progress` as in `recover`). A failure
     raises as `recover` does; the caller then recovers. `deadline`,
@@ -154,6 +189,14 @@ def grow(
     store = default_store()
     world = dist.get_world_size()
     outside = [r for r in range(world) if r not in current.ranks]
+    global _world_published
+    if not _world_published:
+        protocol._bounded(
+            lambda: store.set(_WORLD_KEY, str(world)),
+            max(0.5, end - time.monotonic()),
+            "publishing the world size",
+        )
+        _world_published = True
 
     def look() -> list[int]:
         seen = [0] * world
@@ -175,14 +218,23 @@ def grow(
 
     from distir.runtime.eager import all_reduce
 
+    # Riding on the same all-reduce: whether some member's shards do not fit
+    # the current layout (rank * tensors + tensor + 1, the largest wins), and
+    # the members' digests (MAX of d and of -d: the largest and the least),
+    # so that every member finds a misfit or a disagreement in the same round.
+    me = dist.get_rank()
+    bad = misfit(tensors, current, me) if isinstance(tensors, ShardedState) else None
+    width = len(tensors.layout) if isinstance(tensors, ShardedState) else 1
+    problem = 0 if bad is None else me * width + bad[0] + 1
+    mine = int(digest[:15], 16)
     waited = time.monotonic() + (seconds(wait, "wait") if wait else 0.0)
     while True:
         seen = protocol._bounded(look, max(0.5, end - time.monotonic()), "reading join requests")
-        # The last entry: whether this member's wait is over. The members
-        # stop on the agreed row, so all in the same round.
+        # Then whether this member's wait is over. The members stop on the
+        # agreed row, so all in the same round.
         over = int(time.monotonic() >= waited)
         agreed = all_reduce(
-            torch.tensor([*seen, over], dtype=torch.int64),
+            torch.tensor([*seen, over, problem, mine, -mine], dtype=torch.int64),
             "max",
             group=current.group,
             deadline=deadline_s,
@@ -190,6 +242,25 @@ def grow(
         if int(agreed[world]) or any(int(v) for v in agreed[:world]):
             break
         time.sleep(_POLL_S)
+    worst, high, low = (int(v) for v in agreed[world + 1 :])
+    if worst or high != -low:
+        if worst:
+            rank, index = divmod(worst - 1, width)
+            assert isinstance(tensors, ShardedState)
+            reason = misfit_reason(tensors, current, rank, index)
+        else:
+            reason = (
+                f"the members (ranks {list(current.ranks)}) hold states with different "
+                "shapes, dtypes, layouts or tags; nothing moved"
+            )
+        # Every member writes the same answer to the joiners that asked.
+        protocol._bounded(
+            lambda: [store.set(_refused_key(r), reason) for r in outside if int(agreed[r]) == 1],
+            max(0.5, end - time.monotonic()),
+            "refusing join requests",
+        )
+        here = "" if bad is None else f" (rank {me} holds {bad[1]})"
+        raise DistirError(f"grow: {reason}{here}")
     end = max(end, time.monotonic() + deadline_s)
     admit = tuple(r for r in range(world) if int(agreed[r]) == 1)
     if not admit:
@@ -204,12 +275,12 @@ def grow(
         max(0.5, end - time.monotonic()),
         "clearing join requests",
     )
-    share_state(new, tensors, deadline=max(1.0, end - time.monotonic()))
+    _hand_over(new, tensors, deadline=max(1.0, end - time.monotonic()))
     return new
 
 
 def join(
-    state: Sequence[torch.Tensor],
+    state: State,
     *,
     deadline: Duration = 60.0,
     tag: str = "",
@@ -222,9 +293,12 @@ def join(
     member (a replacement `launch(..., replace=True)` starts, with
     `RankContext.joining` set). Returns the membership that admitted it (the
     same as the members'): `completed` is the position to start from, and
-    `state`'s tensors hold a member's values. Raises `JoinRefused` when the
-    members' state differs (shapes, dtypes or `tag`), `JoinFailed` when not
-    admitted within `deadline`, and as `recover` does when forming fails.
+    `state`'s tensors hold a member's values (a `ShardedState`: its
+    `shards` hold this rank's shards of the new membership). Raises
+    `JoinRefused` when the members' state differs (shapes, dtypes or `tag`)
+    or this process's world size is not the job's (a job grows back to its
+    world, never past it), `JoinFailed` when not admitted within
+    `deadline`, and as `recover` does when forming fails.
 
         def worker(ctx):                  # launch(worker, 4, tolerate=1, replace=True)
             state = make_state()          # the same shapes and dtypes as the members'
@@ -250,12 +324,23 @@ def join(
             store.delete_key(key)
         store.set(_want_key(me), digest)
 
+    # The program that hands the state over, compiled before asking (the
+    # members wait for the joiner once it is admitted).
+    if isinstance(tensors, ShardedState):
+        prepare(tuple(tensors.layout.values()), dist.get_world_size(), me, whole=False)
+    elif tensors:
+        prepare(_whole(tensors)[1], dist.get_world_size(), me, whole=True)
     protocol._bounded(ask, max(0.5, end - time.monotonic()), "join: asking")
+
+    world = dist.get_world_size()
 
     def answer() -> tuple[str, bytes, int] | None:
         refused = read_key(store, _refused_key(me))
         if refused is not None:
             return "refused", refused, 0
+        theirs = read_key(store, _WORLD_KEY)
+        if theirs is not None and int(theirs) != world:
+            return "refused", _other_world(me, world, int(theirs)).encode(), 0
         epoch = read_key(store, admitted)
         if epoch is not None:
             decision = read_key(store, decision_key(int(epoch)))
@@ -288,8 +373,25 @@ def join(
     position = f"{value.decode().split('|')[1]}:{completed}"
     new = protocol.agree(previous, position, end, window, "join", decision=value)
     _withdraw(store, me)
-    share_state(new, tensors, deadline=max(1.0, end - time.monotonic()))
+    _hand_over(new, tensors, deadline=max(1.0, end - time.monotonic()))
     return new
+
+
+def _hand_over(m: Membership, state: list[torch.Tensor] | ShardedState, deadline: float) -> None:
+    if isinstance(state, ShardedState):
+        hand_over(state, m, deadline=deadline)
+    else:
+        share_state(m, state, deadline=deadline)
+
+
+def _other_world(me: int, world: int, theirs: int) -> str:
+    return (
+        f"this process is rank {me} of a world of {world} ranks, the running job's world "
+        f"has {theirs}: a job grows back to the ranks of the world it started with, never "
+        "past it (the members look for joiners among the ranks of their own world only: "
+        "docs/training/elastic.md, Limits); "
+        f"start the replacement as a rank of range({theirs}) that is not a member"
+    )
 
 
 def _withdraw(store: Any, me: int) -> None:
@@ -299,25 +401,37 @@ def _withdraw(store: Any, me: int) -> None:
         pass
 
 
+def _whole(state: Sequence[torch.Tensor]) -> tuple[list[torch.dtype], list[Shard]]:
+    """The dtypes of `state` in a fixed order, and per dtype the flat tensor
+    its tensors travel in, held whole."""
+    dtypes = sorted({t.dtype for t in state}, key=str)
+    sizes = [sum(t.numel() for t in state if t.dtype == d) for d in dtypes]
+    return dtypes, [Shard((n,), d, None) for d, n in zip(dtypes, sizes)]
+
+
 def share_state(m: Membership, state: Sequence[torch.Tensor], *, deadline: float = 30.0) -> None:
-    """Every member of `m` ends with the state of the first member (in group
-    order) that was there before `m` admitted anyone: one distir broadcast
-    per dtype of the flattened tensors, written back in place. Does nothing
-    when `m` admitted nobody."""
+    """The members `m` admitted get the state of the members that were
+    there before: per dtype, the flattened tensors travel by one
+    `dist.transfer` (of one distir program) from the old members, where the
+    tensor is held whole, to the joiners only, who read it from one member
+    each (two joiners from two different members, where there are two),
+    and write it back in place. Does nothing when `m` admitted nobody."""
     if not m.joined:
         return
-    from distir.runtime.eager import broadcast
-
-    root = next(i for i, r in enumerate(m.ranks) if r not in m.joined)
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in state:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    for dtype in sorted(by_dtype, key=str):  # the same order on every member
-        tensors = by_dtype[dtype]
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        got = broadcast(flat, root, group=m.group, deadline=deadline)
-        offset = 0
-        with torch.no_grad():
-            for t in tensors:
-                t.copy_(got[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+    dtypes, specs = _whole(state)
+    joiners = tuple(i for i, r in enumerate(m.ranks) if r in m.joined)
+    mine = m.rank not in joiners
+    flats = [
+        torch.cat([t.detach().reshape(-1) for t in state if t.dtype == d]) if mine else None
+        for d in dtypes
+    ]
+    got = transfer(specs, flats, m, joiners, deadline=deadline)
+    if mine:
+        return
+    with torch.no_grad():
+        for d, flat in zip(dtypes, got):
+            offset = 0
+            for t in state:
+                if t.dtype == d:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
