@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 import distir
-from distir.backends import membership as protocol
 from distir.errors import DistirError
 from distir.runtime import elastic
+from distir.runtime import membership as protocol
 
 _spec = importlib.util.spec_from_file_location(
     "elastic_training", Path(__file__).resolve().parent.parent / "examples/elastic_training.py"

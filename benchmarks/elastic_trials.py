@@ -45,11 +45,11 @@ import torch
 import torch.distributed as dist
 
 import distir
-from distir.backends import membership as protocol
-from distir.backends.epochs import decision_key, read_key
 from distir.errors import DistirError, JoinRefused
 from distir.runtime import elastic
+from distir.runtime import membership as protocol
 from distir.runtime.launch import launch
+from distir.transport.epochs import decision_key, read_key
 
 STEPS = 12
 DEADLINE_S = 2.0

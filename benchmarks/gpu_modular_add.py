@@ -41,7 +41,7 @@ def timed(fn, iters: int, warmup: int = 3) -> float:
 
 def lowered_region(shape: tuple[int, int]):
     import distir
-    from distir.interpreters.block_compiler import BlockCompiler
+    from distir.core.block_compiler import BlockCompiler
 
     t = f"tensor<{shape[0]}x{shape[1]}xi64>"
     program = distir.compile(

@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 
 import distir
-from distir.backends import groups
-from distir.backends.direct import DirectCollective
 from distir.bench.families import Case, all_to_all_setup
 from distir.bench.runner import bind_threads
 from distir.runtime.launch import launch
+from distir.transport import groups
+from distir.transport.direct import DirectCollective
 
 
 def _spin(us: float) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from distir.backends.membership import Membership, membership, recover
     from distir.runtime.eager import (
         all_gather,
         all_reduce,
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from distir.runtime.elastic import grow, join, join_requests
     from distir.runtime.elastic_shards import Shard, ShardedState
     from distir.runtime.launch import launch
+    from distir.runtime.membership import Membership, membership, recover
     from distir.runtime.program import Program, compile, simulate
 
 __all__ = [
@@ -80,7 +80,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(eager, name)
     if name in ("Membership", "membership", "recover"):
-        from distir.backends import membership
+        from distir.runtime import membership
 
         return getattr(membership, name)
     if name in ("grow", "join", "join_requests"):

@@ -79,7 +79,7 @@ class Poisoned(DistirError):
     (a deadline, a lost peer) the group is gone: the survivors call
     `distir.recover()` and go on with a new group. After a refusal that left
     the group working (a rejected input), every rank may call
-    `distir.backends.domain.reset_domain(group)` instead.
+    `distir.transport.domain.reset_domain(group)` instead.
     """
 
     def __init__(self, message: str, first_failure: str):

@@ -1,16 +1,16 @@
 """The package's layers import one way, as its folders say:
 
-    ir <- passes;  ir <- interpreters <- backends <- runtime <- cli
+    ir <- passes;  ir <- core <- transport <- runtime <- cli
     (ir/modular.py, the int64 headroom proof, is torch-free, for passes;
-    he/ (rns, seal, ntt and threshold's arithmetic) sits beside backends;
+    he/ (rns, seal, ntt and threshold's arithmetic) sits beside transport;
     aggregation, the threshold protocol made of distir programs, above runtime)
 
 `ir/` and `passes/` never import torch (distir-opt and other IR-only tools
 stay light); no module imports a higher layer, or a private name of another
 module; the import graph, counting every import statement (function-level
 ones included), has no cycle. An op family (`ops/<family>/`) spans layers
-by module name: `semantics` on the interpreters' layer, `torch` on the
-backends', the rest IR. Every dist op has exactly one semantics record and
+by module name: `semantics` on the core's layer, `torch` on the
+transport's, the rest IR. Every dist op has exactly one semantics record and
 one default Torch implementation, both derived from the op table
 (`distir.ops.table`), and the code specific to an op lives in its family
 folder (what is left outside is listed, as debt).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from distir.interpreters.records import OpSemantics
+from distir.core.records import OpSemantics
 
 PACKAGE = Path(__file__).resolve().parents[1] / "distir"
 
@@ -34,15 +34,15 @@ LAYERS = {
     "durations": 0,
     "errors": 1, "ir": 1,
     "passes": 2,
-    "interpreters": 3,
-    "he": 4, "backends": 4,
+    "core": 3,
+    "he": 4, "transport": 4,
     "runtime": 5, "": 5,  # the package facade (distir.compile, ...) is the runtime's
     "aggregation": 6, "ddp": 6, "bench": 6, "cli": 7,
 }  # fmt: skip
 #: a module of an op family (`ops.<family>.<name>`) sits on the layer of its
 #: name: the records on the execution core's, the Torch implementations on
-#: the backends'; every other module of a family (and the op table) is IR
-OPS_LAYERS = {"semantics": "interpreters", "torch": "backends"}
+#: the transport's; every other module of a family (and the op table) is IR
+OPS_LAYERS = {"semantics": "core", "torch": "transport"}
 TORCH_FREE = ("ir", "passes", "errors", "durations")
 
 
@@ -127,8 +127,8 @@ def _import_graph() -> dict[str, set[str]]:
         graph[name] = edges - {name}
     graph["passes"] |= _lazy_pass_modules()
     semantics, torch = _lazy_family_modules()
-    graph["interpreters.semantics"] |= semantics
-    graph["backends.implementations"] |= torch
+    graph["core.semantics"] |= semantics
+    graph["transport.implementations"] |= torch
     return graph
 
 
@@ -188,7 +188,7 @@ def test_only_the_pass_table_imports_by_name() -> None:
     users = sorted(
         name for name, path in MODULES.items() if "import_module(" in path.read_text()
     )
-    assert users == ["backends.implementations", "interpreters.semantics", "passes"]
+    assert users == ["core.semantics", "passes", "transport.implementations"]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -234,13 +234,13 @@ def test_the_import_graph_has_no_cycle() -> None:
 def test_the_cycle_finder_sees_function_level_imports() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [frozenset({"a", "b", "c"})]
-    source = "def f():\n    from distir.interpreters import reference\n"
+    source = "def f():\n    from distir.core import simulator as reference\n"
     tree_imports = [
         (node.module, [a.name for a in node.names])
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.ImportFrom)
     ]
-    assert tree_imports == [("distir.interpreters", ["reference"])]
+    assert tree_imports == [("distir.core", ["simulator"])]
 
 
 # Every op has one semantics record and one Torch implementation -------------------
@@ -257,8 +257,8 @@ def _roundtrip_programs() -> dict[str, str]:
 
 
 def test_every_dist_op_has_exactly_one_semantics_record() -> None:
-    from distir.interpreters.kernels import LOCAL_KERNELS
-    from distir.interpreters.semantics import SEMANTICS
+    from distir.core.kernels import LOCAL_KERNELS
+    from distir.core.semantics import SEMANTICS
     from distir.ir.dialect import GroupOp, MeshOp, WaveOp, YieldOp, dist_ops
     from distir.ir.facts import LocalCheck
 
@@ -284,11 +284,11 @@ def test_every_dist_op_has_exactly_one_default_torch_implementation() -> None:
     besides the algorithms, the named alternatives a program or the runtime
     may choose instead (`ops.all_reduce.torch.algorithm_contributions`, the
     reduce-scatter's `schedule_contributions`)."""
-    from distir.backends.implementations import distributed_operation_contributions
-    from distir.interpreters.semantics import SEMANTICS, semantics_of
+    from distir.core.semantics import SEMANTICS, semantics_of
     from distir.ir.parsing import parse_module
     from distir.ops.all_reduce.torch import algorithm_contributions
     from distir.ops.reduce_scatter.torch import schedule_contributions
+    from distir.transport.implementations import distributed_operation_contributions
 
     algorithms = {type(a) for a in [*algorithm_contributions(), *schedule_contributions()]}
     defaults = [i for i in distributed_operation_contributions() if type(i) not in algorithms]
@@ -377,7 +377,7 @@ NOT_THE_OP = OPTIMISATION_PASSES | {
 #: the wave and its terminator, rank queries and peers) that the core and
 #: two analyses walk, and the local-check kernel.
 NOT_YET_IN_THEIR_FAMILY = {
-    "GroupOp": {"backends.groups", "interpreters.reference", "runtime.planning",
+    "GroupOp": {"transport.groups", "core.simulator", "runtime.planning",
                 "runtime.requirements"},
     "RankOp": {"passes.verify_spmd", "passes.vjp"},
     "GroupSizeOp": {"passes.verify_spmd"},
@@ -385,11 +385,11 @@ NOT_YET_IN_THEIR_FAMILY = {
     "SendOp": {"passes.verify_spmd"},
     "RecvOp": {"passes.verify_spmd"},
     "SendRecvOp": {"passes.verify_spmd"},
-    "WaveOp": {"interpreters.block_compiler", "passes.verify_spmd", "passes.vjp",
+    "WaveOp": {"core.block_compiler", "passes.verify_spmd", "passes.vjp",
                "runtime.ownership", "runtime.planning", "runtime.requirements"},
-    "YieldOp": {"interpreters.block_compiler", "passes.verify_spmd", "passes.vjp",
+    "YieldOp": {"core.block_compiler", "passes.verify_spmd", "passes.vjp",
                 "runtime.planning"},
-    "AssertReducedOp": {"interpreters.kernels"},
+    "AssertReducedOp": {"core.kernels"},
 }  # fmt: skip
 
 
@@ -409,9 +409,9 @@ def _names_in_code(path: Path) -> frozenset[str]:
 
 
 def _place(module: str) -> str:
-    """A module, or the op family (or backend package) it belongs to."""
+    """A module, or the op family it belongs to."""
     parts = module.split(".")
-    if parts[0] in ("backends", "ops") and len(parts) > 2:
+    if parts[0] == "ops" and len(parts) > 2:
         return ".".join(parts[:2])
     return module
 

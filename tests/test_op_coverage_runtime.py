@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from xdsl.irdl import IRDLOperation
 
-from distir.backends.implementations import distributed_operation_contributions
-from distir.interpreters.kernels import LOCAL_KERNELS
+from distir.core.kernels import LOCAL_KERNELS
 from distir.ir.dialect import GroupOp, MeshOp, WaveOp, YieldOp, dist_ops
+from distir.transport.implementations import distributed_operation_contributions
 
 #: ops that only declare (groups, meshes), terminate, or gather other ops
 STRUCTURAL = (GroupOp, MeshOp, YieldOp, WaveOp)
@@ -27,7 +27,7 @@ def _executable() -> list[type[IRDLOperation]]:
 
 @pytest.mark.parametrize("op", _executable(), ids=lambda op: op.name)
 def test_op_has_reference_semantics(op: type[IRDLOperation]) -> None:
-    from distir.interpreters.semantics import semantics_of
+    from distir.core.semantics import semantics_of
 
     assert semantics_of(op) is not None, f"{op.name} has no semantics record"
 

@@ -27,8 +27,8 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
     import torch.distributed as dist
 
     import distir
-    from distir.backends.registry import Implementation, ImplementationRegistry
     from distir.ir.dialect import AllReduceOp
+    from distir.transport.registry import Implementation, ImplementationRegistry
 
     class NoCollective(Implementation):
         name = "no-collective"

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from distir.interpreters.checks import (
+from distir.core.checks import (
     limb_layout_problem,
     moduli_problem,
     unreduced_limb_problem,
@@ -110,7 +110,7 @@ class TorchRNSBackend:
     def check_moduli(moduli: Tensor) -> None:
         """Raise ``TypeError``/``ValueError`` unless ``moduli`` is a rank-1 int64
         tensor with every ``2 <= q < 2**62`` (the rule:
-        ``distir.interpreters.checks.moduli_problem``), holding at least one."""
+        ``distir.core.checks.moduli_problem``), holding at least one."""
         if not isinstance(moduli, Tensor):
             raise TypeError(f"moduli must be a torch.Tensor, got {type(moduli).__name__}")
         problem = moduli_problem(moduli)

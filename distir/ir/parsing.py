@@ -424,7 +424,7 @@ ARITH = Dialect(
 #: results, bit counts, integer powers), declared here once: `distir-opt`
 #: rejects them when it verifies (`unsupported_op`), the block compiler when
 #: `distir.compile` plans, both saying NO_KERNEL. The kernel table
-#: (`distir.interpreters.kernels.LOCAL_KERNELS`, which needs torch, so
+#: (`distir.core.kernels.LOCAL_KERNELS`, which needs torch, so
 #: distir-opt cannot read it) covers exactly the other arith and math ops: a
 #: test holds the two together.
 NO_KERNEL_OPS: frozenset[type[Operation]] = frozenset({

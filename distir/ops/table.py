@@ -2,8 +2,8 @@
 
 The dialect's op list (`distir.ir.dialect`), the builder helpers
 (`distir.ir.builder.HELPERS`), the semantics records
-(`distir.interpreters.semantics.SEMANTICS`) and the default Torch
-implementations (`distir.backends.implementations`) are derived from
+(`distir.core.semantics.SEMANTICS`) and the default Torch
+implementations (`distir.transport.implementations`) are derived from
 `FAMILIES`; nothing else lists ops by hand. A family that runs has a
 `semantics` module exporting `SEMANTICS` and a `torch` module (or package)
 exporting `implementations(options)`; they are imported by name, from this

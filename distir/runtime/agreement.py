@@ -40,17 +40,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distir.backends.groups import ProcessGroupResource, Step
-from distir.errors import DistirError, ProgramInputError, ProgramMismatch
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Precondition,
     digest_of,
     evaluate,
     mismatch,
 )
-from distir.interpreters.semantics import precondition_rule
+from distir.core.semantics import precondition_rule
+from distir.errors import DistirError, ProgramInputError, ProgramMismatch
 from distir.runtime.concurrency import RunId
 from distir.runtime.planning import Plan
+from distir.transport.groups import ProcessGroupResource, Step
 
 MAGIC = 0x6469737469720002  # "distir", row format 2 (4 + P words)
 #: words of the row every rank must have equal

@@ -26,16 +26,16 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
-from distir.backends.direct import DirectCollective
-from distir.backends.domain import group_alive
-from distir.backends.groups import ProcessGroupResource, create_declared_groups
-from distir.interpreters.block_compiler import BlockCompiler, CompiledBlock, DistKernel
-from distir.interpreters.checks import check_group_assumption, check_group_rank, check_result_shape
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.semantics import semantics_of
+from distir.core.block_compiler import BlockCompiler, CompiledBlock, DistKernel
+from distir.core.checks import check_group_assumption, check_group_rank, check_result_shape
+from distir.core.invocation import Invocation
+from distir.core.semantics import semantics_of
 from distir.runtime.concurrency import gate_for
 from distir.runtime.planning import Plan
 from distir.runtime.requirements import WorldSizeError, check_declarations, check_world_size
+from distir.transport.direct import DirectCollective
+from distir.transport.domain import group_alive
+from distir.transport.groups import ProcessGroupResource, create_declared_groups
 
 
 def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:

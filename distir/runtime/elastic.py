@@ -5,7 +5,7 @@ A joiner takes a rank of the world that is not a member (a lost rank's, when
 the launcher restarts it with `launch(..., replace=True)`), calls
 `join(state)` and waits. The members call `grow(state)` together at a point
 of their loop (every step, or every few: it costs one small all-reduce when
-nobody waits). The protocol is recovery's (`distir.backends.membership`),
+nobody waits). The protocol is recovery's (`distir.runtime.membership`),
 with the joiners added to the proposal:
 
 1. The joiner clears what an earlier process of its rank left in the store
@@ -47,20 +47,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distir.backends import membership as protocol
-from distir.backends.domain import call_bounded
-from distir.backends.epochs import (
-    STORE_PREFIX,
-    Membership,
-    decision_key,
-    default_store,
-    membership,
-    parse_members,
-    parse_outcome,
-    read_key,
-)
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, JoinFailed, JoinRefused
+from distir.runtime import membership as protocol
 from distir.runtime.elastic_shards import (
     Shard,
     ShardedState,
@@ -69,6 +58,17 @@ from distir.runtime.elastic_shards import (
     misfit_reason,
     prepare,
     transfer,
+)
+from distir.transport.domain import call_bounded
+from distir.transport.epochs import (
+    STORE_PREFIX,
+    Membership,
+    decision_key,
+    default_store,
+    membership,
+    parse_members,
+    parse_outcome,
+    read_key,
 )
 
 #: what `grow` and `join` hand over: whole tensors, or shards

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from distir.backends.epochs import Membership
 from distir.errors import DistirError
 from distir.ir.layouts import shard_range
+from distir.transport.epochs import Membership
 
 #: torch dtype -> IR element type of what a hand-over carries: those of the
 #: eager collectives (`distir.runtime.eager`; a test keeps the two equal)

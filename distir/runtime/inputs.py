@@ -45,8 +45,8 @@ import torch
 from xdsl.dialects import func
 from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 
+from distir.core.dtypes import describe_tensor, element_dtype, matches_type, static_shape
 from distir.errors import DistirError, ProgramInputError, count, one_line
-from distir.interpreters.dtypes import describe_tensor, element_dtype, matches_type, static_shape
 from distir.ir.facts import OperandRole, operand_roles
 
 #: Odd 60-bit moduli: P·(q−1) < 2^63 holds up to P = 8, as in SEAL's 60-bit primes.

@@ -103,7 +103,7 @@ _PRELOAD = [
     "torch.distributed",
     "distir.runtime.launch",
     "distir.runtime.program",
-    "distir.backends.membership",
+    "distir.runtime.membership",
 ]
 
 #: Environment variables that take effect when an interpreter, its loader or
@@ -424,7 +424,7 @@ def _rank_entry(
 
         if threads is not None:
             torch.set_num_threads(threads)
-        from distir.backends.membership import set_job_store
+        from distir.runtime.membership import set_job_store
 
         _set_cuda_device(backend, rank)
         # The launching process hosts the store: it outlives every rank.
@@ -916,7 +916,7 @@ def _exit_cause(code: int | None) -> str:
 
 def _report_gone(store: Any, rank: int, proc: Any, outcome: tuple[bool, Any] | None) -> None:
     """Tells the survivors (`distir.recover`) that `rank` will never join."""
-    from distir.backends.membership import GONE_KEY
+    from distir.runtime.membership import GONE_KEY
 
     if outcome is None:
         proc.join(0.5)  # its pipe closed: it is exiting

@@ -47,10 +47,10 @@ from torch.autograd.graph import increment_version
 from xdsl.dialects import func
 from xdsl.ir import BlockArgument, SSAValue
 
-from distir.backends.buffers import pooled_copy
+from distir.core.kernels import FRESH_RESULTS
 from distir.errors import ProgramInputError
-from distir.interpreters.kernels import FRESH_RESULTS
 from distir.ir.dialect import WaveOp
+from distir.transport.buffers import pooled_copy
 
 Span = tuple[int, int, int]  # (storage address, first byte, one past the last byte)
 

@@ -26,12 +26,11 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.ir import BlockArgument, Operation
 
-from distir.backends.registry import Implementation, ImplementationRegistry
+from distir.core.block_compiler import BlockCompiler
+from distir.core.dtypes import RUNNABLE_ELEMENT_TYPES, element_dtype, static_shape
+from distir.core.invocation import Invocation
+from distir.core.semantics import make_invocation, precondition_rule
 from distir.errors import CompileError, UnsupportedOpError
-from distir.interpreters.block_compiler import BlockCompiler
-from distir.interpreters.dtypes import RUNNABLE_ELEMENT_TYPES, element_dtype, static_shape
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.semantics import make_invocation, precondition_rule
 from distir.ir.dialect import (
     GroupMemberOp,
     GroupOp,
@@ -50,6 +49,7 @@ from distir.ir.parsing import describe_op, function_named, reachable_functions
 from distir.ops.all_reduce.ir import known_combine_error
 from distir.runtime.inputs import check_inputs
 from distir.runtime.ownership import check_unchanged, is_plain, plain_inputs
+from distir.transport.registry import Implementation, ImplementationRegistry
 
 
 def is_executable_dist_op(op: Operation) -> bool:

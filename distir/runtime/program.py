@@ -10,7 +10,7 @@ The rule every run keeps: any exception raised on this rank during a run
 (an input check, the agreement, group creation, any kernel, local or
 collective) poisons the rank's execution domain before it propagates, and a
 poisoned domain never enters a collective again until the user recovers
-explicitly (see `distir.backends.domain`).
+explicitly (see `distir.transport.domain`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
-from distir.backends.domain import group_alive
-from distir.backends.registry import ImplementationRegistry
+from distir.core.block_compiler import BlockCompiler
 from distir.durations import Duration, seconds
 from distir.errors import CompileError
-from distir.interpreters.block_compiler import BlockCompiler
 from distir.ir.parsing import (
     describe_op,
     find_verify_failure,
@@ -53,6 +51,8 @@ from distir.runtime.ownership import (
 )
 from distir.runtime.planning import Plan
 from distir.runtime.specialised import GENERAL, specialised_run
+from distir.transport.domain import group_alive
+from distir.transport.registry import ImplementationRegistry
 
 ProgramSource = ModuleOp | str | Path
 
@@ -116,7 +116,7 @@ class Program:
         agreement: bool = True,
     ):
         if registry is None:
-            from distir.backends.implementations import distributed_operation_contributions
+            from distir.transport.implementations import distributed_operation_contributions
 
             registry = ImplementationRegistry(distributed_operation_contributions())
         self.module = module
@@ -355,7 +355,7 @@ class Program:
         `lost` drops those ranks first, as `distir.recover` does: the others
         run as a group of the survivors, renumbered in order, and only their
         results are returned (what a recovered group must compute)."""
-        from distir.interpreters.reference import run_simulation
+        from distir.core.simulator import run_simulation
 
         dropped = set(lost)
         inputs_per_rank = [

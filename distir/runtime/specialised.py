@@ -1,7 +1,7 @@
 """A run specialised once per binding: each rule's per-run cost, composed.
 
 `Program.run` keeps every rule of a run (DESIGN.md, "Runtime") in its one
-home: liveness of the group (`distir.backends.domain`), the run gate
+home: liveness of the group (`distir.transport.domain`), the run gate
 (`distir.runtime.concurrency`), gradient recording (`autograd`), the
 deadline (`Binding.configure`), the agreement (`agreement`), the input check
 (`Plan.check_inputs`), donation and result ownership (`ownership`), the
@@ -35,12 +35,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distir.backends.direct import DirectCollective
-from distir.backends.domain import group_alive
 from distir.errors import DistirError
 from distir.runtime import autograd
 from distir.runtime.binding import Binding
 from distir.runtime.ownership import donation_for, mark_written_for, owned_results_for
+from distir.transport.direct import DirectCollective
+from distir.transport.domain import group_alive
 
 #: what a specialised run returns when a guard before the gate failed: the
 #: caller runs the general path instead (nothing was claimed or changed)

@@ -33,11 +33,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distir.backends.domain import domain_for
-from distir.backends.epochs import membership
 from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError, Excluded
 from distir.ir.layouts import Box, Layout, Mesh, local_box
 from distir.ops.transfer.ir import Transfer, transfer_map
+from distir.transport.domain import domain_for
+from distir.transport.epochs import membership
 
 __all__ = [
     "WIRE_DTYPES",

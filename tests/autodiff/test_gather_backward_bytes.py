@@ -104,13 +104,13 @@ def test_what_the_backward_runs_on_gloo_sends_half_an_all_reduce(P, schedule):
 
     import torch
 
-    from distir.backends.exchange import InProcessWorld
     from distir.ops.reduce_scatter.torch import (
         DIRECT,
         choose_schedule,
         direct_reduce_scatter,
         ring_reduce_scatter,
     )
+    from distir.transport.exchange import InProcessWorld
 
     t_in, t_out = f"tensor<{rows}x2xf32>", f"tensor<{rows * P}x2xf32>"
     text = (

@@ -16,7 +16,7 @@ ELEMENT_TYPES = (
 )  # fmt: skip
 
 
-#: the torch dtype of each (interpreters/dtypes.py's mapping, spelled out)
+#: the torch dtype of each (core/dtypes.py's mapping, spelled out)
 DTYPES = {
     "i1": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32,
     "i64": torch.int64, "si8": torch.int8, "si16": torch.int16, "si32": torch.int32,

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import distir
-from distir.backends.implementations import distributed_operation_contributions
-from distir.backends.registry import Implementation
 from distir.errors import CompileError
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.runtime.launch import launch
+from distir.transport.implementations import distributed_operation_contributions
+from distir.transport.registry import Implementation
 
 #: element types gloo moves, as IR spells them
 ELEMENTS = ["i1", "i8", "ui8", "i32", "i64", "f16", "bf16", "f32", "f64"]
@@ -109,8 +109,8 @@ def _compare(bound, generic, dtype: torch.dtype, seed: int, other: torch.dtype) 
 
 
 def _check_every_case(ctx) -> list[str]:
-    from distir.backends.groups import ProcessGroupResource
-    from distir.interpreters.dtypes import element_dtype
+    from distir.core.dtypes import element_dtype
+    from distir.transport.groups import ProcessGroupResource
 
     resource = ProcessGroupResource(None)
     resource.agreement = False
@@ -187,8 +187,8 @@ def _bound(resource, submit, invocation):
     as `call(tensors)` on a writable f32 operand."""
     import torch.distributed as dist
 
-    from distir.backends.buffers import pooled_copy
-    from distir.backends.direct import DirectCollective
+    from distir.transport.buffers import pooled_copy
+    from distir.transport.direct import DirectCollective
 
     direct = DirectCollective(
         invocation, resource, submit, dist.AllreduceOptions, (), torch.float32, pooled_copy
@@ -200,7 +200,7 @@ def _bound(resource, submit, invocation):
 def test_a_bound_collective_waits_under_the_deadline_its_resource_holds_at_each_call(
     one_rank_world,
 ):
-    from distir.backends.groups import ProcessGroupResource
+    from distir.transport.groups import ProcessGroupResource
 
     resource = ProcessGroupResource(None)
     submit = _Recorder()
@@ -219,8 +219,8 @@ def test_a_bound_collective_waits_under_the_deadline_its_resource_holds_at_each_
 
 
 def test_a_bound_collective_that_fails_raises_a_named_error(one_rank_world):
-    from distir.backends.groups import ProcessGroupResource
     from distir.errors import CollectiveFailed, DeadlineExceeded
+    from distir.transport.groups import ProcessGroupResource
 
     resource = ProcessGroupResource(None)
     submit = _Recorder()

@@ -28,7 +28,7 @@ from strategies import examples
 from xdsl.dialects import arith
 
 import distir
-from distir.interpreters import kernels
+from distir.core import kernels
 from distir.ops.all_reduce.torch import native
 from distir.runtime.launch import launch
 from tests.backends.float_cases import CONTRACT, run_variants, variants

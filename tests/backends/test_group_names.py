@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from distir.backends.groups import ProcessGroupResource
-from distir.backends.membership import JOIN_WINDOW_SHARE, recover
+from distir.runtime.membership import JOIN_WINDOW_SHARE, recover
+from distir.transport.groups import ProcessGroupResource
 
 
 def test_a_group_other_than_the_world_is_named_by_its_ranks(one_rank_world):

@@ -17,7 +17,7 @@ import torch.utils.dlpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distir.backends.buffers import ResultBuffers
+from distir.transport.buffers import ResultBuffers
 
 N = 1 << 15  # 128 KiB of float32: pooled
 CPU = torch.device("cpu")

@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
+from distir.core.block_compiler import _WRITABLE_PATTERNS_KEPT, Step
 from distir.errors import DistirError, OpError
-from distir.interpreters.block_compiler import _WRITABLE_PATTERNS_KEPT, Step
 
 
 def test_writable_operands_follow_every_donation_pattern_beyond_those_remembered():
@@ -52,7 +52,7 @@ _ONE_COLLECTIVE = {
 @pytest.mark.parametrize("raises", [None, ValueError, DistirError])
 def test_a_block_of_one_collective_runs_as_its_stepped_form(name, raises):
     import distir
-    from distir.interpreters.block_compiler import BlockCompiler
+    from distir.core.block_compiler import BlockCompiler
 
     signature, body, returned = (s.format(t="tensor<3xf32>") for s in _ONE_COLLECTIVE[name])
     program = distir.compile(f"func.func @main{signature} {{\n  {body}\n  func.return {returned}\n}}")

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distir.interpreters.kernels import LOCAL_KERNELS, NATIVE_FOLDS, fold_in_rank_order
+from distir.core.kernels import LOCAL_KERNELS, NATIVE_FOLDS, fold_in_rank_order
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
 from distir.ops.all_reduce.torch.native import C10D_REDUCTIONS
 

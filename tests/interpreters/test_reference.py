@@ -33,8 +33,8 @@ from runtime_support import (
 from strategies import examples
 
 import distir
+from distir.core.simulator import SimulationError
 from distir.errors import CollectiveMismatchError, CompileError, DistirError, OpError
-from distir.interpreters.reference import SimulationError
 
 
 @functools.cache

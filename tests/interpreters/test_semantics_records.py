@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import distir
+from distir.core.semantics import make_invocation, precondition_rule, semantics_of
 from distir.errors import DistirError
-from distir.interpreters.semantics import make_invocation, precondition_rule, semantics_of
 from distir.ir.dialect import (
     AllGatherOp,
     AllReduceOp,
@@ -121,9 +121,9 @@ def test_a_transfer_runs_in_the_simulator_from_its_plan() -> None:
 
 
 def test_the_simulator_runs_the_records_it_is_handed() -> None:
-    from distir.interpreters.block_compiler import BlockCompiler
-    from distir.interpreters.reference import run_simulation
-    from distir.interpreters.semantics import SEMANTICS
+    from distir.core.block_compiler import BlockCompiler
+    from distir.core.semantics import SEMANTICS
+    from distir.core.simulator import run_simulation
     from distir.ops.groups.semantics import GroupSizeSemantics
 
     program = """

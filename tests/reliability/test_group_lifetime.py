@@ -22,9 +22,9 @@ import torch.distributed as dist
 from runtime_support import FrozenStore
 
 import distir
-from distir.backends.domain import STORE_READ_BOUND_S, ExecutionDomain, domain_for, reset_domain
 from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError
 from distir.runtime.launch import LaunchError, free_port, launch
+from distir.transport.domain import STORE_READ_BOUND_S, ExecutionDomain, domain_for, reset_domain
 
 pytestmark = pytest.mark.timeout(120)
 

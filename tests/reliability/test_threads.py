@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import distir
-from distir.backends.domain import domain_for
 from distir.errors import ConcurrentRun, DistirError, Poisoned, ProgramMismatch
 from distir.runtime.concurrency import gate_for
 from distir.runtime.launch import launch
+from distir.transport.domain import domain_for
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(120)]
 

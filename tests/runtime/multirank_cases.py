@@ -98,8 +98,8 @@ def run_cases(ctx, cases: list[Case]) -> list[tuple[torch.Tensor, ...] | str]:
     import torch.distributed as dist
 
     import distir
-    from distir.backends.domain import reset_domain
     from distir.errors import DistirError
+    from distir.transport.domain import reset_domain
 
     outcomes: list[tuple[torch.Tensor, ...] | str] = []
     for case in cases:

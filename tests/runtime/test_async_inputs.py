@@ -30,7 +30,7 @@ SUM = f"func.func @main(%x: {T}) -> {T} {{\n  %y = dist.all_reduce sum %x : {T}\
 
 @pytest.fixture
 def world(one_rank_world):
-    from distir.backends.domain import reset_domain
+    from distir.transport.domain import reset_domain
 
     yield
     reset_domain(None)
@@ -153,7 +153,7 @@ def test_any_in_place_write_through_any_view_before_the_run_starts(
     one_rank_world, write, start, donate, agreement
 ):
     """Donated: a named error; not donated: the values as queued."""
-    from distir.backends.domain import reset_domain
+    from distir.transport.domain import reset_domain
 
     program = distir.compile(SUM, agreement=agreement)
     original = autograd.records_gradient

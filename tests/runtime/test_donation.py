@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import distir
-from distir.interpreters.block_compiler import BlockCompiler
+from distir.core.block_compiler import BlockCompiler
 from distir.runtime.inputs import synthesize_inputs
 from distir.runtime.launch import launch
 

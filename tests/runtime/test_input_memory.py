@@ -31,7 +31,7 @@ ALL_REDUCE = (
 def world(one_rank_world):
     """The one-rank world, its execution domain cleared after each test (a
     refused input poisons it, as every failed run does)."""
-    from distir.backends.domain import reset_domain
+    from distir.transport.domain import reset_domain
 
     yield
     reset_domain(None)

@@ -17,8 +17,8 @@ from xdsl.dialects.builtin import (
     TensorType,
 )
 
+from distir.core.dtypes import element_dtype, matches_type
 from distir.errors import DistirError, ProgramInputError
-from distir.interpreters.dtypes import element_dtype, matches_type
 from distir.ir.dialect import BroadcastOp
 from distir.ir.facts import OperandRole
 from distir.ir.parsing import make_context, parse_file, parse_module

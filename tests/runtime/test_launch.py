@@ -579,7 +579,7 @@ def _quit_at_once(ctx, quitter: int, mode: str) -> dict:
     """Every rank first records which ranks' process groups were up when it
     reached `fn` (the launcher's store, where ranks say so); the quitter
     then ends at once."""
-    from distir.backends import membership
+    from distir.runtime import membership
     from distir.runtime.launch import _READY_KEY
 
     store = membership._job_store

@@ -352,7 +352,7 @@ def test_run_without_torch_distributed_is_a_clear_error() -> None:
 def world(one_rank_world):
     """The one-rank world, with its execution domain cleared after each test
     (a rejected input poisons it by design)."""
-    from distir.backends.domain import reset_domain
+    from distir.transport.domain import reset_domain
 
     yield
     reset_domain(None)

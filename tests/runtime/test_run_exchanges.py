@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import distir
-from distir.backends.groups import ProcessGroupResource
 from distir.errors import DistirError
 from distir.runtime.launch import launch
+from distir.transport.groups import ProcessGroupResource
 
 A2A = """
 func.func @main(%x: tensor<?x?xi64>, %s: tensor<{P}xi64>) -> (tensor<?x?xi64>, tensor<{P}xi64>) {
@@ -48,7 +48,7 @@ def _count_collectives() -> dict[str, int]:
     (`ProcessGroupResource._run`, and the process group method a
     `DirectCollective` holds, which a specialised run calls itself;
     class-wide, in this rank) and returns the live call counts."""
-    from distir.backends.direct import DirectCollective
+    from distir.transport.direct import DirectCollective
 
     calls = dict.fromkeys(COLLECTIVES.values(), 0)
     original = ProcessGroupResource._run

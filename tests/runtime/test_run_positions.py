@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import distir
-from distir.backends.groups import ProcessGroupResource
 from distir.errors import CollectiveFailed, ConcurrentRun, DeadlineExceeded, DistirError
 from distir.runtime.launch import launch
+from distir.transport.groups import ProcessGroupResource
 
 T = "tensor<4xf32>"
 SUM = f"func.func @main(%x: {T}) -> {T} {{\n  %y = dist.all_reduce sum %x : {T}\n  func.return %y : {T}\n}}"

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from strategies import examples
 
 import distir
-from distir.backends.domain import domain_for, reset_domain
 from distir.errors import DistirError
 from distir.runtime.launch import launch
 from distir.runtime.specialised import direct_collective
+from distir.transport.domain import domain_for, reset_domain
 
 #: name -> (IR, input (dtype, shape) per argument, what each result is in
 #: plain torch from the ranks' inputs: ("sum", i) the sum of input i over

@@ -28,9 +28,9 @@ import pytest
 import torch
 
 import distir
-from distir.backends.domain import call_bounded
 from distir.errors import DistirError
 from distir.runtime.launch import launch
+from distir.transport.domain import call_bounded
 
 pytestmark = pytest.mark.timeout(120)
 

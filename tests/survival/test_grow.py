@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import distir
-from distir.backends import membership as protocol
 from distir.errors import DistirError, JoinRefused
 from distir.runtime import elastic
+from distir.runtime import membership as protocol
 from distir.runtime.launch import launch
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(180)]

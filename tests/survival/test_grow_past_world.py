@@ -10,7 +10,7 @@ distir's refusal of a process started in a larger world:
   its own, larger than the job's;
 - such a process can initialise that larger world on the job's store
   (lazily connected, as a replacement's is), and torch then forms a gloo
-  group of the members and it (`distir.backends.groups.create_group`) on
+  group of the members and it (`distir.transport.groups.create_group`) on
   which collectives run: torch does not stand in the way, distir's protocol
   does (the members look for requests of the ranks of their own world
   only);
@@ -84,7 +84,7 @@ GROUPED = textwrap.dedent(
     import os
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from distir.backends.groups import create_group
+    from distir.transport.groups import create_group
 
     store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=timedelta(seconds=30))
@@ -100,7 +100,7 @@ GROUPED = textwrap.dedent(
 
 
 def grouped(ctx) -> float:
-    from distir.backends.groups import create_group
+    from distir.transport.groups import create_group
 
     if ctx.rank == 0:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -231,7 +231,7 @@ def test_a_frozen_rank_is_fenced_when_it_wakes_up() -> None:
 
 
 def die_while_recovering(ctx) -> str:
-    from distir.backends import membership
+    from distir.runtime import membership
 
     program = distir.compile(SMALL, deadline=DEADLINE_S)
     program.run(small_input(ctx.rank))

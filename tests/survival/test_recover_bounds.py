@@ -12,8 +12,8 @@ import torch.distributed as dist
 from runtime_support import FrozenStore
 
 import distir
-from distir.backends import membership
 from distir.errors import RecoveryFailed
+from distir.runtime import membership
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distir.backends.epochs import decision_key, format_decision, read_decision, read_key
+from distir.transport.epochs import decision_key, format_decision, read_decision, read_key
 
 STORE_TIMEOUT_S = 1.0
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Agreed,
     Precondition,
     check_axis_rows,
     check_counts,
 )
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import (
+from distir.core.invocation import Invocation
+from distir.core.records import (
     AlongAxis,
     Inputs,
     OpSemantics,

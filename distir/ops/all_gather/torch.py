@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from distir.backends.registry import Implementation
-from distir.backends.results import gather_stacked
 from distir.ops.all_gather.ir import AllGatherOp
+from distir.transport.registry import Implementation
+from distir.transport.results import gather_stacked
 
 
 class AllGatherImplementation(Implementation):

@@ -13,14 +13,14 @@ from typing import Any
 import torch
 from xdsl.dialects.builtin import IntegerAttr
 
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Agreed,
     Precondition,
     check_ciphertext,
 )
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
-from distir.interpreters.records import (
+from distir.core.invocation import Invocation
+from distir.core.kernels import NATIVE_FOLDS, fold_in_rank_order
+from distir.core.records import (
     Inputs,
     OpSemantics,
     ReferenceCall,

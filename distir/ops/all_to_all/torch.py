@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from distir.backends.buffers import pooled_empty
-from distir.backends.registry import Implementation
-from distir.backends.results import integer_tensor
 from distir.ir.facts import AgreementRidesWithPayload
 from distir.ops.all_to_all.ir import VariableAllToAllOp
+from distir.transport.buffers import pooled_empty
+from distir.transport.registry import Implementation
+from distir.transport.results import integer_tensor
 
 
 class VariableAllToAllImplementation(Implementation):

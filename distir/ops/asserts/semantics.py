@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Agreed,
     Precondition,
 )
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
+from distir.core.invocation import Invocation
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ops.asserts.ir import AssertUniformOp
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from distir.backends.registry import Implementation
 from distir.ops.asserts.ir import AssertUniformOp
+from distir.transport.registry import Implementation
 
 
 class AssertUniformImplementation(Implementation):

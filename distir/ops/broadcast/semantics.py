@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Agreed,
     Precondition,
     named_rank,
 )
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import (
+from distir.core.invocation import Invocation
+from distir.core.records import (
     Inputs,
     OpSemantics,
     ReferenceCall,

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distir.backends.buffers import pooled_copy, pooled_empty
-from distir.backends.direct import DirectCollective
-from distir.backends.groups import COLLECTIVE_DTYPES
-from distir.backends.registry import Implementation
-from distir.backends.results import awaiting
-from distir.interpreters.dtypes import element_dtype
+from distir.core.dtypes import element_dtype
 from distir.ops.broadcast.ir import BroadcastOp
+from distir.transport.buffers import pooled_copy, pooled_empty
+from distir.transport.direct import DirectCollective
+from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.registry import Implementation
+from distir.transport.results import awaiting
 
 
 class BroadcastImplementation(Implementation):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Agreed,
     Precondition,
     check_axis_rows,
@@ -17,8 +17,8 @@ from distir.interpreters.checks import (
     check_group_rank,
     fail,
 )
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
+from distir.core.invocation import Invocation
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
 from distir.ops.gather_scatter.ir import GatherOp, ScatterOp
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from distir.backends.registry import Implementation
 from distir.ops.gather_scatter.ir import GatherOp, ScatterOp
+from distir.transport.registry import Implementation
 
 
 def _rows_first(x: torch.Tensor, axis: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ops.groups.ir import GroupSizeOp, RankOp
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from distir.backends.registry import Implementation
 from distir.ops.groups.ir import GroupSizeOp, RankOp
+from distir.transport.registry import Implementation
 
 
 class GroupQueryImplementation(Implementation):

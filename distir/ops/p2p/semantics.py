@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
+from distir.core.checks import named_rank
+from distir.core.dtypes import element_dtype, fits_shape
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.errors import CollectiveMismatchError
-from distir.interpreters.checks import named_rank
-from distir.interpreters.dtypes import element_dtype, fits_shape
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ops.p2p.ir import RecvOp, SendOp, SendRecvOp
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distir.backends.groups import ProcessGroupResource
-from distir.backends.registry import Implementation, Invocation
+from distir.core.checks import named_rank
+from distir.core.dtypes import fits_shape
 from distir.errors import CollectiveMismatchError
-from distir.interpreters.checks import named_rank
-from distir.interpreters.dtypes import fits_shape
 from distir.ops.p2p.ir import RecvOp, SendOp, SendRecvOp
+from distir.transport.groups import ProcessGroupResource
+from distir.transport.registry import Implementation, Invocation
 
 #: dtype codes of message headers
 DTYPE_CODES = {

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from distir.interpreters.checks import Agreed, Precondition, check_group_rank
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
+from distir.core.checks import Agreed, Precondition, check_group_rank
+from distir.core.invocation import Invocation
+from distir.core.kernels import NATIVE_FOLDS, fold_in_rank_order
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
 from distir.ops.reduce.ir import ReduceToRootOp
 
 

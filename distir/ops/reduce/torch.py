@@ -12,9 +12,7 @@ from typing import Any
 
 import torch
 
-from distir.backends.groups import COLLECTIVE_DTYPES
-from distir.backends.registry import Implementation
-from distir.interpreters.dtypes import element_dtype
+from distir.core.dtypes import element_dtype
 from distir.ops.all_reduce.torch.native import (
     C10D_REDUCTIONS,
     ELEMENT_TYPE_NAMES,
@@ -24,6 +22,8 @@ from distir.ops.all_reduce.torch.native import (
     to_order_keys,
 )
 from distir.ops.reduce.ir import ReduceToRootOp
+from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.registry import Implementation
 
 
 class NativeReduceImplementation(Implementation):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from distir.interpreters.checks import Agreed, Precondition, fail
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.kernels import NATIVE_FOLDS, fold_in_rank_order
-from distir.interpreters.records import (
+from distir.core.checks import Agreed, Precondition, fail
+from distir.core.invocation import Invocation
+from distir.core.kernels import NATIVE_FOLDS, fold_in_rank_order
+from distir.core.records import (
     Inputs,
     OpSemantics,
     ReferenceCall,

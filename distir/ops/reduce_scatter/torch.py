@@ -38,13 +38,9 @@ from typing import Any
 
 import torch
 
-from distir.backends.exchange import Exchange, TorchExchange
-from distir.backends.groups import COLLECTIVE_DTYPES
-from distir.backends.registry import Implementation
-from distir.backends.results import gather_stacked
-from distir.interpreters.dtypes import element_dtype
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.kernels import fold_in_rank_order
+from distir.core.dtypes import element_dtype
+from distir.core.invocation import Invocation
+from distir.core.kernels import fold_in_rank_order
 from distir.ops.all_reduce.ir import elementwise_combine
 from distir.ops.all_reduce.torch.base import segment_elements, segment_ranges
 from distir.ops.all_reduce.torch.combines import SCRATCH, BoundCombine, build_combine
@@ -58,6 +54,10 @@ from distir.ops.all_reduce.torch.native import (
 )
 from distir.ops.reduce_scatter.ir import ReduceScatterOp
 from distir.ops.reduce_scatter.semantics import check_split, part_offsets
+from distir.transport.exchange import Exchange, TorchExchange
+from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.registry import Implementation
+from distir.transport.results import gather_stacked
 
 #: Transports whose own reduce-scatter sends N·(P-1)/P bytes per rank.
 NATIVE_TRANSPORTS = frozenset({"nccl"})

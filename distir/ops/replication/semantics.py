@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from distir.interpreters.checks import Agreed, Precondition
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
+from distir.core.checks import Agreed, Precondition
+from distir.core.invocation import Invocation
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ops.all_reduce.semantics import AllReduceSemantics
 from distir.ops.replication.ir import PsumOp, PvaryOp
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from distir.backends.registry import Implementation
-from distir.backends.results import writable_result
-from distir.interpreters.dtypes import element_dtype
+from distir.core.dtypes import element_dtype
 from distir.ops.all_reduce.torch.native import NativeAllReduceImplementation
 from distir.ops.replication.ir import PsumOp, PvaryOp
+from distir.transport.registry import Implementation
+from distir.transport.results import writable_result
 
 
 class PvaryImplementation(Implementation):

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from distir.interpreters.checks import Agreed, Precondition
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
+from distir.core.checks import Agreed, Precondition
+from distir.core.invocation import Invocation
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
 from distir.ops.shift.ir import ShiftOp, shift_source
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from distir.backends.registry import Implementation
 from distir.ops.shift.ir import ShiftOp, shift_source
+from distir.transport.registry import Implementation
 
 
 class ShiftImplementation(Implementation):

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from distir.interpreters.checks import Precondition, fail
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import Inputs, OpSemantics, ReferenceCall, Results
+from distir.core.checks import Precondition, fail
+from distir.core.invocation import Invocation
+from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results
 from distir.ir.layouts import check_shape
 from distir.ops.transfer.ir import Transfer, TransferOp, TransferPlan
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distir.backends.registry import Implementation
 from distir.ops.transfer.ir import TransferOp, TransferPlan
+from distir.transport.registry import Implementation
 
 
 def _slices(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distir.backends.exchange import InProcessWorld
 from distir.ir.modular import lazy_reduction_schedule
 from distir.ops.all_reduce.torch import base
 from distir.ops.all_reduce.torch.combines import LazyModularAdd, ModuliPieces
 from distir.ops.all_reduce.torch.halving_doubling import halving_doubling_all_reduce
 from distir.ops.all_reduce.torch.recursive_doubling import recursive_doubling_all_reduce
 from distir.ops.all_reduce.torch.ring import ring_all_reduce
+from distir.transport.exchange import InProcessWorld
 
 #: sizes past 16 take seconds each in one process: CI runs them, --fast does not
 GROUP_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16] + [
@@ -151,9 +151,9 @@ ALL_REDUCES = {
 
 @pytest.mark.parametrize("case", sorted(ALL_REDUCES))
 def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
-    from distir.backends.implementations import distributed_operation_contributions
     from distir.ir.parsing import parse_module
     from distir.ops.all_reduce.ir import ALGORITHM_NEEDS, candidate_algorithms, elementwise_combine
+    from distir.transport.implementations import distributed_operation_contributions
 
     text = f"func.func @main(%x: tensor<8xi64>) -> tensor<8xi64> {{\n  {ALL_REDUCES[case]}\n"
     module = parse_module(text + "  func.return %y : tensor<8xi64>\n}\n")
@@ -184,7 +184,7 @@ def test_each_algorithm_matches_exactly_the_ops_the_table_allows(case) -> None:
 
 def _counting_all_to_alls(monkeypatch) -> list[int]:
     """Counts `InProcessExchange.all_to_all` calls (the ring's one-segment path)."""
-    from distir.backends.exchange import InProcessExchange
+    from distir.transport.exchange import InProcessExchange
 
     calls: list[int] = []
     original = InProcessExchange.all_to_all

@@ -21,8 +21,8 @@ from strategies import examples
 from xdsl.dialects import math as math_dialect
 
 import distir
+from distir.core.kernels import LOCAL_KERNELS, MATH_TORCH_OPS
 from distir.errors import DistirError
-from distir.interpreters.kernels import LOCAL_KERNELS, MATH_TORCH_OPS
 from distir.ir.parsing import parse_module
 from distir.ir.tensor_arith import TENSOR_ARITH_OPS
 

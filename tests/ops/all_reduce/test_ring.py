@@ -509,7 +509,7 @@ def test_a_one_op_region_runs_in_place_and_others_are_evaluated_by_chunks():
     ],  # fmt: skip
 )
 def test_chunked_region_evaluation_equals_the_compiled_region(text, make_inputs):
-    from distir.interpreters.block_compiler import BlockCompiler
+    from distir.core.block_compiler import BlockCompiler
 
     op, program = _generic_op(text)
     whole = BlockCompiler(program.module, None).compile_local_region(op.combine)

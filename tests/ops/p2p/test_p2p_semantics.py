@@ -292,7 +292,7 @@ func.func @main(%x: tensor<4xi64>) -> tensor<?xi64> {
 
 @pytest.mark.parametrize("which, message", [("to", "destination 5"), ("from", "source 5")])
 def test_a_dynamic_peer_outside_the_group_is_an_error_naming_the_op(which, message):
-    # One rule (interpreters.checks.check_group_rank) for roots and both peers.
+    # One rule (core.checks.check_group_rank) for roots and both peers.
     peers = "to %far from %r" if which == "to" else "to %r from %far"
     text = f"""
 func.func @main(%x: tensor<4xi64>) -> tensor<4xi64> {{

@@ -18,9 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distir.backends.exchange import InProcessWorld
 from distir.ops.all_reduce.torch import base
 from distir.ops.reduce_scatter.torch import direct_reduce_scatter, ring_reduce_scatter
+from distir.transport.exchange import InProcessWorld
 
 
 def _run(size: int, body) -> list:

@@ -17,7 +17,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from rank_server import Case, RankServer
 
-from distir.backends.groups import COLLECTIVE_DTYPES
+from distir.transport.groups import COLLECTIVE_DTYPES
 
 pytestmark = pytest.mark.multirank
 

@@ -23,7 +23,7 @@ or, for the ciphertext op, by priority (`algorithm_contributions`):
   `rns-combine` when an RNS backend prepared its add.
 
 They share `base.py` (layout helpers, the flat-tensor plumbing),
-`combines.py` (what a combine region becomes) and `backends.exchange` (the
+`combines.py` (what a combine region becomes) and `transport.exchange` (the
 message layer).
 """
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from distir.backends.registry import Implementation
 from distir.ops.all_reduce.torch.ciphertext import (
     CiphertextAllReduceImplementation,
     CombineCiphertextAddImplementation,
@@ -45,6 +44,7 @@ from distir.ops.all_reduce.torch.recursive_doubling import (
     RecursiveDoublingAllReduceImplementation,
 )
 from distir.ops.all_reduce.torch.ring import RingAllReduceImplementation
+from distir.transport.registry import Implementation
 
 __all__ = [
     "CombineCiphertextAddImplementation",

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from distir.backends.buffers import pooled_empty
-from distir.backends.exchange import Exchange, TorchExchange
-from distir.backends.registry import Implementation, Invocation
 from distir.ops.all_reduce.ir import AllReduceOp, algorithm_applies
 from distir.ops.all_reduce.torch.combines import BoundCombine, build_combine
+from distir.transport.buffers import pooled_empty
+from distir.transport.exchange import Exchange, TorchExchange
+from distir.transport.registry import Implementation, Invocation
 
 #: Bytes per message segment; None picks one eighth of a chunk, clamped to
 #: [MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES]: small enough that combining one

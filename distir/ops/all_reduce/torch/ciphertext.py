@@ -38,15 +38,15 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from distir.backends.buffers import pooled_copy, pooled_empty
-from distir.backends.exchange import TorchExchange
-from distir.backends.registry import Implementation
-from distir.backends.results import gather_stacked, writable_result
 from distir.he.rns import TorchRNSBackend
 from distir.ir.modular import int64_sum_is_exact, lazy_reduction_schedule
 from distir.ops.all_reduce.ciphertext import AllReduceAddCiphertextOp
 from distir.ops.all_reduce.torch.combines import LazyModularAdd, ModuliPieces, reduce_bounded
 from distir.ops.all_reduce.torch.ring import ring_all_reduce
+from distir.transport.buffers import pooled_copy, pooled_empty
+from distir.transport.exchange import TorchExchange
+from distir.transport.registry import Implementation
+from distir.transport.results import gather_stacked, writable_result
 
 #: Below this many bytes, a native int64 sum (one collective) beats the
 #: ring's 2(P - 1) message rounds when the headroom allows it.

@@ -25,14 +25,14 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IndexType
 from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.ir import Block, Operation, SSAValue
 
-from distir.he.rns import subtract_and_mask_
-from distir.interpreters.kernels import (
+from distir.core.kernels import (
     BINARY_TORCH_OPS,
     LOCAL_KERNELS,
     NATIVE_FOLDS,
     broadcast_view,
     constant_tensor,
 )
+from distir.he.rns import subtract_and_mask_
 from distir.ir.analysis import broadcast_extra, single_op
 from distir.ir.modular import INT64_MAX
 from distir.ops.all_reduce.ir import MODULAR_ADD, known_combine
@@ -243,7 +243,7 @@ class RegionCombine:
     """An elementwise combine region evaluated on flat ranges.
 
     Built once per op from its IR: each op becomes the kernel the block
-    compiler would use (distir.interpreters.kernels), splat constants become
+    compiler would use (distir.core.kernels), splat constants become
     0-d tensors that broadcast, other constants, the extra operands and their
     broadcasts (`linalg.broadcast` of an extra, made once per call) are
     sliced like the operands. Values live in slots: the block arguments, the

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from distir.backends.buffers import pooled_copy
-from distir.backends.registry import Implementation
-from distir.backends.results import gather_stacked
-from distir.interpreters.kernels import fold_in_rank_order
+from distir.core.kernels import fold_in_rank_order
 from distir.ops.all_reduce.ir import GATHER_FOLD, AllReduceOp, algorithm_applies
+from distir.transport.buffers import pooled_copy
+from distir.transport.registry import Implementation
+from distir.transport.results import gather_stacked
 
 
 class GatherFoldAllReduceImplementation(Implementation):

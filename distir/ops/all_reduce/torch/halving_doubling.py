@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from distir.backends.exchange import Exchange
 from distir.ops.all_reduce.ir import HALVING_DOUBLING
 from distir.ops.all_reduce.torch.base import (
     FlatAllReduce,
@@ -23,6 +22,7 @@ from distir.ops.all_reduce.torch.base import (
     virtual_layout,
 )
 from distir.ops.all_reduce.torch.combines import SCRATCH, BoundCombine
+from distir.transport.exchange import Exchange
 
 
 def halving_doubling_all_reduce(

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from distir.backends.buffers import pooled_copy
-from distir.backends.direct import DirectCollective
-from distir.backends.groups import COLLECTIVE_DTYPES
-from distir.backends.registry import Implementation
-from distir.backends.results import awaiting, writable_result
-from distir.interpreters.dtypes import element_dtype
+from distir.core.dtypes import element_dtype
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ops.all_reduce.ir import AllReduceOp
+from distir.transport.buffers import pooled_copy
+from distir.transport.direct import DirectCollective
+from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.registry import Implementation
+from distir.transport.results import awaiting, writable_result
 
 #: the c10d reduction of each native kind, derived from the kinds' facts
 C10D_REDUCTIONS = {

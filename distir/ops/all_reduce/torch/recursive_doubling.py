@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.buffers import pooled_copy
-from distir.backends.exchange import Exchange, TorchExchange
-from distir.interpreters.kernels import NATIVE_FOLDS
+from distir.core.kernels import NATIVE_FOLDS
 from distir.ops.all_reduce.ir import RECURSIVE_DOUBLING
 from distir.ops.all_reduce.torch.base import AllReduceAlgorithm, real_rank, virtual_layout
+from distir.transport.buffers import pooled_copy
+from distir.transport.exchange import Exchange, TorchExchange
 
 WholeCombine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import torch
 
-from distir.backends.exchange import Exchange
 from distir.ops.all_reduce.ir import RING
 from distir.ops.all_reduce.torch.base import (
     FlatAllReduce,
@@ -23,6 +22,7 @@ from distir.ops.all_reduce.torch.base import (
     split_even,
 )
 from distir.ops.all_reduce.torch.combines import SCRATCH, BoundCombine
+from distir.transport.exchange import Exchange
 
 #: Run inputs whose chunks are one segment each as one all-to-all, a local
 #: fold and a second all-to-all (`_scatter_fold_gather`) rather than as ring steps.

@@ -54,8 +54,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distir.backends.domain import StoreUnavailable, call_bounded, resolve_group
-from distir.backends.epochs import (
+from distir.durations import Duration, seconds
+from distir.errors import DistirError, RecoveryFailed
+from distir.transport.domain import StoreUnavailable, call_bounded, resolve_group
+from distir.transport.epochs import (
     RUNS,
     STEPS,
     STORE_PREFIX,
@@ -70,8 +72,6 @@ from distir.backends.epochs import (
     read_key,
     set_membership,
 )
-from distir.durations import Duration, seconds
-from distir.errors import DistirError, RecoveryFailed
 
 #: the key the launcher writes when a rank's process is gone (value: why)
 GONE_KEY = "distir/gone/{rank}"
@@ -239,7 +239,7 @@ def _position(current: Membership, progress: int | None) -> str:
                 f"not {progress!r}"
             )
         return f"{STEPS}:{progress}"
-    from distir.backends.domain import domain_for
+    from distir.transport.domain import domain_for
 
     runs = 0
     if current.group is not None:
@@ -249,7 +249,7 @@ def _position(current: Membership, progress: int | None) -> str:
 
 def _fence(previous: Membership, epoch: int, members: tuple[int, ...]) -> None:
     """This rank is out: its old group's domain says so from now on."""
-    from distir.backends.domain import domain_for
+    from distir.transport.domain import domain_for
 
     if previous.group is not None and dist.is_initialized():
         try:
@@ -341,7 +341,7 @@ def _form(members: tuple[int, ...], epoch: int, me: int, end: float) -> Any:
     # A member that died before publishing its address makes creation wait
     # for the whole timeout: a short one leaves time for another round.
     timeout = timedelta(seconds=max(1.0, min(left, 2.0)))
-    from distir.backends.groups import create_group
+    from distir.transport.groups import create_group
 
     try:
         group = call_bounded(
@@ -385,7 +385,7 @@ def _job_timeout() -> timedelta:
 def _release(group: Any) -> None:
     """Destroys a group recovery replaced (never the default group: that
     would end every group) and the declared groups made on it."""
-    from distir.backends.groups import release_dead_groups
+    from distir.transport.groups import release_dead_groups
 
     if group is None or group is resolve_group(None):
         return

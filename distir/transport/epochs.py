@@ -1,9 +1,9 @@
 """The current membership and the store's record of later ones: what a rank
 reads to learn whether the survivors moved on without it.
 
-`distir.backends.membership` runs the recovery protocol (join, decide, form)
+`distir.runtime.membership` runs the recovery protocol (join, decide, form)
 and records each new membership here; the failure path of an execution
-domain (`distir.backends.domain`) reads `exclusion()` from here. This module
+domain (`distir.transport.domain`) reads `exclusion()` from here. This module
 sits below both, so neither needs the other to answer "was this rank left
 out?".
 """

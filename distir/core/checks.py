@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from distir.core.dtypes import fits_shape
+from distir.core.invocation import Invocation
 from distir.errors import CollectiveMismatchError, OpError
-from distir.interpreters.dtypes import fits_shape
-from distir.interpreters.invocation import Invocation
 from distir.ir.modular import MAX_MODULUS_EXCLUSIVE
 
 
@@ -306,7 +306,7 @@ def mismatch(description: str, group: str, reports: Sequence[dict | None]) -> Ex
 # Evaluating a precondition ---------------------------------------------------------
 
 #: (invocation, inputs, group size, group rank) -> Precondition: each op's rule
-#: lives in its semantics record (`distir.interpreters.semantics`)
+#: lives in its semantics record (`distir.core.semantics`)
 PreconditionRule = Callable[[Invocation, Sequence[torch.Tensor], int, int], Precondition]
 
 

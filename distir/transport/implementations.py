@@ -14,8 +14,8 @@ from importlib import import_module
 
 import torch
 
-from distir.backends.registry import Implementation
 from distir.ops.table import running_families
+from distir.transport.registry import Implementation
 
 
 def distributed_operation_contributions(

@@ -4,7 +4,7 @@ Both the Torch backend and the reference interpreter run dist ops from an
 `Invocation`: the op's description for errors, its group, its static
 properties as plain Python values and the static shapes of its results,
 decoded at compile time (by the op's semantics record,
-`distir.interpreters.semantics.make_invocation`) so that nothing reads IR at
+`distir.core.semantics.make_invocation`) so that nothing reads IR at
 run time.
 """
 

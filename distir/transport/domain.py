@@ -154,14 +154,14 @@ class ExecutionDomain:
     def failure_evidence(self) -> tuple[str | None, DistirError | None]:
         """What the store says after a failure, in one bounded read: the
         failure another rank published, and `Excluded` if the survivors
-        moved on without this rank (`distir.backends.membership`)."""
+        moved on without this rank (`distir.runtime.membership`)."""
         store = self.store
         if store is None:
             return None, None
         key = _STORE_PREFIX + self.key
 
         def read() -> tuple[str | None, DistirError | None]:
-            from distir.backends.epochs import exclusion, read_key
+            from distir.transport.epochs import exclusion, read_key
 
             published = read_key(store, key)
             if published is None:

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from distir.backends.buffers import pooled_copy, pooled_empty
-from distir.backends.groups import ProcessGroupResource
-from distir.backends.registry import Invocation
+from distir.transport.buffers import pooled_copy, pooled_empty
+from distir.transport.groups import ProcessGroupResource
+from distir.transport.registry import Invocation
 
 
 def writable_result(x: torch.Tensor, position: int, writable: frozenset[int]) -> torch.Tensor:

@@ -25,9 +25,9 @@ from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
 from xdsl.ir import Attribute, Operation
 
+from distir.core.checks import check_ciphertext
+from distir.core.dtypes import element_dtype, static_shape
 from distir.errors import OpError
-from distir.interpreters.checks import check_ciphertext
-from distir.interpreters.dtypes import element_dtype, static_shape
 from distir.ir import tensor_arith
 from distir.ir.analysis import is_sum_reduction
 from distir.ir.attributes import REDUCTION_KINDS

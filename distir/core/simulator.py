@@ -2,7 +2,7 @@
 
 It is the semantic oracle every pass and backend is tested against. Each rank
 runs the compiled program in its own thread; a dist op's meaning is the
-`reference` of its semantics record (`distir.interpreters.semantics`), written
+`reference` of its semantics record (`distir.core.semantics`), written
 straight from the definitions in DESIGN.md: gather every rank's operands,
 compute what the definition names. Records hold the precondition the Torch
 backend evaluates too, so the reference rejects exactly what the runtime
@@ -20,16 +20,16 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
-from distir.errors import CollectiveMismatchError, DistirError
-from distir.interpreters.checks import (
+from distir.core.checks import (
     Precondition,
     check_group_assumption,
     evaluate,
     fail,
     mismatch,
 )
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.semantics import SEMANTICS, OpSemantics, make_invocation
+from distir.core.invocation import Invocation
+from distir.core.semantics import SEMANTICS, OpSemantics, make_invocation
+from distir.errors import CollectiveMismatchError, DistirError
 from distir.ir.dialect import GroupOp
 
 

@@ -4,7 +4,7 @@ A `ProcessGroupResource` wraps one initialised torch.distributed group: the
 rank's position in it, completion of async work under the run's deadline,
 and the agreement exchange that runs before a payload (a fixed-size row per
 rank: "accepted" and a digest of what must be equal, see
-`interpreters.checks`). Ranks in IR are ranks of the op's group;
+`core.checks`). Ranks in IR are ranks of the op's group;
 `global_rank` converts one for the few PyTorch calls that still want one.
 
 The groups a module declares are validated (ranks beyond the base group are
@@ -29,25 +29,25 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distir.backends.domain import (
+from distir.core.checks import (
+    Precondition,
+    evaluate,
+    mismatch,
+)
+from distir.core.invocation import Invocation
+from distir.errors import (
+    CollectiveFailed,
+    DeadlineExceeded,
+    DistirError,
+)
+from distir.ir.dialect import GroupOp
+from distir.transport.domain import (
     ExecutionDomain,
     StoreUnavailable,
     call_bounded,
     domain_for,
     group_alive,
 )
-from distir.errors import (
-    CollectiveFailed,
-    DeadlineExceeded,
-    DistirError,
-)
-from distir.interpreters.checks import (
-    Precondition,
-    evaluate,
-    mismatch,
-)
-from distir.interpreters.invocation import Invocation
-from distir.ir.dialect import GroupOp
 
 DEFAULT_DEADLINE_S = 60.0
 

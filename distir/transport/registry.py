@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from xdsl.ir import Operation
 
+from distir.core.block_compiler import DistKernel
+from distir.core.invocation import Invocation
 from distir.errors import UnsupportedOpError
-from distir.interpreters.block_compiler import DistKernel
-from distir.interpreters.invocation import Invocation
 
 if TYPE_CHECKING:
-    from distir.backends.direct import DirectCollective
+    from distir.transport.direct import DirectCollective
 
 
 class Implementation:
@@ -96,7 +96,7 @@ class Implementation:
 
     def direct(self, invocation: Invocation, resources: Any) -> DirectCollective | None:
         """The op on `resources` as one backend collective on its operand
-        (`distir.backends.direct`), or None (the default): what `execute`
+        (`distir.transport.direct`), or None (the default): what `execute`
         does on operands of the declared type when nothing is checked
         before the payload, said once per binding."""
         return None

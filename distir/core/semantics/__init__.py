@@ -5,11 +5,11 @@
 its `SEMANTICS`, imported by name from the table (declared edges of the
 import graph, as the pass table's). The simulator, the checks and the
 runtime read it from here, and nothing registers itself on import. A record
-(`distir.interpreters.records.OpSemantics`) holds, in one block, how its op decodes into an
+(`distir.core.records.OpSemantics`) holds, in one block, how its op decodes into an
 `Invocation`, its precondition and its reference meaning.
 
 Local checks with no communication (`dist.assert_reduced`) are kernels
-(`distir.interpreters.kernels`); declarations, terminators and waves
+(`distir.core.kernels`); declarations, terminators and waves
 (`dist.group`, `dist.mesh`, `dist.yield`, `dist.wave`) have no record.
 """
 
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from xdsl.ir import Operation
 
-from distir.interpreters.checks import PreconditionRule
-from distir.interpreters.dtypes import static_shape
-from distir.interpreters.invocation import Invocation
-from distir.interpreters.records import OpSemantics
+from distir.core.checks import PreconditionRule
+from distir.core.dtypes import static_shape
+from distir.core.invocation import Invocation
+from distir.core.records import OpSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
 from distir.ops.table import running_families

@@ -14,7 +14,7 @@ to three members, read in this order by whoever executes the op:
   computed from every rank's operands: the oracle every backend and every
   pass is tested against.
 
-Records are handed around explicitly (`distir.interpreters.semantics.SEMANTICS`,
+Records are handed around explicitly (`distir.core.semantics.SEMANTICS`,
 a tuple), as xDSL hands its `@register_impls` classes to an interpreter:
 importing a module registers nothing.
 """
@@ -27,9 +27,9 @@ from typing import Any, ClassVar, Protocol
 import torch
 from xdsl.ir import Operation
 
+from distir.core.checks import Precondition, PreconditionRule
+from distir.core.invocation import Invocation
 from distir.errors import CollectiveMismatchError
-from distir.interpreters.checks import Precondition, PreconditionRule
-from distir.interpreters.invocation import Invocation
 
 Inputs = Sequence[torch.Tensor]
 Results = tuple[torch.Tensor, ...]
@@ -37,7 +37,7 @@ Results = tuple[torch.Tensor, ...]
 
 class ReferenceCall(Protocol):
     """One execution of one dist op on one simulated rank, as a reference
-    rule sees it (`distir.interpreters.reference.SimulatedCall` is one)."""
+    rule sees it (`distir.core.simulator.SimulatedCall` is one)."""
 
     invocation: Invocation
     #: the global ranks of the op's group, in group rank order

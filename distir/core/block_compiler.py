@@ -25,9 +25,9 @@ from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 
+from distir.core.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
+from distir.core.semantics import semantics_of
 from distir.errors import DistirError, OpError, UnsupportedOpError
-from distir.interpreters.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
-from distir.interpreters.semantics import semantics_of
 from distir.ir.dialect import WaveOp, YieldOp
 from distir.ir.parsing import NO_KERNEL, NO_KERNEL_OPS, function_named
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from distir.interpreters.block_compiler import DistKernel
-from distir.interpreters.invocation import Invocation
+from distir.core.block_compiler import DistKernel
+from distir.core.invocation import Invocation
 
 
 @dataclass(frozen=True)
