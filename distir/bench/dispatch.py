@@ -12,9 +12,18 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from distir.bench.families import program as program_text
 from distir.bench.runner import sync_for
+
+if TYPE_CHECKING:  # torch is imported where a rank runs
+    from collections.abc import Sequence
+
+    import torch
+
+    from distir.core.invocation import Invocation
+    from distir.transport.protocol import Transport
 
 
 def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> dict:
@@ -34,7 +43,13 @@ def dispatch_rank(context: object, chain: int, repeats: int, backend: str) -> di
         name = "no-collective"
         operation_types = (AllReduceOp,)
 
-        def execute(self, invocation, inputs, resources, writable=frozenset()):
+        def execute(
+            self,
+            invocation: Invocation,
+            inputs: Sequence[torch.Tensor],
+            resources: Transport,
+            writable: frozenset[int] = frozenset(),
+        ) -> tuple[torch.Tensor, ...]:
             return (inputs[0],)
 
     device = "cuda" if backend == "nccl" else "cpu"

@@ -28,6 +28,7 @@ import torch
 
 from distir.core.block_compiler import DistKernel
 from distir.core.invocation import Invocation
+from distir.transport.groups import ProcessGroupResource
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class DirectCollective:
     buffer of its type): see the module docstring."""
 
     invocation: Invocation
-    #: the op's group (a `ProcessGroupResource`)
-    resource: Any
+    #: the op's group: the direct path submits to a c10d process group
+    resource: ProcessGroupResource
     #: the process group's method (`pg.allreduce`, `pg.broadcast`)
     submit: Callable[..., Any]
     #: its options class and the fields set on it (the reduction, the root)

@@ -22,7 +22,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from distir.core.invocation import Invocation
 from distir.errors import DeadlineExceeded
+from distir.transport.protocol import Transport
 
 #: Issue CPU sends from a helper thread (see `_SendThread`).
 THREADED_SENDS = True
@@ -96,7 +98,7 @@ class TorchExchange:
     deadline (`resources.complete`). CPU sends are posted by the shared send
     thread when `THREADED_SENDS` is set."""
 
-    def __init__(self, resources: Any, invocation: Any):
+    def __init__(self, resources: Transport, invocation: Invocation):
         self.resources = resources
         self.invocation = invocation
         self.group = resources.group

@@ -48,6 +48,7 @@ from distir.transport.domain import (
     domain_for,
     group_alive,
 )
+from distir.transport.protocol import Abort, Capabilities
 
 DEFAULT_DEADLINE_S = 60.0
 
@@ -64,6 +65,22 @@ COLLECTIVE_DTYPES = frozenset(
         torch.float16, torch.bfloat16, torch.float32, torch.float64,
     }
 )  # fmt: skip
+
+#: what each c10d backend declares (`ProcessGroupResource.capabilities`):
+#: gloo takes CPU tensors, NCCL CUDA tensors; both are sent the types above
+#: as they are and the others as bytes (measured on gloo; NCCL's are taken
+#: to be gloo's until measured on a GPU); every c10d group has the
+#: rendezvous store its ranks met in. A backend not listed is taken as gloo.
+BACKEND_CAPABILITIES = {
+    "gloo": Capabilities(
+        devices=frozenset({"cpu"}), moves=COLLECTIVE_DTYPES, reduces=COLLECTIVE_DTYPES,
+        store=True, abort=Abort.DEADLINE,
+    ),
+    "nccl": Capabilities(
+        devices=frozenset({"cuda"}), moves=COLLECTIVE_DTYPES, reduces=COLLECTIVE_DTYPES,
+        store=True, abort=Abort.COMMUNICATOR,
+    ),
+}  # fmt: skip
 
 
 def as_bytes(t: torch.Tensor, *, written: bool = False) -> torch.Tensor:
@@ -109,7 +126,8 @@ def _timeout(deadline_s: float) -> timedelta:
 
 
 class ProcessGroupResource:
-    """One initialised process group (`None` means the default group)."""
+    """One initialised process group (`None` means the default group): the
+    c10d `Transport` (`transport.protocol`)."""
 
     def __init__(
         self,
@@ -133,6 +151,7 @@ class ProcessGroupResource:
         # an error on it names its (original) ranks.
         self.name = name or ("world" if group is None else f"of ranks {self._global}")
         self.backend = str(dist.get_backend(group))
+        self.capabilities = BACKEND_CAPABILITIES.get(self.backend, BACKEND_CAPABILITIES["gloo"])
         #: the process group object the collectives are submitted to
         self.pg = group if group is not None else c10d._get_default_group()
         #: whether collectives that are waited for at once run inline (gloo)
@@ -144,7 +163,7 @@ class ProcessGroupResource:
         #: where exchange rows live: NCCL only moves CUDA tensors
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
-            if self.backend == "nccl"
+            if "cpu" not in self.capabilities.devices
             else torch.device("cpu")
         )
         #: seconds a collective may take; set by the program for each run
@@ -273,7 +292,7 @@ class ProcessGroupResource:
         """`root` is a rank of this group."""
         opts = self._options(dist.BroadcastOptions, invocation, wait, ("rootRank", root),
                              ("rootTensor", 0))  # fmt: skip
-        if tensor.dtype not in COLLECTIVE_DTYPES:
+        if tensor.dtype not in self.capabilities.moves:
             tensor = as_bytes(tensor, written=True)
         return self._run(self.pg.broadcast, ([tensor],), opts, invocation, wait)
 

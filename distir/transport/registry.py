@@ -1,7 +1,8 @@
 """The registry of Torch implementations of dist ops.
 
 An implementation is a small class declaring `name` and `operation_types`,
-with `execute(invocation, inputs, resources, writable)`: `writable` holds the
+with `execute(invocation, inputs, resources, writable)` (`resources`, the
+op's group, is a `Transport`: `transport.protocol`): `writable` holds the
 positions of the inputs the implementation may overwrite and return as its
 results (the runtime proves that nothing else reads them: a donated input,
 or an intermediate whose last use is this op); every other input is read
@@ -28,7 +29,7 @@ compilation, naming the op, its location and the reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from xdsl.ir import Operation
@@ -36,6 +37,7 @@ from xdsl.ir import Operation
 from distir.core.block_compiler import DistKernel
 from distir.core.invocation import Invocation
 from distir.errors import UnsupportedOpError
+from distir.transport.protocol import Transport
 
 if TYPE_CHECKING:
     from distir.transport.direct import DirectCollective
@@ -63,12 +65,12 @@ class Implementation:
         self,
         invocation: Invocation,
         inputs: Sequence[torch.Tensor],
-        resources: Any,
+        resources: Transport,
         writable: frozenset[int] = frozenset(),
     ) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def bind(self, invocation: Invocation, resources: Any) -> DistKernel:
+    def bind(self, invocation: Invocation, resources: Transport) -> DistKernel:
         """This op's kernel on `resources`, made once per binding:
         `kernel(inputs, writable)` does what `execute` does.
 
@@ -82,7 +84,7 @@ class Implementation:
             return direct.kernel(self.execute)
         return self.executing(invocation, resources)
 
-    def executing(self, invocation: Invocation, resources: Any) -> DistKernel:
+    def executing(self, invocation: Invocation, resources: Transport) -> DistKernel:
         """The kernel that calls `execute` (what a rank outside the op's
         group binds: `execute` names that error if the op ever runs)."""
         execute = self.execute
@@ -94,7 +96,7 @@ class Implementation:
 
         return kernel
 
-    def direct(self, invocation: Invocation, resources: Any) -> DirectCollective | None:
+    def direct(self, invocation: Invocation, resources: Transport) -> DirectCollective | None:
         """The op on `resources` as one backend collective on its operand
         (`distir.transport.direct`), or None (the default): what `execute`
         does on operands of the declared type when nothing is checked
@@ -105,7 +107,7 @@ class Implementation:
         self,
         invocation: Invocation,
         inputs: Sequence[torch.Tensor],
-        resources: Any,
+        resources: Transport,
         writable: frozenset[int] = frozenset(),
     ) -> Callable[[], tuple[torch.Tensor, ...]]:
         """Submits the op and returns a function that awaits its results.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from distir.transport.buffers import pooled_copy, pooled_empty
-from distir.transport.groups import ProcessGroupResource
+from distir.transport.protocol import Transport
 from distir.transport.registry import Invocation
 
 
@@ -26,7 +26,7 @@ def writable_result(x: torch.Tensor, position: int, writable: frozenset[int]) ->
 
 
 def gather_stacked(
-    x: torch.Tensor, res: ProcessGroupResource, invocation: Invocation
+    x: torch.Tensor, res: Transport, invocation: Invocation
 ) -> torch.Tensor:
     """Every rank's `x` (same shape everywhere), stacked: shape [P, *x.shape]."""
     flat = x.contiguous().reshape(-1)
@@ -36,7 +36,7 @@ def gather_stacked(
 
 
 def awaiting(
-    resources: ProcessGroupResource,
+    resources: Transport,
     work: object,
     invocation: Invocation,
     results: tuple[torch.Tensor, ...],

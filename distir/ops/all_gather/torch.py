@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from distir.core.invocation import Invocation
 from distir.ops.all_gather.ir import AllGatherOp
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import gather_stacked
 
@@ -16,7 +18,13 @@ class AllGatherImplementation(Implementation):
     name = "all-gather"
     operation_types = (AllGatherOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         axis = invocation.properties["axis"]
         x = inputs[0]
         pre = resources.precondition(invocation, inputs)

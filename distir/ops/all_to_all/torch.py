@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from distir.core.invocation import Invocation
 from distir.ir.facts import AgreementRidesWithPayload
 from distir.ops.all_to_all.ir import VariableAllToAllOp
 from distir.transport.buffers import pooled_empty
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import integer_tensor
 
@@ -32,7 +34,13 @@ class VariableAllToAllImplementation(Implementation):
             return f"{self.name} agrees in its count exchange, which {op.name} does not declare"
         return None
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x, send_counts = inputs
         axis = invocation.properties["axis"]
         size, me = resources.size, resources.rank

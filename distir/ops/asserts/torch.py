@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
+from distir.core.invocation import Invocation
 from distir.ops.asserts.ir import AssertUniformOp
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 
 
@@ -15,7 +19,13 @@ class AssertUniformImplementation(Implementation):
     name = "assert-uniform"
     operation_types = (AssertUniformOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         resources.precondition(invocation, inputs)
         return ()
 

@@ -10,17 +10,19 @@ how a native collective runs at the speed of the raw in-place call."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from distir.core.dtypes import element_dtype
+from distir.core.invocation import Invocation
 from distir.ops.broadcast.ir import BroadcastOp
 from distir.transport.buffers import pooled_copy, pooled_empty
 from distir.transport.direct import DirectCollective
-from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.groups import COLLECTIVE_DTYPES, ProcessGroupResource
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import awaiting
 
@@ -29,7 +31,13 @@ class BroadcastImplementation(Implementation):
     name = "broadcast"
     operation_types = (BroadcastOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x, root = inputs[0], self._root(invocation, inputs, resources)
         y = self._written(x, root, resources.rank, writable)
         if y is None:  # the root's own copy overlaps the message
@@ -38,7 +46,9 @@ class BroadcastImplementation(Implementation):
         resources.broadcast(y, root, invocation, wait=True)
         return (y,)
 
-    def direct(self, invocation, resources):
+    def direct(self, invocation: Invocation, resources: Transport) -> DirectCollective | None:
+        if not isinstance(resources, ProcessGroupResource):
+            return None  # one c10d collective: only on a process group
         root = invocation.properties["root"]
         dtype = element_dtype(invocation.op.operands[0].type)
         if root is None or dtype not in COLLECTIVE_DTYPES:
@@ -52,7 +62,13 @@ class BroadcastImplementation(Implementation):
             lambda x: written(x, root, rank, nothing),
         )  # fmt: skip
 
-    def start(self, invocation, inputs, resources, writable=frozenset()):
+    def start(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> Callable[[], tuple[torch.Tensor, ...]]:
         x, root = inputs[0], self._root(invocation, inputs, resources)
         y = self._written(x, root, resources.rank, writable)
         if y is None:
@@ -61,7 +77,9 @@ class BroadcastImplementation(Implementation):
         return awaiting(resources, work, invocation, (y,))
 
     @staticmethod
-    def _root(invocation, inputs, resources) -> int:
+    def _root(
+        invocation: Invocation, inputs: Sequence[torch.Tensor], resources: Transport
+    ) -> int:
         root = invocation.properties["root"]
         if root is None:  # a dynamic root: checked and agreed on
             root = resources.precondition(invocation, inputs).decoded["root"]
@@ -78,7 +96,9 @@ class BroadcastImplementation(Implementation):
         return source if source is not x or 0 in writable else None
 
     @staticmethod
-    def _start_root(x, root: int, invocation, resources):
+    def _start_root(
+        x: torch.Tensor, root: int, invocation: Invocation, resources: Transport
+    ) -> Callable[[], tuple[torch.Tensor, ...]]:
         """A root that may not write its input sends from it and makes its
         own result while the message is in flight."""
         work = resources.broadcast(x, root, invocation)

@@ -10,12 +10,14 @@ does. Results are fresh tensors, never the caller's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from distir.core.invocation import Invocation
 from distir.ops.gather_scatter.ir import GatherOp, ScatterOp
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 
 
@@ -35,7 +37,13 @@ class GatherImplementation(Implementation):
     name = "gather"
     operation_types = (GatherOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         pre = resources.precondition(invocation, inputs)
         axis, root = invocation.properties["axis"], invocation.properties["root"]
         front = _rows_first(inputs[0], axis)
@@ -62,7 +70,13 @@ class ScatterImplementation(Implementation):
     name = "scatter"
     operation_types = (ScatterOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         pre = resources.precondition(invocation, inputs)
         axis, root = invocation.properties["axis"], invocation.properties["root"]
         front = _rows_first(inputs[0], axis)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from distir.core.invocation import Invocation
 from distir.ops.groups.ir import GroupSizeOp, RankOp
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 
 
@@ -15,7 +17,13 @@ class GroupQueryImplementation(Implementation):
     name = "group-query"
     operation_types = (RankOp, GroupSizeOp)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         value = resources.rank if isinstance(invocation.op, RankOp) else resources.size
         return (torch.tensor(value, dtype=torch.int64),)
 

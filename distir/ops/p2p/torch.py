@@ -18,7 +18,7 @@ from distir.core.checks import named_rank
 from distir.core.dtypes import fits_shape
 from distir.errors import CollectiveMismatchError
 from distir.ops.p2p.ir import RecvOp, SendOp, SendRecvOp
-from distir.transport.groups import ProcessGroupResource
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation, Invocation
 
 #: dtype codes of message headers
@@ -51,7 +51,7 @@ def describe_header(row: Sequence[int]) -> str:
     return f"{name}[{', '.join(map(str, dims))}]" if row[1] else f"{name} scalar"
 
 
-def _wait_all(resources: ProcessGroupResource, works: Sequence, invocation: Invocation) -> None:
+def _wait_all(resources: Transport, works: Sequence, invocation: Invocation) -> None:
     for work in works:
         resources.complete(work, invocation)
 
@@ -78,7 +78,7 @@ def _buffer_for(invocation: Invocation, header: torch.Tensor, peer: int) -> torc
     return torch.empty(shape, dtype=dtype, device=header.device)
 
 
-def _p2p(op: Callable, tensor: torch.Tensor, peer: int, res: ProcessGroupResource):
+def _p2p(op: Callable, tensor: torch.Tensor, peer: int, res: Transport):
     return dist.P2POp(op, tensor, group=res.group, group_peer=peer)
 
 
@@ -86,7 +86,13 @@ class SendImplementation(Implementation):
     name = "send"
     operation_types = (SendOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x = inputs[0].contiguous()
         peer = named_rank(invocation, "dest", list(inputs[1:]), resources.size)
         works = dist.batch_isend_irecv(
@@ -100,7 +106,13 @@ class RecvImplementation(Implementation):
     name = "recv"
     operation_types = (RecvOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         peer = named_rank(invocation, "source", list(inputs), resources.size)
         header = torch.empty(HEADER_SIZE, dtype=torch.int64, device=resources.device)
         _wait_all(resources, dist.batch_isend_irecv(
@@ -115,7 +127,13 @@ class SendRecvImplementation(Implementation):
     name = "sendrecv"
     operation_types = (SendRecvOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x = inputs[0].contiguous()
         dynamic = list(inputs[1:])
         dest = named_rank(invocation, "dest", dynamic, resources.size)

@@ -7,12 +7,13 @@ native all-reduce does, because gloo's drop a NaN that is not first and tie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from distir.core.dtypes import element_dtype
+from distir.core.invocation import Invocation
 from distir.ops.all_reduce.torch.native import (
     C10D_REDUCTIONS,
     ELEMENT_TYPE_NAMES,
@@ -23,6 +24,7 @@ from distir.ops.all_reduce.torch.native import (
 )
 from distir.ops.reduce.ir import ReduceToRootOp
 from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 
 
@@ -39,7 +41,13 @@ class NativeReduceImplementation(Implementation):
             f"gloo backend reduces {runnable} (widen the type)"
         )
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         resources.precondition(invocation, inputs)
         kind, root = invocation.properties["kind"], invocation.properties["root"]
         x = inputs[0]

@@ -33,7 +33,7 @@ because gloo's drop a NaN that is not first and tie -0.0 with +0.0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,6 +56,7 @@ from distir.ops.reduce_scatter.ir import ReduceScatterOp
 from distir.ops.reduce_scatter.semantics import check_split, part_offsets
 from distir.transport.exchange import Exchange, TorchExchange
 from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import gather_stacked
 
@@ -213,7 +214,13 @@ class ReduceScatterImplementation(Implementation):
             self._combines[id(invocation)] = entry
         return entry[1]
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         resources.precondition(invocation, inputs)
         x, *extras = inputs
         # A static op is not agreed: its split is checked here, the same on
@@ -247,7 +254,9 @@ class ReduceScatterImplementation(Implementation):
         return (out.movedim(0, axis).contiguous(),)
 
     @staticmethod
-    def _native(invocation, front: torch.Tensor, out: torch.Tensor, resources) -> None:
+    def _native(
+        invocation: Invocation, front: torch.Tensor, out: torch.Tensor, resources: Transport
+    ) -> None:
         kind = invocation.properties["kind"]
         # The transport reads its input and never writes it (gloo and NCCL),
         # but the order keys overwrite theirs: then never the caller's memory.

@@ -3,12 +3,16 @@ native sum all-reduce (the transport's own, as `dist.all_reduce sum`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from distir.core.dtypes import element_dtype
+from distir.core.invocation import Invocation
 from distir.ops.all_reduce.torch.native import NativeAllReduceImplementation
 from distir.ops.replication.ir import PsumOp, PvaryOp
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import writable_result
 
@@ -20,7 +24,13 @@ class PvaryImplementation(Implementation):
     name = "pvary"
     operation_types = (PvaryOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         resources.precondition(invocation, inputs)
         return (writable_result(inputs[0], 0, writable),)
 

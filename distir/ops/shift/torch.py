@@ -8,12 +8,14 @@ with no source (the open ends of a shift without `rotate`) returns zeros.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from distir.core.invocation import Invocation
 from distir.ops.shift.ir import ShiftOp, shift_source
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 
 
@@ -21,7 +23,13 @@ class ShiftImplementation(Implementation):
     name = "shift-all-to-all"
     operation_types = (ShiftOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         resources.precondition(invocation, inputs)
         offset, rotate = invocation.properties["offset"], invocation.properties["rotate"]
         x, size, me = inputs[0], resources.size, resources.rank

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distir.core.invocation import Invocation
 from distir.ops.transfer.ir import TransferOp, TransferPlan
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 
 
@@ -29,7 +31,13 @@ class TransferImplementation(Implementation):
     name = "transfer-p2p"
     operation_types = (TransferOp,)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         plan: TransferPlan = invocation.properties["plan"]
         x = inputs[0]
         me = resources.rank

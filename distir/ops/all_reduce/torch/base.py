@@ -10,6 +10,7 @@ torch.distributed and over the in-process exchange tests use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from distir.ops.all_reduce.ir import AllReduceOp, algorithm_applies
 from distir.ops.all_reduce.torch.combines import BoundCombine, build_combine
 from distir.transport.buffers import pooled_empty
 from distir.transport.exchange import Exchange, TorchExchange
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation, Invocation
 
 #: Bytes per message segment; None picks one eighth of a chunk, clamped to
@@ -91,7 +93,13 @@ class FlatAllReduce(AllReduceAlgorithm):
             self._combines[id(invocation)] = entry
         return entry[1]
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x, *extras = inputs
         resources.precondition(invocation, inputs)
         flat = x.contiguous().reshape(-1)

@@ -33,11 +33,12 @@ all-reduce's algorithms and combines, so they live in this package.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from distir.core.invocation import Invocation
 from distir.he.rns import TorchRNSBackend
 from distir.ir.modular import int64_sum_is_exact, lazy_reduction_schedule
 from distir.ops.all_reduce.ciphertext import AllReduceAddCiphertextOp
@@ -45,6 +46,7 @@ from distir.ops.all_reduce.torch.combines import LazyModularAdd, ModuliPieces, r
 from distir.ops.all_reduce.torch.ring import ring_all_reduce
 from distir.transport.buffers import pooled_copy, pooled_empty
 from distir.transport.exchange import TorchExchange
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import gather_stacked, writable_result
 
@@ -67,7 +69,13 @@ class CiphertextAllReduceImplementation(Implementation):
     operation_types = (AllReduceAddCiphertextOp,)
     priority = 1
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         ct, moduli = inputs
         q_max = resources.precondition(invocation, inputs).decoded["q_max"]
         flat = ct.contiguous().reshape(-1)
@@ -103,7 +111,13 @@ class ExactCiphertextAddImplementation(Implementation):
     def __init__(self) -> None:
         self.rns = TorchRNSBackend()
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         ct, moduli = inputs
         q_max = resources.precondition(invocation, inputs).decoded["q_max"]
         if int64_sum_is_exact(resources.size, q_max):
@@ -129,7 +143,13 @@ class CombineCiphertextAddImplementation(Implementation):
     def __init__(self, combine: Callable[..., torch.Tensor]):
         self.combine = combine
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         ct, moduli = inputs
         resources.precondition(invocation, inputs)
         stacked = gather_stacked(ct, resources, invocation)

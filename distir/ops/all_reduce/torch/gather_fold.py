@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
+
+from distir.core.invocation import Invocation
 from distir.core.kernels import fold_in_rank_order
 from distir.ops.all_reduce.ir import GATHER_FOLD, AllReduceOp, algorithm_applies
 from distir.transport.buffers import pooled_copy
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import gather_stacked
 
@@ -20,7 +26,13 @@ class GatherFoldAllReduceImplementation(Implementation):
         # It folds the region; a native kind has none.
         return isinstance(op, AllReduceOp) and op.is_generic and algorithm_applies(self.name, op)
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x, *extras = inputs
         resources.precondition(invocation, inputs)
         stacked = gather_stacked(x, resources, invocation)

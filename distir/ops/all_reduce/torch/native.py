@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.distributed as dist
 
 from distir.core.dtypes import element_dtype
+from distir.core.invocation import Invocation
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ops.all_reduce.ir import AllReduceOp
 from distir.transport.buffers import pooled_copy
 from distir.transport.direct import DirectCollective
-from distir.transport.groups import COLLECTIVE_DTYPES
+from distir.transport.groups import COLLECTIVE_DTYPES, ProcessGroupResource
+from distir.transport.protocol import Transport
 from distir.transport.registry import Implementation
 from distir.transport.results import awaiting, writable_result
 
@@ -102,7 +106,13 @@ class NativeAllReduceImplementation(Implementation):
             f"{runnable} (write a generic all-reduce, or widen the type)"
         )
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         kind = invocation.properties["kind"]
         if kind in ("max", "min") and inputs[0].dtype in ORDER_KEYS:
             return self.start(invocation, inputs, resources, writable)()
@@ -113,7 +123,9 @@ class NativeAllReduceImplementation(Implementation):
         resources.all_reduce(y, c10d_reduction(kind, y.dtype), invocation, wait=True)
         return (y,)
 
-    def direct(self, invocation, resources):
+    def direct(self, invocation: Invocation, resources: Transport) -> DirectCollective | None:
+        if not isinstance(resources, ProcessGroupResource):
+            return None  # one c10d collective: only on a process group
         kind = invocation.properties["kind"]
         dtype = element_dtype(invocation.op.operands[0].type)
         if invocation.options.get("agree") or (kind in ("max", "min") and dtype in ORDER_KEYS):
@@ -125,7 +137,13 @@ class NativeAllReduceImplementation(Implementation):
             (("reduceOp", c10d_reduction(kind, dtype)),), dtype, pooled_copy,
         )  # fmt: skip
 
-    def start(self, invocation, inputs, resources, writable=frozenset()):
+    def start(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> Callable[[], tuple[torch.Tensor, ...]]:
         resources.precondition(invocation, inputs)
         kind = invocation.properties["kind"]
         y = writable_result(inputs[0], 0, writable)

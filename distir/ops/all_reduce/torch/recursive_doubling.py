@@ -9,15 +9,17 @@ O(N) memory, N·log2(P) traffic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from distir.core.invocation import Invocation
 from distir.core.kernels import NATIVE_FOLDS
 from distir.ops.all_reduce.ir import RECURSIVE_DOUBLING
 from distir.ops.all_reduce.torch.base import AllReduceAlgorithm, real_rank, virtual_layout
 from distir.transport.buffers import pooled_copy
 from distir.transport.exchange import Exchange, TorchExchange
+from distir.transport.protocol import Transport
 
 WholeCombine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -71,7 +73,13 @@ class RecursiveDoublingAllReduceImplementation(AllReduceAlgorithm):
 
     name = RECURSIVE_DOUBLING
 
-    def execute(self, invocation, inputs, resources, writable=frozenset()):
+    def execute(
+        self,
+        invocation: Invocation,
+        inputs: Sequence[torch.Tensor],
+        resources: Transport,
+        writable: frozenset[int] = frozenset(),
+    ) -> tuple[torch.Tensor, ...]:
         x, *extras = inputs
         resources.precondition(invocation, inputs)
         x = x.contiguous()
