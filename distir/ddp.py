@@ -68,6 +68,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distir.core.dtypes import ir_element_type
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, ProgramMismatch
 from distir.runtime.program import Program, compile
@@ -86,10 +87,8 @@ __all__ = [
 
 #: torch dtype -> IR element type of the buckets a hook accepts
 ELEMENT_TYPES = {
-    torch.float32: "f32",
-    torch.float64: "f64",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
+    dtype: ir_element_type(dtype)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 }
 
 

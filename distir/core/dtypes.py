@@ -1,9 +1,7 @@
 """The mapping between IR types and torch dtypes and shapes.
 
-Integer types follow MLIR's signedness: a signless `iN` (what `arith` ops
-take and produce) and a signed `siN` are two's-complement signed integers,
-torch's `intN`; an unsigned `uiN` is torch's `uintN` (`ui8` is `torch.uint8`,
-never `torch.int8`). One-bit integers (`i1`, `si1`, `ui1`) are `torch.bool`.
+Both directions are read from the one table of element types
+(`distir.ir.element_types`, which says how signedness maps).
 """
 
 from __future__ import annotations
@@ -11,33 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from xdsl.dialects.builtin import (
-    BFloat16Type,
-    Float16Type,
-    Float32Type,
-    Float64Type,
-    IndexType,
-    IntegerType,
-    Signedness,
-    TensorType,
-)
+from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Attribute
 
-#: width -> torch dtype of signless and signed integers
-_SIGNED_INT_DTYPES = {
-    1: torch.bool,
-    8: torch.int8,
-    16: torch.int16,
-    32: torch.int32,
-    64: torch.int64,
-}
-#: width -> torch dtype of unsigned integers
-_UNSIGNED_INT_DTYPES = {
-    1: torch.bool,
-    8: torch.uint8,
-    16: torch.uint16,
-    32: torch.uint32,
-    64: torch.uint64,
+from distir.ir.element_types import ELEMENT_TYPES
+
+#: IR element type -> torch dtype, from the one table (`distir.ir.element_types`)
+_DTYPES: dict[Attribute, torch.dtype] = {t: getattr(torch, name) for t, name in ELEMENT_TYPES}
+#: torch dtype -> how IR spells its element type, in the table's order
+IR_ELEMENT_TYPES: dict[torch.dtype, str] = {
+    dtype: next(str(t) for t, d in _DTYPES.items() if d == dtype)
+    for dtype in dict.fromkeys(_DTYPES.values())
 }
 
 #: the element types `element_dtype` maps, as IR spells them (for messages)
@@ -52,26 +34,24 @@ def element_dtype(t: Attribute) -> torch.dtype:
     """
     if isinstance(t, TensorType):
         t = t.element_type
-    if isinstance(t, IndexType):
-        return torch.int64
-    if isinstance(t, IntegerType):
-        width = t.width.data
-        table = (
-            _UNSIGNED_INT_DTYPES
-            if t.signedness.data == Signedness.UNSIGNED
-            else _SIGNED_INT_DTYPES
-        )
-        if width in table:
-            return table[width]
-    if isinstance(t, Float16Type):
-        return torch.float16
-    if isinstance(t, BFloat16Type):
-        return torch.bfloat16
-    if isinstance(t, Float32Type):
-        return torch.float32
-    if isinstance(t, Float64Type):
-        return torch.float64
-    raise TypeError(f"no torch dtype for IR type {t}")
+    dtype = _DTYPES.get(t)
+    if dtype is None:
+        raise TypeError(f"no torch dtype for IR type {t}")
+    return dtype
+
+
+def ir_element_type(dtype: torch.dtype) -> str:
+    """How IR spells the element type of a torch dtype (`torch.bfloat16`:
+    "bf16", `torch.int64`: "i64"): the inverse of `element_dtype` on the
+    types it maps first.
+
+    >>> ir_element_type(torch.uint8)
+    'ui8'
+    """
+    try:
+        return IR_ELEMENT_TYPES[dtype]
+    except KeyError:
+        raise TypeError(f"no IR element type for torch dtype {dtype}") from None
 
 
 def static_shape(t: Attribute) -> tuple[int | None, ...]:

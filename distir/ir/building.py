@@ -25,9 +25,6 @@ from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     DenseIntOrFPElementsAttr,
     FileLineColLoc,
-    Float16Type,
-    Float32Type,
-    Float64Type,
     IndexType,
     IntAttr,
     IntegerAttr,
@@ -42,6 +39,7 @@ from xdsl.utils.exceptions import DiagnosticException
 
 from distir.errors import DistirError
 from distir.ir.attributes import ReductionKind
+from distir.ir.element_types import BY_SPELLING
 from distir.ir.tensor_arith import (
     CMPF_COMPARISON_OPERATIONS,
     CMPI_COMPARISON_OPERATIONS,
@@ -187,17 +185,8 @@ def as_values(out: Value | Sequence[Value] | None) -> list[SSAValue]:
 # Types and constants
 ###############################################################################
 
-_ELEMENT_TYPES: dict[str, Attribute] = {
-    "i1": IntegerType(1),
-    "i8": IntegerType(8),
-    "i16": IntegerType(16),
-    "i32": IntegerType(32),
-    "i64": IntegerType(64),
-    "f16": Float16Type(),
-    "f32": Float32Type(),
-    "f64": Float64Type(),
-    "index": IndexType(),
-}
+#: the builder's spellings: every element type distir runs
+_ELEMENT_TYPES: dict[str, Attribute] = BY_SPELLING
 
 
 def element_type(element: str | Attribute) -> Attribute:

@@ -35,21 +35,16 @@ from typing import Any
 
 import torch
 
+from distir.core.dtypes import IR_ELEMENT_TYPES
 from distir.errors import DistirError, OpError
 from distir.ir.attributes import ReductionKind
 from distir.runtime.program import Program, compile
 
-#: torch dtype -> IR element type of what the eager collectives accept
-_ELEMENTS: dict[torch.dtype, str] = {
-    torch.bool: "i1",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.float16: "f16",
-    torch.float32: "f32",
-    torch.float64: "f64",
-}
+#: torch dtype -> IR element type of what the eager collectives accept: every
+#: dtype a program runs (the one table, `distir.core.dtypes`); what the
+#: backend cannot run (a native sum of uint16) is refused when the one-op
+#: program is compiled, naming the op at the caller's line
+_ELEMENTS: dict[torch.dtype, str] = IR_ELEMENT_TYPES
 
 #: compiled programs kept, least recently used dropped first
 CACHE_SIZE = 128

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from distir.core.dtypes import element_dtype
+from distir.core.dtypes import IR_ELEMENT_TYPES, element_dtype
 from distir.core.invocation import Invocation
 from distir.ir.attributes import REDUCTION_KINDS
 from distir.ops.all_reduce.ir import AllReduceOp
@@ -38,10 +38,8 @@ def c10d_reduction(kind: str, dtype: torch.dtype) -> dist.ReduceOp:
 
 #: how IR spells each dtype gloo reduces, for messages
 ELEMENT_TYPE_NAMES = {
-    torch.bool: "i1", torch.int8: "i8", torch.uint8: "ui8", torch.int32: "i32",
-    torch.int64: "i64", torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
-    torch.float64: "f64",
-}  # fmt: skip
+    dtype: name for dtype, name in IR_ELEMENT_TYPES.items() if dtype in COLLECTIVE_DTYPES
+}
 
 
 #: float dtype -> (its bits as a signed integer, the integer type reduced)
