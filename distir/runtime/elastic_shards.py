@@ -33,22 +33,14 @@ from typing import Any
 
 import torch
 
+from distir.core.dtypes import IR_ELEMENT_TYPES
 from distir.errors import DistirError
 from distir.ir.layouts import shard_range
 from distir.transport.epochs import Membership
 
-#: torch dtype -> IR element type of what a hand-over carries: those of the
-#: eager collectives (`distir.runtime.eager`; a test keeps the two equal)
-ELEMENTS: dict[torch.dtype, str] = {
-    torch.bool: "i1",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.float16: "f16",
-    torch.float32: "f32",
-    torch.float64: "f64",
-}
+#: torch dtype -> IR element type of what a hand-over carries: every dtype
+#: distir runs (the one table, `distir.ir.element_types`)
+ELEMENTS: dict[torch.dtype, str] = IR_ELEMENT_TYPES
 
 #: compiled hand-over programs kept (one per old/new membership shape and layout)
 _CACHE_SIZE = 16

@@ -17,8 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distir.runtime import eager
-from distir.runtime.elastic_shards import ELEMENTS, Shard, _program
+from distir.runtime.elastic_shards import Shard, _program
 
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
@@ -86,6 +85,3 @@ def test_whole_state_goes_to_the_joiners_only(case):
             else:
                 assert y.numel() == 0, r
 
-
-def test_a_hand_over_carries_what_the_eager_collectives_take():
-    assert ELEMENTS == eager._ELEMENTS
