@@ -19,6 +19,7 @@ from distir.core.checks import (
 )
 from distir.core.invocation import Invocation
 from distir.core.records import Inputs, OpSemantics, ReferenceCall, Results, same_layout
+from distir.ops.all_gather.semantics import gathered, gathered_precondition
 from distir.ops.gather_scatter.ir import GatherOp, ScatterOp
 
 
@@ -32,23 +33,10 @@ class GatherSemantics(_Rooted):
 
     def precondition(self, inv: Invocation, inputs: Inputs, size: int, rank: int) -> Precondition:
         check_group_rank(inv, "root", inv.properties["root"], size)
-        x, axis = inputs[0], inv.properties["axis"]
-        if len(inputs) == 1:
-            agreed = [Agreed.layout("input layouts", x)] if inv.dynamic(0) else []
-            return Precondition(agreed=agreed)
-        counts = check_counts(inv, "counts", inputs[1], size)
-        check_axis_rows(inv, x, axis, counts[rank], f"counts[{rank}]")
-        agreed = [Agreed.value("counts", counts)]
-        if inv.dynamic(0):
-            agreed.append(Agreed.layout("input layouts", x, skip_axis=axis))
-        return Precondition(agreed=agreed, decoded={"counts": counts})
+        return gathered_precondition(inv, inputs, size, rank)
 
     def reference(self, call: ReferenceCall, inputs: Inputs) -> Results:
-        _, everyone = call.agree(inputs)
-        parts = [ops[0] for ops in everyone]
-        if len(inputs) == 1:
-            same_layout(call, parts, "the input")
-        whole = torch.cat(parts, dim=call.invocation.properties["axis"])
+        whole = gathered(call, inputs)  # the all-gather's; the root keeps it
         if call.me != call.invocation.properties["root"]:
             whole = torch.zeros_like(whole)
         return (whole,)
