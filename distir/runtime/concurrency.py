@@ -81,11 +81,18 @@ class RunGate:
         self._queue: deque[tuple[Callable[[], Any], torch.futures.Future]] = deque()
         self._worker: threading.Thread | None = None
         self._position = 0  # attempts so far, refused ones included
+        # while the worker completes a future: the thread that queued its run
+        self._completing: threading.Thread | None = None
 
     def _claim(self, what: str) -> RunId:
         """Registers one more run of the calling thread (holding the lock)
         and returns what the agreement compares: thread and position."""
         me = threading.current_thread()
+        # A run from a future's callback on the worker is a run of the thread
+        # whose queued run completed that future: torch runs a callback on
+        # the worker, or on the caller of `then` when the future is already
+        # done, and which one is a race; the run must pair the same way.
+        who = self._completing if me is self._worker and self._completing is not None else me
         position = self._position
         self._position += 1
         if self._in_flight and self._owner is not me and me is not self._worker:
@@ -96,11 +103,11 @@ class RunGate:
                 "flight there; one thread at a time runs programs on a process group "
                 "(wait for its runs, or use a separate group per thread)"
             )
-        self._owner = me
+        self._owner = who
         self._in_flight += 1
         # tuple.__new__, not RunId(...): a named tuple's constructor is a
         # Python function, and this runs on every run
-        return tuple.__new__(RunId, (me, position))
+        return tuple.__new__(RunId, (who, position))
 
     def enter(self, what: str) -> RunId | None:
         """Claims a synchronous run on this thread and returns which run it
@@ -143,16 +150,20 @@ class RunGate:
                     self._worker = None
                     return
                 fn, future = self._queue.popleft()
+            self._completing = fn.args[0].thread  # the RunId `submit` bound
             try:
-                result = fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the future
-                self.leave()
-                future.set_exception(e)
-            else:
-                # Release before completing: whoever waits on the future may
-                # at once run from another thread.
-                self.leave()
-                future.set_result(result)
+                try:
+                    result = fn()
+                except BaseException as e:  # noqa: BLE001 - handed to the future
+                    self.leave()
+                    future.set_exception(e)
+                else:
+                    # Release before completing: whoever waits on the future
+                    # may at once run from another thread.
+                    self.leave()
+                    future.set_result(result)
+            finally:
+                self._completing = None
 
 
 _gates: weakref.WeakKeyDictionary[Any, RunGate] = weakref.WeakKeyDictionary()

@@ -172,6 +172,36 @@ def test_run_async_returns_at_once_keeps_submission_order_and_poisons_on_failure
     assert r0["errors"][0] in ("ProgramMismatch", "ProgramInputError")
 
 
+def callback_worker(ctx) -> dict:
+    """A run from a future's callback: on rank 1 the callback is attached
+    before the run can complete (torch runs it on distir's worker), on rank
+    0 after the future is done (torch runs it at once, on the caller)."""
+    program = distir.compile(SUM, deadline=20)
+    store = _store()
+    x = torch.ones(4, dtype=torch.int64)
+    if ctx.rank == 0:
+        store.wait(["attached"], timedelta(seconds=30))
+        future = program.run_async(x)
+        future.wait()
+        chained = future.then(lambda f: program.run(f.value()).tolist())
+    else:
+        chained = program.run_async(x).then(lambda f: program.run(f.value()).tolist())
+        store.set("attached", "1")
+    try:
+        return {"value": chained.wait()}
+    except Exception as e:  # recorded for the parent  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def test_a_run_from_a_callback_pairs_the_same_on_the_worker_and_on_the_caller():
+    # Which thread torch runs a callback on is a race; the run it makes is
+    # the run of the thread that queued the completed run either way (it
+    # was paired as the worker's on one rank and the caller's on the other:
+    # ProgramMismatch, as a CI run saw).
+    for report in launch(callback_worker, 2, pass_context=True, timeout=90):
+        assert report == {"value": [4, 4, 4, 4]}, report
+
+
 # ---------------------------------------------------------------- interleavings
 
 #: an action of one rank: (thread, "sync" | "async")
