@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from xdsl.irdl import IRDLOperation
 
-from distir.core.kernels import LOCAL_KERNELS
+from distir.core.semantics import LOCAL_CHECK_KERNELS
 from distir.ir.dialect import GroupOp, MeshOp, WaveOp, YieldOp, dist_ops
 from distir.transport.implementations import distributed_operation_contributions
 
@@ -22,7 +22,7 @@ IMPLEMENTATIONS = distributed_operation_contributions()
 
 
 def _executable() -> list[type[IRDLOperation]]:
-    return [op for op in dist_ops() if op not in STRUCTURAL and op not in LOCAL_KERNELS]
+    return [op for op in dist_ops() if op not in STRUCTURAL and op not in LOCAL_CHECK_KERNELS]
 
 
 @pytest.mark.parametrize("op", _executable(), ids=lambda op: op.name)
@@ -40,7 +40,7 @@ def test_op_has_a_default_torch_implementation(op: type[IRDLOperation]) -> None:
 
 
 def test_local_checks_are_kernels_and_every_op_is_classified() -> None:
-    local = [op for op in dist_ops() if op in LOCAL_KERNELS]
+    local = [op for op in dist_ops() if op in LOCAL_CHECK_KERNELS]
     assert [op.name for op in local] == ["dist.assert_reduced"]
     classified = set(_executable()) | set(local) | set(STRUCTURAL)
     assert classified == set(dist_ops())

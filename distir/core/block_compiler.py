@@ -24,11 +24,12 @@ import torch
 from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
+from xdsl.traits import IsTerminator
 
 from distir.core.kernels import FRESH_RESULTS, LOCAL_KERNELS, Kernel
-from distir.core.semantics import semantics_of
+from distir.core.semantics import LOCAL_CHECK_KERNELS, semantics_of
 from distir.errors import DistirError, OpError, UnsupportedOpError
-from distir.ir.dialect import WaveOp, YieldOp
+from distir.ir.facts import RunsBodyInPlace, Structural
 from distir.ir.parsing import NO_KERNEL, NO_KERNEL_OPS, function_named
 
 
@@ -51,7 +52,13 @@ _SHAPE_HINTS = {
     "tensor.collapse_shape": "; tensor.reshape with a shape operand does the same",
 }
 
-TERMINATORS = (func.ReturnOp, YieldOp, scf.YieldOp)
+TERMINATORS = (func.ReturnOp, scf.YieldOp)
+
+
+def _ends_block(op: Operation) -> bool:
+    """A terminator whose operands are the block's results: a return, an
+    `scf.yield`, or dist's own (the `Structural` terminator `dist.yield`)."""
+    return isinstance(op, TERMINATORS) or (op.has_trait(IsTerminator) and op.has_trait(Structural))
 
 #: kernel(inputs, writable) -> results
 DistKernel = Callable[[Sequence[torch.Tensor], frozenset[int]], tuple[torch.Tensor, ...]]
@@ -329,11 +336,11 @@ class BlockCompiler:
             return slots[value]
 
         order = {
-            op: i for i, op in enumerate(block.ops) if not isinstance(op, TERMINATORS)
+            op: i for i, op in enumerate(block.ops) if not _ends_block(op)
         }
         for op in block.ops:
             ins = [slot_of(v) for v in op.operands]
-            if isinstance(op, TERMINATORS):
+            if _ends_block(op):
                 returned = tuple(ins)
                 break
             kernel, extra, dist = self._kernel_for(op)
@@ -366,13 +373,13 @@ class BlockCompiler:
     ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Sequence[SSAValue], bool]:
         """The op's kernel, the captured values it needs after its operands,
         and whether it is a dist kernel."""
-        factory = LOCAL_KERNELS.get(type(op))
+        factory = LOCAL_KERNELS.get(type(op)) or LOCAL_CHECK_KERNELS.get(type(op))
         if factory is not None:
             try:
                 return factory(op), (), False
             except NotImplementedError as e:
                 raise UnsupportedOpError(op, f"not supported: {e}") from e
-        if isinstance(op, WaveOp):
+        if isinstance(op, RunsBodyInPlace):
             if self.bind_dist_op is None:
                 raise UnsupportedOpError(op, "a combine region may not hold a wave")
             kernel, captured = self._wave_kernel(op)
@@ -399,11 +406,11 @@ class BlockCompiler:
             hint = "; convert shard programs to dist first: the pass convert-shard-to-dist"
         raise UnsupportedOpError(op, f"no kernel for this op{hint} (supported: {_SUPPORTED})")
 
-    def _wave_kernel(self, op: WaveOp) -> tuple[Kernel, Sequence[SSAValue]]:
+    def _wave_kernel(self, op: RunsBodyInPlace) -> tuple[Kernel, Sequence[SSAValue]]:
         """Starts every op of the wave in order, then awaits them in order.
         Operands come from outside the wave, where other ops may read them:
         nothing in a wave overwrites its inputs."""
-        inner = [o for o in op.body.block.ops if not isinstance(o, YieldOp)]
+        inner = [o for o in op.body_block().ops if not o.has_trait(IsTerminator)]
         captured: list[SSAValue] = []
         for o in inner:
             for v in o.operands:
@@ -418,9 +425,7 @@ class BlockCompiler:
             )
             plans.append((start, tuple(captured.index(v) for v in o.operands)))
         produced = {r: (k, j) for k, o in enumerate(inner) for j, r in enumerate(o.results)}
-        terminator = op.body.block.last_op
-        assert isinstance(terminator, YieldOp)
-        yielded = tuple(produced[v] for v in terminator.arguments)
+        yielded = tuple(produced[v] for v in op.yielded())
 
         def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
             waiters = [start([values[i] for i in idx], _NOTHING) for start, idx in plans]

@@ -25,14 +25,10 @@ from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
 from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
 from xdsl.ir import Attribute, Operation
 
-from distir.core.checks import check_ciphertext
 from distir.core.dtypes import element_dtype, static_shape
-from distir.errors import OpError
 from distir.ir import tensor_arith
 from distir.ir.analysis import is_sum_reduction
 from distir.ir.attributes import REDUCTION_KINDS
-from distir.ir.dialect import AssertReducedOp
-from distir.ir.parsing import describe_op
 
 Kernel = Callable[..., tuple[torch.Tensor, ...]]
 KernelFactory = Callable[[Operation], Kernel]
@@ -606,23 +602,6 @@ def _reduce(op: LinalgReduceOp) -> Kernel:
     return lambda x, init: (init + x.sum(dim=dims, dtype=x.dtype) if dims else init + x,)
 
 
-def _assert_reduced(op: AssertReducedOp) -> Kernel:
-    description = describe_op(op)
-    bits = None if op.max_modulus_bits is None else op.max_modulus_bits.value.data
-
-    def run(limbs: torch.Tensor, moduli: torch.Tensor) -> tuple[()]:
-        q_max = check_ciphertext(description, limbs, moduli)
-        if bits is not None and q_max >= 1 << bits:
-            raise OpError(
-                description,
-                f"modulus {q_max} is not below 2^{bits}, the bound (max_modulus_bits "
-                f"{bits}) this program was lowered under",
-            )
-        return ()
-
-    return run
-
-
 #: Ops whose kernels always return new tensors that nothing else holds:
 #: the block compiler lets a collective overwrite such a value at its last
 #: use. (Constants are shared by every run; casts may return their input;
@@ -684,5 +663,4 @@ LOCAL_KERNELS: Mapping[type[Operation], KernelFactory] = {
     tensor.ReshapeOp: _reshape,
     LinalgBroadcastOp: _broadcast,
     LinalgReduceOp: _reduce,
-    AssertReducedOp: _assert_reduced,
 }  # fmt: skip

@@ -30,7 +30,7 @@ from distir.core.checks import (
 from distir.core.invocation import Invocation
 from distir.core.semantics import SEMANTICS, OpSemantics, make_invocation
 from distir.errors import CollectiveMismatchError, DistirError
-from distir.ir.dialect import GroupOp
+from distir.ir.dialect import GroupDeclaration
 
 
 class SimulationError(DistirError):
@@ -252,7 +252,7 @@ class SimulatedRank:
         self,
         world: SimulatedWorld,
         rank: int,
-        groups: Sequence[GroupOp],
+        groups: Sequence[GroupDeclaration],
         semantics: Sequence[OpSemantics] = SEMANTICS,
     ):
         self.world = world
@@ -262,7 +262,7 @@ class SimulatedRank:
             None: tuple(range(world.size))
         }
         for decl in groups:
-            self._members[decl.sym_name.data] = decl.subgroup_of(rank)
+            self._members[decl.name] = decl.subgroup_of(rank)
         self._sequence: dict[tuple[int, ...], int] = {}
 
     def members(self, invocation: Invocation) -> tuple[int, ...]:
@@ -295,7 +295,7 @@ class SimulatedRank:
 def run_simulation(
     run_rank: Callable[[SimulatedRank], object],
     world_size: int,
-    groups: Sequence[GroupOp],
+    groups: Sequence[GroupDeclaration],
     timeout: float,
     semantics: Sequence[OpSemantics] = SEMANTICS,
 ) -> list:

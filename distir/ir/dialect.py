@@ -39,6 +39,7 @@ from distir.ops.asserts.ir import AssertReducedOp, AssertUniformOp
 from distir.ops.broadcast.ir import BroadcastOp
 from distir.ops.gather_scatter.ir import GatherOp, ScatterOp
 from distir.ops.groups.ir import (
+    GroupDeclaration,
     GroupMemberOp,
     GroupOp,
     GroupSizeOp,
@@ -106,5 +107,6 @@ __all__ = [
     "YieldOp",
     "dist_ops",
     "group_declarations",
+    "GroupDeclaration",
     "lookup_group",
 ]

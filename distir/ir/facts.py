@@ -25,10 +25,10 @@ input synthesis all read the same declarations.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import auto
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.traits import OpTrait
 from xdsl.utils.str_enum import StrEnum
 
@@ -96,6 +96,52 @@ class LocalCheck(OpTrait):
     """The op checks this rank's own data and talks to no other rank
     (`dist.assert_reduced`): it runs as a local kernel, like arith, not
     through a backend implementation or the agreement protocol."""
+
+
+class Structural(OpTrait):
+    """A declaration (`dist.group`, `dist.mesh`), a terminator (`dist.yield`)
+    or a wave: nothing runs for the op itself (a wave runs through its
+    ops), so it has no semantics record and no implementation."""
+
+
+class RunsBodyInPlace(ABC):
+    """An op whose one-block body runs once, where the op stands, on every
+    rank that reaches the op (the wave): its results are the values its
+    body's terminator yields. The planner, the analyses and the block
+    compiler look through it to the ops of its body."""
+
+    @abstractmethod
+    def body_block(self) -> Block:
+        """The body: its ops, then the terminator."""
+
+    def yielded(self) -> Sequence[SSAValue]:
+        """The values the body yields: the op's results, in order."""
+        terminator = self.body_block().last_op
+        assert terminator is not None
+        return tuple(terminator.operands)
+
+
+class RankQuery(ABC):
+    """An op whose one result is a number fixed by the rank and the size of
+    its group (`dist.rank`, `dist.group_size`): analyses that follow ranks
+    (the SPMD verifier's peer matching) evaluate it."""
+
+    @abstractmethod
+    def value_on(self, rank: int, size: int) -> int:
+        """The result on rank `rank` of a group of `size` ranks."""
+
+
+class DeclaresRanks(ABC):
+    """A module-level declaration that names global ranks (a group, a mesh):
+    the program needs a world that holds them."""
+
+    @abstractmethod
+    def declared_ranks(self) -> tuple[int, ...]:
+        """Every rank the declaration names, ascending."""
+
+    @abstractmethod
+    def declared_as(self) -> str:
+        """How an error names it: `group @a`, `mesh @m`."""
 
 
 class ChoosesAlgorithm(ABC):

@@ -53,17 +53,8 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
 from distir.ir.attributes import CollectiveEffect
-from distir.ir.dialect import (
-    GroupMemberOp,
-    GroupSizeOp,
-    PeerOp,
-    RankOp,
-    RecvOp,
-    SendOp,
-    SendRecvOp,
-    WaveOp,
-)
-from distir.ir.facts import EveryRankEnters, UniformResults
+from distir.ir.dialect import GroupMemberOp, PeerOp
+from distir.ir.facts import EveryRankEnters, RankQuery, RunsBodyInPlace, UniformResults
 from distir.ir.parsing import describe_op
 from distir.ir.tensor_arith import CmpiOp, SelectOp
 
@@ -116,12 +107,12 @@ class UniformityAnalysis:
                 f"{describe_op(op)} runs under control flow that differs between "
                 f"ranks: {control.text}; every rank of the group must reach it"
             )
-        if isinstance(op, RankOp):
-            self.varying[op.result] = _Why(f"{describe_op(op)} differs on every rank")
+        if isinstance(op, RankQuery) and not op.has_trait(UniformResults):
+            self.varying[op.results[0]] = _Why(f"{describe_op(op)} differs on every rank")
             return
-        if isinstance(op, WaveOp):
+        if isinstance(op, RunsBodyInPlace):
             # Its ops run unconditionally; its results are as uniform as theirs.
-            self._block(op.body.block, None)
+            self._block(op.body_block(), None)
             self._results_from_terminators(op, None)
             return
         if op.has_trait(UniformResults):
@@ -280,20 +271,15 @@ class PointToPointAnalysis:
         return peer if isinstance(peer, int) else self._value(env, peer)
 
     def _op(self, op: Operation, env: dict, rank: int, size: int, events: list, depth: int):
-        if isinstance(op, WaveOp) or (isinstance(op, GroupMemberOp) and op.group is not None):
+        if isinstance(op, RunsBodyInPlace) or (
+            isinstance(op, GroupMemberOp) and op.group is not None
+        ):
             raise _Unknown()  # subgroups and waves: not analysed
-        if isinstance(op, RankOp):
-            env[op.result] = rank
-        elif isinstance(op, GroupSizeOp):
-            env[op.result] = size
-        elif isinstance(op, SendOp):
-            events.append(("send", op, self._peer(env, op, "dest")))
-        elif isinstance(op, RecvOp):
-            events.append(("recv", op, self._peer(env, op, "source")))
-        elif isinstance(op, SendRecvOp):
-            # A paired exchange: its send goes first, so it never waits on itself.
-            events.append(("send", op, self._peer(env, op, "dest")))
-            events.append(("recv", op, self._peer(env, op, "source")))
+        if isinstance(op, RankQuery):
+            env[op.results[0]] = op.value_on(rank, size)
+        elif isinstance(op, PeerOp):
+            for event, which in op.TRAFFIC:
+                events.append((event, op, self._peer(env, op, which)))
         elif op.has_trait(EveryRankEnters):
             events.append(("collective", op, None))
         elif isinstance(op, arith.ConstantOp) and isinstance(op.value, IntegerAttr):

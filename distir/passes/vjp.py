@@ -95,19 +95,21 @@ from xdsl.dialects.linalg.ops import ReduceOp as LinalgReduceOp
 from xdsl.dialects.linalg.ops import YieldOp as LinalgYieldOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.traits import IsTerminator
 
 from distir.errors import NotDifferentiable
 from distir.ir import tensor_arith
 from distir.ir.analysis import is_sum_reduction
-from distir.ir.dialect import CollectiveOp, PeerOp, RankOp, WaveOp, YieldOp
-from distir.ir.facts import UniformResults
+from distir.ir.dialect import CollectiveOp, PeerOp
+from distir.ir.facts import RunsBodyInPlace, UniformResults
 from distir.ir.parsing import describe_op, function_named
 from distir.ir.transpose import Cotangents, NoDerivative, Transposable
 from distir.ops.all_reduce.ir import sum_all_reduce
 from distir.ops.asserts.ir import uniform_check
-from distir.ops.groups.ir import group_declarations
+from distir.ops.groups.ir import group_declarations, on_rank_ops
 from distir.ops.reduce.ir import sum_reduce
 from distir.ops.reduce_scatter.ir import sum_reduce_scatter
+from distir.ops.wave.ir import wave_around
 from distir.passes._rewrite_utils import with_location
 
 #: element types that carry gradients
@@ -151,7 +153,7 @@ def add_vjp(module: ModuleOp, entry: str = "main") -> VJPFunctions:
         raise NotDifferentiable(f"@{entry} already has {names[0]} or {names[1]}")
     _check_replicated_arguments(module, function)
     working = _loops_unrolled(function)
-    groups = {g.sym_name.data: g.rank_lists for g in group_declarations(module)}
+    groups = {g.name: g.subgroups for g in group_declarations(module)}
     transposer = _Transposer(working, groups)
     backward = transposer.backward(names[1])
     forward = _forward(working, names[0], transposer.residuals)
@@ -269,7 +271,7 @@ REPLICATED_ARGUMENT = "dist.replicated"
 
 def _check_replicated_arguments(module: ModuleOp, function: func.FuncOp) -> None:
     """`{dist.replicated}` takes no value or a declared group's name."""
-    declared = {g.sym_name.data for g in group_declarations(module)}
+    declared = {g.name for g in group_declarations(module)}
     for i, attrs in enumerate(function.arg_attrs.data if function.arg_attrs else ()):
         value = attrs.data.get(REPLICATED_ARGUMENT)
         if value is None or isinstance(value, UnitAttr):
@@ -497,12 +499,12 @@ class _Transposer:
 
     def transpose_block(self, block: Block) -> None:
         for op in reversed(list(block.ops)):
-            if isinstance(op, func.ReturnOp | YieldOp | scf.YieldOp):
+            if op.has_trait(IsTerminator):
                 continue
             self._location = op.location
             if not _needs_rule(op):
                 continue
-            if isinstance(op, WaveOp):
+            if isinstance(op, RunsBodyInPlace):
                 self.transpose_wave(op)
                 continue
             if isinstance(op, scf.IfOp):
@@ -533,15 +535,13 @@ class _Transposer:
                 if cotangent is not None and is_float(operand.type):
                     self.accumulate(operand, cotangent, varying)
 
-    def transpose_wave(self, wave: WaveOp) -> None:
+    def transpose_wave(self, wave: RunsBodyInPlace) -> None:
         """The transposed wave: the local ops that prepare the transposed
         collectives, then those collectives as one wave, then the local ops
         that use their results. (The wave's ops read no result of each
         other, and so do their transposes.)"""
-        body = wave.body.block
-        yielded = body.last_op
-        assert isinstance(yielded, YieldOp)
-        for result, value in zip(wave.outputs, yielded.arguments):
+        body = wave.body_block()
+        for result, value in zip(wave.results, wave.yielded()):
             cotangent = self._cotangents.get(result)
             if cotangent is not None:
                 self.accumulate(value, cotangent)
@@ -568,19 +568,14 @@ class _Transposer:
             for op in exchanges:
                 self.block.add_op(op)
         else:
-            inner = Block()
             values = [r for op in exchanges for r in op.results]
-            for op in exchanges:
-                inner.add_op(op)
-            inner.add_op(YieldOp(*values))
-            transposed = WaveOp(Region(inner), [v.type for v in values])
+            transposed = wave_around(exchanges)
             with_location([transposed], wave.location)
             self.block.add_op(transposed)
+            yielded = transposed.body_block().last_op
             outside = dict(zip(values, transposed.results))
             for value, result in outside.items():
-                value.replace_uses_with_if(
-                    result, lambda use: not isinstance(use.operation, YieldOp)
-                )
+                value.replace_uses_with_if(result, lambda use: use.operation is not yielded)
             self._cotangents = {k: outside.get(v, v) for k, v in self._cotangents.items()}
             self._varying = {k: outside.get(v, v) for k, v in self._varying.items()}
         for op in ops:
@@ -690,14 +685,16 @@ class _Transposer:
         source = value
         if isinstance(owner, Operation) and owner.parent_op() is not self.function:
             region_op = owner.parent_op()
-            yielded = region_op.body.block.last_op if isinstance(region_op, WaveOp) else None
-            if yielded is None or value not in yielded.arguments:
+            yielded = (
+                list(region_op.yielded()) if isinstance(region_op, RunsBodyInPlace) else []
+            )
+            if value not in yielded:
                 raise NotDifferentiable(
                     f"{describe_op(owner)}: its backward needs this value, which is not "
                     "visible outside its region (yield it from the wave, or compute it "
                     "before the scf.if)"
                 )
-            source = region_op.results[list(yielded.arguments).index(value)]
+            source = region_op.results[yielded.index(value)]
         arg = self.arguments.insert_arg(source.type, len(self.arguments.args))
         arg.name_hint = value.name_hint
         self.residuals.append(source)
@@ -737,10 +734,10 @@ class _Transposer:
 
     def on_rank(self, group, rank: SSAValue, kept: SSAValue) -> SSAValue:
         """`kept` on the rank of `group` equal to `rank`, zeros elsewhere."""
-        me = self.emit(RankOp(group)).results[0]
-        is_it = self.emit(arith.CmpiOp(me, rank, "eq")).results[0]
         zeros = self.zeros_like(kept, primal=False)
-        return self.emit(arith.SelectOp(is_it, kept, zeros)).results[0]
+        for op in on_rank_ops(group, rank, kept, zeros):
+            last = self.emit(op)
+        return last.results[0]
 
     def all_reduce_sum(self, value: SSAValue, group) -> SSAValue:
         return self.emit(sum_all_reduce(value, group)).results[0]

@@ -49,7 +49,7 @@ from xdsl.ir import BlockArgument, SSAValue
 
 from distir.core.kernels import FRESH_RESULTS
 from distir.errors import ProgramInputError
-from distir.ir.dialect import WaveOp
+from distir.ir.facts import RunsBodyInPlace
 from distir.transport.buffers import pooled_copy
 
 Span = tuple[int, int, int]  # (storage address, first byte, one past the last byte)
@@ -329,8 +329,8 @@ def results_maybe_shared(function: func.FuncOp) -> frozenset[int]:
 
 def _fresh(value: SSAValue) -> bool:
     owner = value.owner
-    if isinstance(owner, WaveOp):  # its result is what its body yields
-        inner = owner.body.block.last_op.operands[value.index]  # type: ignore[union-attr]
+    if isinstance(owner, RunsBodyInPlace):  # its result is what its body yields
+        inner = owner.yielded()[value.index]
         if isinstance(inner, BlockArgument):
             return False
         return inner.owner.parent_op() is owner or _fresh(inner)

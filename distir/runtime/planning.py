@@ -31,18 +31,13 @@ from distir.core.dtypes import RUNNABLE_ELEMENT_TYPES, element_dtype, static_sha
 from distir.core.invocation import Invocation
 from distir.core.semantics import make_invocation, precondition_rule
 from distir.errors import CompileError, UnsupportedOpError
-from distir.ir.dialect import (
-    GroupMemberOp,
-    GroupOp,
-    MeshOp,
-    WaveOp,
-    YieldOp,
-    group_declarations,
-)
+from distir.ir.dialect import GroupDeclaration, GroupMemberOp, group_declarations
 from distir.ir.facts import (
     AgreementRidesWithPayload,
     ChoosesAlgorithm,
     LocalCheck,
+    RunsBodyInPlace,
+    Structural,
     needs_agreement,
 )
 from distir.ir.parsing import describe_op, function_named, reachable_functions
@@ -58,7 +53,7 @@ def is_executable_dist_op(op: Operation) -> bool:
     `LocalCheck` such as `dist.assert_reduced` is a plain kernel)."""
     return (
         op.name.startswith("dist.")
-        and not isinstance(op, WaveOp | GroupOp | MeshOp | YieldOp)
+        and not op.has_trait(Structural)
         and not op.has_trait(LocalCheck)
     )
 
@@ -74,7 +69,7 @@ def _hoistable(op: Operation, entry_block: Any) -> bool:
     parent = op.parent_block()
     if parent is not entry_block:
         wave = parent.parent_op() if parent is not None else None
-        if not (isinstance(wave, WaveOp) and wave.parent_block() is entry_block):
+        if not (isinstance(wave, RunsBodyInPlace) and wave.parent_block() is entry_block):
             return False
     on_base = not (isinstance(op, GroupMemberOp) and op.group is not None)
     return on_base and all(
@@ -145,7 +140,7 @@ class Plan:
         self.function = entry_function(module, entry)
         check_value_types(module, entry)
         self._text = f"{entry}\n{module}"
-        self.groups: list[GroupOp] = group_declarations(module)
+        self.groups: list[GroupDeclaration] = group_declarations(module)
         self.input_types = list(self.function.function_type.inputs.data)
         #: (dtype, torch.Size when every dim is static, else None) per input:
         #: what `check_inputs` compares on every run without reading the IR

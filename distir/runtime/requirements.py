@@ -34,8 +34,14 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, TensorTy
 from xdsl.ir import Operation
 
 from distir.errors import DistirError, count
-from distir.ir.dialect import ASSUMED_GROUP_SIZE, GroupOp, MeshOp, WaveOp
-from distir.ir.facts import ImpliesGroupSize, OperandRole, operand_roles
+from distir.ir.dialect import ASSUMED_GROUP_SIZE, group_declarations
+from distir.ir.facts import (
+    DeclaresRanks,
+    ImpliesGroupSize,
+    OperandRole,
+    RunsBodyInPlace,
+    operand_roles,
+)
 from distir.ir.parsing import describe_op, function_named, reachable_functions
 
 #: what an operand of each counting role holds, for messages
@@ -105,7 +111,7 @@ def _runs_on_every_rank(op: Operation, entry: func.FuncOp) -> bool:
     at most inside waves, not under control flow nor in a combine region."""
     parent = op.parent_op()
     while parent is not None and parent is not entry:
-        if not isinstance(parent, WaveOp):
+        if not isinstance(parent, RunsBodyInPlace):
             return False
         parent = parent.parent_op()
     return parent is entry
@@ -113,14 +119,9 @@ def _runs_on_every_rank(op: Operation, entry: func.FuncOp) -> bool:
 
 def _declarations(module: ModuleOp) -> Iterator[WorldSizeRequirement]:
     for op in module.ops:
-        if isinstance(op, GroupOp):
-            ranks = tuple(sorted({r for part in op.rank_lists for r in part}))
-            what = f"group @{op.sym_name.data}"
-        elif isinstance(op, MeshOp):
-            ranks = tuple(sorted(op.rank_list))
-            what = f"mesh @{op.sym_name.data}"
-        else:
+        if not isinstance(op, DeclaresRanks):
             continue
+        ranks, what = op.declared_ranks(), op.declared_as()
         if ranks:
             yield WorldSizeRequirement(
                 reason=f"{what} names rank {ranks[-1]}",
@@ -169,12 +170,10 @@ def _coverage(module: ModuleOp, op: Operation, group: SymbolRefAttr) -> WorldSiz
     """An op on a declared group that every rank runs: every rank must be in
     one of the group's subgroups."""
     name = group.root_reference.data
-    decl = next(
-        (d for d in module.ops if isinstance(d, GroupOp) and d.sym_name.data == name), None
-    )
+    decl = next((d for d in group_declarations(module) if d.name == name), None)
     if decl is None:
         return None
-    covered = {r for part in decl.rank_lists for r in part}
+    covered = {r for part in decl.subgroups for r in part}
     first_gap = next(r for r in range(len(covered) + 1) if r not in covered)
     return WorldSizeRequirement(
         reason=f"{describe_op(op)} runs on every rank on group @{name}, which has no "

@@ -40,7 +40,7 @@ from distir.errors import (
     DeadlineExceeded,
     DistirError,
 )
-from distir.ir.dialect import GroupOp
+from distir.ir.dialect import GroupDeclaration
 from distir.transport.domain import (
     ExecutionDomain,
     StoreUnavailable,
@@ -511,7 +511,7 @@ def release_dead_groups() -> None:
 
 
 def create_declared_groups(
-    declarations: Sequence[GroupOp],
+    declarations: Sequence[GroupDeclaration],
     base: ProcessGroupResource,
     deadline_s: float,
 ) -> dict[str | None, ProcessGroupResource | NonMemberResource]:
@@ -529,8 +529,8 @@ def create_declared_groups(
     on_world = base.group is None
     timeout = timedelta(seconds=deadline_s)
     for decl in declarations:
-        name = decl.sym_name.data
-        parts = tuple(tuple(base.global_rank(r) for r in part) for part in decl.rank_lists)
+        name = decl.name
+        parts = tuple(tuple(base.global_rank(r) for r in part) for part in decl.subgroups)
         with _GROUP_CACHE_LOCK:
             cached = _GROUP_CACHE.get(base.pg, {}).get(parts, ...)
             if cached is not ... and cached is not None and not group_alive(cached):

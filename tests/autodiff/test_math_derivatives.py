@@ -174,9 +174,11 @@ def test_every_local_op_with_a_kernel_has_a_derivative_or_is_listed():
     """The kernel table and the rule table are compared op by op, so an op
     given a kernel is never silently left without a decision."""
     from distir.core.kernels import LOCAL_KERNELS
+    from distir.core.semantics import LOCAL_CHECK_KERNELS
     from distir.passes.vjp import LOCAL_RULES
 
-    without_rule = {t.name for t in LOCAL_KERNELS if t not in LOCAL_RULES}
+    kernels = [*LOCAL_KERNELS, *LOCAL_CHECK_KERNELS]
+    without_rule = {t.name for t in kernels if t not in LOCAL_RULES}
     assert without_rule == REFUSED | READ_NO_FLOAT
     assert not REFUSED & READ_NO_FLOAT
 

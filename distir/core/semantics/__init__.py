@@ -8,9 +8,10 @@ runtime read it from here, and nothing registers itself on import. A record
 (`distir.core.records.OpSemantics`) holds, in one block, how its op decodes into an
 `Invocation`, its precondition and its reference meaning.
 
-Local checks with no communication (`dist.assert_reduced`) are kernels
-(`distir.core.kernels`); declarations, terminators and waves
-(`dist.group`, `dist.mesh`, `dist.yield`, `dist.wave`) have no record.
+Local checks with no communication (`dist.assert_reduced`) are kernels, in
+their family's `KERNELS` (`LOCAL_CHECK_KERNELS` collects them); declarations,
+terminators and waves (`dist.group`, `dist.mesh`, `dist.yield`, `dist.wave`)
+have no record.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from xdsl.ir import Operation
 from distir.core.checks import PreconditionRule
 from distir.core.dtypes import static_shape
 from distir.core.invocation import Invocation
+from distir.core.kernels import KernelFactory
 from distir.core.records import OpSemantics
 from distir.ir.dialect import GroupMemberOp
 from distir.ir.parsing import describe_op
 from distir.ops.table import running_families
 
-__all__ = ["SEMANTICS", "OpSemantics", "make_invocation", "precondition_rule", "semantics_of"]
+__all__ = ["LOCAL_CHECK_KERNELS", "SEMANTICS", "OpSemantics", "make_invocation", "precondition_rule", "semantics_of"]
 
 #: every dist op's semantics record
 SEMANTICS: tuple[OpSemantics, ...] = tuple(
@@ -38,6 +40,14 @@ SEMANTICS: tuple[OpSemantics, ...] = tuple(
     for family in running_families()
     for record in import_module(family.semantics_module).SEMANTICS
 )
+
+#: the kernel factory of every dist op that is a `LocalCheck`, from the
+#: families' `KERNELS` (read by the block compiler beside the local ops')
+LOCAL_CHECK_KERNELS: Mapping[type[Operation], KernelFactory] = {
+    op: factory
+    for family in running_families()
+    for op, factory in getattr(import_module(family.semantics_module), "KERNELS", {}).items()
+}
 
 _BY_OP: Mapping[type[Operation], OpSemantics] = {record.op: record for record in SEMANTICS}
 

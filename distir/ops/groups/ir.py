@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from xdsl.dialects import arith
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
@@ -33,7 +35,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
-from distir.ir.facts import UniformResults
+from distir.ir.facts import DeclaresRanks, RankQuery, Structural, UniformResults
 from distir.ir.syntax import GroupRef, RankLists
 
 GroupName = SymbolRefAttr | str | None
@@ -47,7 +49,7 @@ def group_property(props: dict[str, Attribute], group: GroupName) -> None:
 
 
 @irdl_op_definition
-class GroupOp(IRDLOperation):
+class GroupOp(IRDLOperation, DeclaresRanks):
     """Declares a process group at module level.
 
     `dist.group @tp [[0, 1], [2, 3]]` partitions (part of) the world into
@@ -62,7 +64,7 @@ class GroupOp(IRDLOperation):
     sym_name = prop_def(SymbolNameConstraint())
     subgroups = prop_def(ArrayAttr[DenseArrayBase])
 
-    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp))
+    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp), Structural())
 
     assembly_format = "$sym_name custom<RankLists>($subgroups) attr-dict"
     custom_directives = (RankLists,)
@@ -88,10 +90,17 @@ class GroupOp(IRDLOperation):
         return sizes.pop() if len(sizes) == 1 else None
 
     def subgroup_of(self, global_rank: int) -> tuple[int, ...] | None:
-        for part in self.rank_lists:
-            if global_rank in part:
-                return part
-        return None
+        return self.declaration().subgroup_of(global_rank)
+
+    def declaration(self) -> GroupDeclaration:
+        """What the runtime needs of this op: its name and subgroups."""
+        return GroupDeclaration(self.sym_name.data, self.rank_lists)
+
+    def declared_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({r for part in self.rank_lists for r in part}))
+
+    def declared_as(self) -> str:
+        return f"group @{self.sym_name.data}"
 
     def verify_(self) -> None:
         parts = self.rank_lists
@@ -132,9 +141,25 @@ def lookup_group(op: Operation, group: SymbolRefAttr | None) -> GroupOp | None:
     return found
 
 
-def group_declarations(module: ModuleOp) -> list[GroupOp]:
+@dataclass(frozen=True)
+class GroupDeclaration:
+    """A `dist.group` as the runtime and the simulator use it: its name and
+    its subgroups of global ranks (each ascending), with no IR attached."""
+
+    name: str
+    subgroups: tuple[tuple[int, ...], ...]
+
+    def subgroup_of(self, global_rank: int) -> tuple[int, ...] | None:
+        """The subgroup holding `global_rank`, or None."""
+        for part in self.subgroups:
+            if global_rank in part:
+                return part
+        return None
+
+
+def group_declarations(module: ModuleOp) -> list[GroupDeclaration]:
     """The module's group declarations in manifest order."""
-    return [op for op in module.ops if isinstance(op, GroupOp)]
+    return [op.declaration() for op in module.ops if isinstance(op, GroupOp)]
 
 
 class GroupMemberOp(IRDLOperation, ABC):
@@ -185,7 +210,7 @@ class GroupMemberOp(IRDLOperation, ABC):
 ###############################################################################
 
 
-class _RankQueryOp(GroupMemberOp, ABC):
+class _RankQueryOp(GroupMemberOp, RankQuery, ABC):
     result = result_def(IndexType)
 
     traits = traits_def(Pure())
@@ -208,6 +233,9 @@ class RankOp(_RankQueryOp):
 
     name = "dist.rank"
 
+    def value_on(self, rank: int, size: int) -> int:
+        return rank
+
 
 @irdl_op_definition
 class GroupSizeOp(_RankQueryOp):
@@ -216,3 +244,17 @@ class GroupSizeOp(_RankQueryOp):
     name = "dist.group_size"
 
     traits = traits_def(Pure(), UniformResults())
+
+    def value_on(self, rank: int, size: int) -> int:
+        return size
+
+
+def on_rank_ops(
+    group: SymbolRefAttr | None, rank: SSAValue, kept: SSAValue, zeros: SSAValue
+) -> list[Operation]:
+    """The ops that compute `kept` on the rank of `group` equal to `rank` and
+    `zeros` on every other (the last op's result): how a transpose rule
+    sends a gradient to one rank (a broadcast's root)."""
+    me = RankOp(group)
+    is_it = arith.CmpiOp(me.result, rank, "eq")
+    return [me, is_it, arith.SelectOp(is_it.result, kept, zeros)]

@@ -50,6 +50,11 @@ class PeerOp(GroupMemberOp, Transposable, ABC):
     # The peer's transposed op is always emitted: this one must be too.
     TRANSPOSED_WITHOUT_COTANGENT: ClassVar[bool] = True
 
+    #: what the op does, in order: ("send", "dest") and/or ("recv", "source")
+    #: (a paired exchange sends first, so it never waits on itself); the
+    #: SPMD verifier matches the ranks' traffic from it
+    TRAFFIC: ClassVar[tuple[tuple[str, str], ...]]
+
     def peer(self, which: str) -> int | SSAValue:
         """The `"dest"` or `"source"` rank: its static value, or the index
         operand that holds it."""
@@ -74,6 +79,8 @@ class SendOp(PeerOp):
     (or `dist.sendrecv`)."""
 
     name = "dist.send"
+
+    TRAFFIC: ClassVar[tuple[tuple[str, str], ...]] = (("send", "dest"),)
 
     OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
         "input": OperandRole.PAYLOAD,
@@ -113,6 +120,8 @@ class RecvOp(PeerOp):
 
     name = "dist.recv"
 
+    TRAFFIC: ClassVar[tuple[tuple[str, str], ...]] = (("recv", "source"),)
+
     OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {"source_value": OperandRole.PEER}
 
     source_value = opt_operand_def(IndexType)
@@ -148,6 +157,8 @@ class SendRecvOp(PeerOp):
     every rank)."""
 
     name = "dist.sendrecv"
+
+    TRAFFIC: ClassVar[tuple[tuple[str, str], ...]] = (("send", "dest"), ("recv", "source"))
 
     OPERAND_ROLES: ClassVar[Mapping[str, OperandRole]] = {
         "input": OperandRole.PAYLOAD,

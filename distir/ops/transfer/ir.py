@@ -46,7 +46,7 @@ from xdsl.traits import HasParent, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
 from distir.ir.attributes import CollectiveEffect
-from distir.ir.facts import DescribesPlan, EveryRankEnters, OperandRole
+from distir.ir.facts import DeclaresRanks, DescribesPlan, EveryRankEnters, OperandRole, Structural
 from distir.ir.layouts import Box, Layout, Mesh, check_layout, check_shape, local_box
 from distir.ir.syntax import REPLICATED, MeshLayout
 from distir.ir.transpose import Cotangents, Transposable, Transposer
@@ -318,7 +318,7 @@ def format_transfer_map(
 
 
 @irdl_op_definition
-class MeshOp(IRDLOperation):
+class MeshOp(IRDLOperation, DeclaresRanks):
     """Declares a mesh: an n-D grid of global ranks, in row-major order.
 
     `dist.mesh @train [2, 2] ranks [0, 1, 2, 3]`
@@ -330,7 +330,7 @@ class MeshOp(IRDLOperation):
     shape = prop_def(DenseArrayBase[I64])
     ranks = prop_def(DenseArrayBase[I64])
 
-    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp))
+    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp), Structural())
 
     assembly_format = "$sym_name $shape `ranks` $ranks attr-dict"
 
@@ -350,6 +350,12 @@ class MeshOp(IRDLOperation):
     @property
     def rank_list(self) -> tuple[int, ...]:
         return tuple(self.ranks.get_values())
+
+    def declared_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(self.rank_list))
+
+    def declared_as(self) -> str:
+        return f"mesh @{self.sym_name.data}"
 
     def as_mesh(self) -> Mesh:
         """This declaration as a `layouts.Mesh` (ValueError if it is invalid)."""

@@ -10,7 +10,7 @@ from xdsl.dialects.builtin import (
     TensorType,
 )
 from xdsl.dialects.utils import AbstractYieldOperation
-from xdsl.ir import Attribute, Operation, Region
+from xdsl.ir import Attribute, Block, Operation, Region
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -27,6 +27,8 @@ from distir.ir.attributes import (
 from distir.ir.collectives import CollectiveOp
 from distir.ir.facts import (
     EveryRankEnters,
+    RunsBodyInPlace,
+    Structural,
 )
 from distir.ops.p2p.ir import PeerOp
 
@@ -36,7 +38,7 @@ from distir.ops.p2p.ir import PeerOp
 
 
 @irdl_op_definition
-class WaveOp(IRDLOperation):
+class WaveOp(IRDLOperation, RunsBodyInPlace):
     """Submits every collective of its body, in order, before awaiting any.
 
     The body holds collectives and point-to-point ops only, each reading
@@ -51,12 +53,15 @@ class WaveOp(IRDLOperation):
     outputs = var_result_def(TensorType)
     body = region_def("single_block")
 
-    traits = traits_def(CollectiveEffect(), EveryRankEnters())
+    traits = traits_def(CollectiveEffect(), EveryRankEnters(), Structural())
 
     assembly_format = "$body attr-dict (`:` type($outputs)^)?"
 
     def __init__(self, body: Region, result_types: Sequence[Attribute]):
         super().__init__(result_types=[list(result_types)], regions=[body])
+
+    def body_block(self) -> Block:
+        return self.body.block
 
     def verify_(self) -> None:
         block = self.body.block
@@ -108,4 +113,14 @@ class YieldOp(AbstractYieldOperation[Attribute]):
 
     name = "dist.yield"
 
-    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.reduce_scatter", "dist.wave")), Pure())
+    traits = traits_def(IsTerminator(), HasParentNamed(("dist.all_reduce", "dist.reduce_scatter", "dist.wave")), Pure(), Structural())
+
+
+def wave_around(ops: Sequence[Operation]) -> WaveOp:
+    """A wave whose body is `ops` (detached; none reads another's result),
+    yielding every result of them in order: the wave's results stand for
+    those values outside it (its builder for passes: the transposed wave)."""
+    body = Block()
+    values = [r for op in ops for r in op.results]
+    body.add_ops([*ops, YieldOp(*values)])
+    return WaveOp(Region(body), [v.type for v in values])
