@@ -2,7 +2,7 @@
 
 Each function takes every rank's inputs (plain tensors, rank order) and
 returns every rank's expected results, computed from the definitions in
-DESIGN.md with plain torch and Python, never with distir's kernels, passes,
+docs/reference/dialect.md with plain torch and Python, never with distir's kernels, passes,
 checks or reference simulator. Spawned ranks import nothing from here.
 
 Where the contract leaves a backend a choice, an expectation lists every

@@ -1,5 +1,5 @@
 """Helpers shared by the runtime tests: references computed from the
-definitions in DESIGN.md, element types, and source locations."""
+definitions of docs/reference/dialect.md, element types, and source locations."""
 
 from __future__ import annotations
 

@@ -132,8 +132,8 @@ def fold_in_rank_order(
     values: Sequence[torch.Tensor],
     extras: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
-    """`x_0 ⊕ x_1 ⊕ … ⊕ x_{P-1}`, left to right: the order in which DESIGN.md
-    defines every reduction. `combine(acc, x, *extras)` returns a 1-tuple,
+    """`x_0 ⊕ x_1 ⊕ … ⊕ x_{P-1}`, left to right: the order in which the dialect
+    defines every reduction (docs/reference/dialect.md). `combine(acc, x, *extras)` returns a 1-tuple,
     as a compiled combine region does; returns `values[0]` itself for one value."""
     acc = values[0]
     for value in values[1:]:

@@ -10,7 +10,7 @@ to three members, read in this order by whoever executes the op:
   locally and the values all ranks of the group must agree on before the
   payload moves (None: nothing to check); the Torch backend and the
   reference simulator evaluate the same rule;
-- `reference(call, inputs)`: the op's meaning as DESIGN.md defines it,
+- `reference(call, inputs)`: the op's meaning as docs/reference/dialect.md defines it,
   computed from every rank's operands: the oracle every backend and every
   pass is tested against.
 

@@ -3,7 +3,7 @@
 It is the semantic oracle every pass and backend is tested against. Each rank
 runs the compiled program in its own thread; a dist op's meaning is the
 `reference` of its semantics record (`distir.core.semantics`), written
-straight from the definitions in DESIGN.md: gather every rank's operands,
+straight from the definitions in docs/reference/dialect.md: gather every rank's operands,
 compute what the definition names. Records hold the precondition the Torch
 backend evaluates too, so the reference rejects exactly what the runtime
 rejects, and nothing else.

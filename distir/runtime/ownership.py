@@ -1,6 +1,6 @@
 """Ownership: which memory a run may write, and what its results may share.
 
-The rule (DESIGN.md, "Ownership"), kept here and nowhere else:
+The rule (docs/python-api.md states it for callers), kept here and nowhere else:
 
 - A run writes an input only when the caller donated it (`run(...,
   donate=...)`, as JAX's `donate_argnums`) *and* writing it cannot change

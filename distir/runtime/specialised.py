@@ -1,6 +1,6 @@
 """A run specialised once per binding: each rule's per-run cost, composed.
 
-`Program.run` keeps every rule of a run (DESIGN.md, "Runtime") in its one
+`Program.run` keeps every rule of a run (each listed below) in its one
 home: liveness of the group (`distir.transport.domain`), the run gate
 (`distir.runtime.concurrency`), gradient recording (`autograd`), the
 deadline (`Binding.configure`), the agreement (`agreement`), the input check

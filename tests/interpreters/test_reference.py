@@ -1,4 +1,4 @@
-"""The reference simulator computes what DESIGN.md's semantics table says.
+"""The reference simulator computes what the dialect reference (docs/reference/dialect.md) says.
 
 Every expected value here is computed in the test from the definition
 (Python integers, explicit slicing, rank-order folds), never copied from the

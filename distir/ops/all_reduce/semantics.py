@@ -3,7 +3,7 @@
 Each record is one block: how its op decodes, its precondition (what every
 rank checks locally and what all ranks of the group must agree on before
 the payload moves; the Torch backend evaluates the same rule) and its
-reference rule (the definition of DESIGN.md, computed from every rank's
+reference rule (the definition in docs/reference/dialect.md, computed from every rank's
 operands)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The semantics record of `dist.reduce`: its precondition (the root is a
 rank of the group; a dynamic input's layout is agreed) and its reference
-rule, the rank-order fold of DESIGN.md on the root and zeros elsewhere."""
+rule, the rank-order fold every reduction is defined by, on the root and zeros elsewhere."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 axis, rank r keeping part r.
 
 `y_r = slice_r(x_0 ⊕ x_1 ⊕ … ⊕ x_{P-1})`, folded in rank order as every
-reduction (DESIGN.md). `slice_r` takes rows `[r·n/P, (r+1)·n/P)` of the axis
+reduction (docs/reference/dialect.md). `slice_r` takes rows `[r·n/P, (r+1)·n/P)` of the axis
 (even form: n a multiple of P), or, with `counts [c_0, …, c_{P-1}]` (uneven
 form, static, one per rank, summing to n), rows `[c_0 + … + c_{r-1},
 c_0 + … + c_r)`. It is the transpose of the all-gather (and that one's of

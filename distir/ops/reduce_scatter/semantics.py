@@ -1,7 +1,7 @@
 """The semantics record of `dist.reduce_scatter`: its precondition (the
 axis splits into P equal parts, or into the op's counts, on every rank; a
 dynamic input's layout and the extra operands are agreed) and its reference
-rule, the rank-order fold of DESIGN.md (a native kind or the combine
+rule, the rank-order fold every reduction is defined by (a native kind or the combine
 region) sliced to this rank's part."""
 
 from __future__ import annotations
