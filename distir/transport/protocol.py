@@ -19,7 +19,7 @@ memory) must provide. A collective returns the backend's work handle for
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -105,6 +105,20 @@ class Needs:
 
 #: an implementation's needs when it declares none: any transport serves
 ANY_TRANSPORT = Needs()
+
+
+@runtime_checkable
+class Occasion(Protocol):
+    """What a call on a transport is made for, as its errors name it and
+    its deadline is read: an op's `Invocation`, or a `transport.groups.Step`
+    (an exchange that is not an op's: the program agreement, group
+    creation)."""
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def options(self) -> Mapping[str, object]: ...
 
 
 #: a collective's handle: the backend's work, None once waited for
