@@ -47,3 +47,19 @@ def test_steps_and_invocations_are_occasions() -> None:
     assert isinstance(invocation, Occasion)
     assert isinstance(Step("the program agreement"), Occasion)
     assert not isinstance(object(), Occasion)
+
+
+def test_no_module_of_the_transport_says_any() -> None:
+    import re
+    from pathlib import Path
+
+    import distir.transport
+
+    folder = Path(distir.transport.__file__).parent
+    saying = sorted(
+        f"{path.name}:{n}"
+        for path in folder.glob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bAny\b", line)
+    )
+    assert saying == []
