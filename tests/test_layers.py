@@ -445,8 +445,8 @@ def test_an_ops_code_lives_in_its_family_folder(family: str, op_name: str) -> No
     `runtime/requirements.py` only when its static types fix the group size
     (the `ImpliesGroupSize` fact); a family in `distir/bench/families.py`; its
     meaning in the independent oracle (`tests/oracle.py`) and its values in
-    the strategies (`tests/strategies.py`), which tests/test_op_coverage_runtime.py
-    checks; its syntax cases (tests/ir/test_roundtrip.py, tests/filecheck/
+    the strategies (`tests/strategies.py`), which tests/ops/test_new_op_places.py
+    lists op by op and checks; its syntax cases (tests/ir/test_roundtrip.py, tests/filecheck/
     dialect/ops.mlir) and invalid programs (tests/ir/test_verifiers.py), which
     tests/ir/test_op_coverage.py checks; and its tests in tests/ops/<family>/."""
     from distir.ir import dialect

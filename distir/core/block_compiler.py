@@ -31,6 +31,7 @@ from distir.core.semantics import LOCAL_CHECK_KERNELS, semantics_of
 from distir.errors import DistirError, OpError, UnsupportedOpError
 from distir.ir.facts import RunsBodyInPlace, Structural
 from distir.ir.parsing import NO_KERNEL, NO_KERNEL_OPS, function_named
+from distir.ir.region_program import RegionProgram, region_program
 
 
 def _dialect_ops(dialect: str) -> str:
@@ -212,6 +213,8 @@ class CompiledBlock:
         self.n_local = n_local
         self.returned = returned
         self.captured = captured
+        #: a dist op's region: the compiled form its steps were made from
+        self.program: RegionProgram | None = None
         self._returned = operator.itemgetter(*returned) if len(returned) > 1 else None
         #: the one step of a block that is a single collective over its
         #: arguments, returning its results: called without the slots (the
@@ -318,8 +321,35 @@ class BlockCompiler:
         return compiled
 
     def compile_local_region(self, region: Region) -> CompiledBlock:
-        """A region of a dist op (a generic all-reduce's combine): local ops only."""
-        return BlockCompiler(self.module, None).compile_block(region.block)
+        """A region of a dist op (a generic all-reduce's combine): local ops
+        only. Its steps are the region's compiled form
+        (`ir.region_program`, made once per region and read by the
+        analysis too), each given its kernel here, once; the block keeps
+        that form as `program` for the algorithms that run the region tile
+        by tile (`ops.all_reduce.torch.combines.RegionCombine`)."""
+        block = region.block
+        program = region_program(block)
+        local = BlockCompiler(self.module, None)
+        steps: list[Step] = []
+        for step in program.steps:
+            kernel, extra, _ = local._kernel_for(step.op)
+            captured = []
+            for value in extra:  # read by an op's own region (scf.for, scf.if)
+                if value not in program.slots:
+                    raise UnsupportedOpError(
+                        step.op, "a combine region may only read its own arguments and values"
+                    )
+                captured.append(program.slots[value])
+            steps.append(Step(kernel, (*step.operands, *captured), step.results, step.op))
+        if program.returned is None:
+            raise UnsupportedOpError(block.parent_op() or "block", "block has no terminator")
+        returned = program.returned
+        compiled = CompiledBlock(
+            _with_liveness(steps, returned), program.n_slots, program.n_args, program.n_slots,
+            returned, (),
+        )  # fmt: skip
+        compiled.program = program
+        return compiled
 
     def compile_block(self, block: Block) -> CompiledBlock:
         slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(block.args)}

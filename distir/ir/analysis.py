@@ -40,6 +40,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from distir.ir.attributes import REDUCTION_KINDS, ReductionKind
 from distir.ir.elementwise import ELEMENTWISE_OPS
+from distir.ir.region_program import RegionProgram, broadcast_extra, region_program
 
 
 def _shape(t: object) -> tuple[int, ...] | None:
@@ -65,17 +66,6 @@ def _only_broadcast_outs(value: SSAValue) -> bool:
     return all(
         isinstance(use.operation, LinalgBroadcastOp) and use.index == 1 for use in value.uses
     )
-
-
-def broadcast_extra(op: Operation, block: Block) -> tuple[int, tuple[int, ...]] | None:
-    """(extra index, broadcast dimensions) when `op` is a `linalg.broadcast`
-    of one of the region's extras to the operands' shape."""
-    if not isinstance(op, LinalgBroadcastOp):
-        return None
-    source = op.operands[0]
-    if source not in block.args[2:] or _shape(op.results[0].type) != _shape(block.args[0].type):
-        return None
-    return block.args.index(source) - 2, tuple(op.dimensions.get_values())
 
 
 def is_elementwise_region(block: Block) -> bool:
@@ -282,21 +272,24 @@ def _splat_constant(op: arith.ConstantOp) -> int | float:
     raise _Unknown
 
 
-def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
-    """The region's yielded element on witnesses (lhs, rhs), exactly."""
-    env: dict[SSAValue, Fraction] = {
-        block.args[0]: _exact(Fraction(lhs), _element_type(block.args[0])),
-        block.args[1]: _exact(Fraction(rhs), _element_type(block.args[1])),
-    }
-    for op in block.ops:
-        if op.name == "dist.yield":
-            return env[op.operands[0]]
+#: an empty slot: an extra, or a value the evaluator does not hold
+_MISSING = object()
+
+
+def _evaluate(program: RegionProgram, block: Block, lhs: int, rhs: int) -> Fraction:
+    """The region's yielded element on witnesses (lhs, rhs), exactly: its
+    compiled steps (`region_program`) evaluated over Fractions."""
+    env: list[object] = [_MISSING] * program.n_slots
+    env[0] = _exact(Fraction(lhs), _element_type(block.args[0]))
+    env[1] = _exact(Fraction(rhs), _element_type(block.args[1]))
+    for step in program.steps:
+        op = step.op
         if isinstance(op, arith.ConstantOp):
-            env[op.result] = Fraction(_splat_constant(op))
+            env[step.results[0]] = Fraction(_splat_constant(op))
             continue
-        if any(v not in env for v in op.operands) or len(op.results) != 1:
+        if any(env[i] is _MISSING for i in step.operands) or len(step.results) != 1:
             raise _Unknown  # an extra, a size, an op the evaluator does not know
-        args = [env[v] for v in op.operands]
+        args: list = [env[i] for i in step.operands]
         result = op.results[0]
         if isinstance(op, tensor.SplatOp):
             value = args[0]
@@ -316,8 +309,15 @@ def _evaluate(block: Block, lhs: int, rhs: int) -> Fraction:
             value = _int_op(op, *args)
         else:
             raise _Unknown
-        env[result] = _exact(value, _element_type(result))
-    raise _Unknown
+        env[step.results[0]] = _exact(value, _element_type(result))
+    return _yielded(program, env)
+
+
+def _yielded(program: RegionProgram, env: list[object]) -> object:
+    """The one value the region yields, or _Unknown."""
+    if program.result is None or env[program.result] is _MISSING:
+        raise _Unknown
+    return env[program.result]
 
 
 def non_commutative_witness(block: Block) -> tuple[str, str, str, str] | None:
@@ -335,10 +335,12 @@ def non_commutative_witness(block: Block) -> tuple[str, str, str, str] | None:
     floats = isinstance(element, AnyFloat)
     witnesses = _float_witnesses(element) if floats else _integer_witnesses(element)
     evaluate = _evaluate_floats if floats else _evaluate
+    program = region_program(block)
     for i, a in enumerate(witnesses):
         for b in witnesses[i + 1 :]:
             try:
-                forward, backward = evaluate(block, a, b), evaluate(block, b, a)
+                forward = evaluate(program, block, a, b)
+                backward = evaluate(program, block, b, a)
             except (_Unknown, ArithmeticError, ValueError):  # huge shifts, ...
                 continue
             if not _same(forward, backward):
@@ -459,19 +461,20 @@ _CMPF = {
 }  # fmt: skip
 
 
-def _evaluate_floats(block: Block, lhs: float, rhs: float) -> object:
+def _evaluate_floats(program: RegionProgram, block: Block, lhs: float, rhs: float) -> object:
     """The region's yielded element on float witnesses (lhs, rhs), exactly
-    as IEEE 754 defines each op on the block's element type."""
-    env: dict[SSAValue, object] = {block.args[0]: lhs, block.args[1]: rhs}
-    for op in block.ops:
-        if op.name == "dist.yield":
-            return env[op.operands[0]]
+    as IEEE 754 defines each op on the block's element type: its compiled
+    steps (`region_program`) evaluated over Python floats."""
+    env: list[object] = [_MISSING] * program.n_slots
+    env[0], env[1] = lhs, rhs
+    for step in program.steps:
+        op = step.op
         if isinstance(op, arith.ConstantOp):
-            env[op.result] = _splat_constant(op)
+            env[step.results[0]] = _splat_constant(op)
             continue
-        if any(v not in env for v in op.operands) or len(op.results) != 1:
+        if any(env[i] is _MISSING for i in step.operands) or len(step.results) != 1:
             raise _Unknown
-        args = [env[v] for v in op.operands]
+        args: list = [env[i] for i in step.operands]
         result = op.results[0]
         element = _element_type(result)
         if isinstance(op, tensor.SplatOp):
@@ -490,8 +493,8 @@ def _evaluate_floats(block: Block, lhs: float, rhs: float) -> object:
             value = _ieee(op, args[0], args[1], element)
         else:
             raise _Unknown
-        env[result] = value
-    raise _Unknown
+        env[step.results[0]] = value
+    return _yielded(program, env)
 
 
 def static_bytes(t: object) -> int | None:

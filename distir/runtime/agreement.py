@@ -131,7 +131,7 @@ class RunAgreement:
         mine = {
             "input_error": None if input_error is None else str(input_error),
             "preconditions": [p.report() for p in hoisted],
-            "plan": plan.describe(base.size),
+            "plan": plan.describe(base.size, base),
             "run": str(who),
         }
         try:

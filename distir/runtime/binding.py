@@ -36,6 +36,7 @@ from distir.runtime.requirements import WorldSizeError, check_declarations, chec
 from distir.transport.direct import DirectCollective
 from distir.transport.domain import group_alive
 from distir.transport.groups import ProcessGroupResource, create_declared_groups
+from distir.transport.registry import Implementation, choose
 
 
 def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], None]:
@@ -98,7 +99,7 @@ class Binding:
         self.base = ProcessGroupResource(group)
         self.base.agreement = plan.agreement
         #: what this rank agrees to execute on this group
-        self.fingerprint = plan.bound_fingerprint(self.base.size)
+        self.fingerprint = plan.bound_fingerprint(self.base.size, self.base)
         #: whether this rank's runs skip the agreement: a trusted plan known
         #: to be agreed on this domain (read on every run before `must_agree`)
         self.trusted = False
@@ -114,6 +115,8 @@ class Binding:
         #: op -> its kernel as one backend collective, where its
         #: implementation says so (`Implementation.direct`)
         self.direct: dict[Operation, DirectCollective] = {}
+        #: op -> the implementation it was bound to (`Plan.implementation_for`)
+        self.implementations: dict[Operation, Implementation] = {}
 
     @property
     def alive(self) -> bool:
@@ -168,7 +171,6 @@ class Binding:
         def target(op: Operation):
             invocation = plan.invocations[op]
             resource = resources[invocation.group]
-            implementation = plan.choices[op]
             if isinstance(resource, ProcessGroupResource):
                 check_group_assumption(invocation, resource.size)
                 record = semantics_of(type(op))
@@ -176,8 +178,11 @@ class Binding:
                     value = invocation.properties.get(name)
                     if value is not None:  # same on every rank
                         check_group_rank(invocation, name, value, resource.size)
-                # What the fingerprint covered for this size.
-                implementation = plan.implementation_for(op, resource.size)
+                # What the fingerprint covered for this size and backend.
+                implementation = plan.implementation_for(op, resource.size, resource)
+            else:  # a rank outside the op's group: chosen as on the base group
+                implementation = choose(op, plan.preferences[op], self.base)
+            self.implementations[op] = implementation
             return implementation, invocation, resource
 
         def bind(op: Operation):

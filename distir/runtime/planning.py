@@ -4,7 +4,9 @@
 whole life of the program: its entry function and signature, whether its
 runs agree (the agreement mode), the implementation of every dist op (a
 missing one fails compile; a generic all-reduce without a recorded
-algorithm gets its group size's default, `implementation_for`), its
+algorithm gets its group size's default; among an op's candidates, the
+binding takes the first its group's capabilities serve,
+`implementation_for`), its
 fingerprint on a group of a given size (`bound_fingerprint`: what ranks
 compare to know they execute the same plan), each op's
 `Invocation` with its run options (a `deadline_ms` attribute, whether the
@@ -44,7 +46,8 @@ from distir.ir.parsing import describe_op, function_named, reachable_functions
 from distir.ops.all_reduce.ir import known_combine_error
 from distir.runtime.inputs import check_inputs
 from distir.runtime.ownership import check_unchanged, is_plain, plain_inputs
-from distir.transport.registry import Implementation, ImplementationRegistry
+from distir.transport.protocol import Transport
+from distir.transport.registry import Implementation, ImplementationRegistry, choose
 
 
 def is_executable_dist_op(op: Operation) -> bool:
@@ -155,7 +158,11 @@ class Plan:
         #: ops whose algorithm follows from the group size (`ChoosesAlgorithm`:
         #: a generic all-reduce), chosen again when the program binds to a group
         self.auto_algorithm: set[Operation] = set()
-        self.choices: dict[Operation, Implementation] = {}
+        #: op -> its candidates in preference order (`registry.preferences`);
+        #: binding takes the first its group serves (`implementation_for`)
+        self.preferences: dict[Operation, tuple[Implementation, ...]] = {}
+        #: (op, group size) -> a generic all-reduce's candidates for that size
+        self._sized: dict[tuple[Operation, int | None], tuple[Implementation, ...]] = {}
         for op in self.ops:
             error = known_combine_error(op)
             if error is not None:
@@ -166,9 +173,14 @@ class Plan:
                 default = op.default_algorithm(op.static_group_size())  # type: ignore[attr-defined]
             if default is not None:
                 self.auto_algorithm.add(op)
-                self.choices[op] = self.select(op, default)
+                self.preferences[op] = self._default_preferences(op, default)
             else:
-                self.choices[op] = registry.select(op, name)
+                self.preferences[op] = registry.preferences(op, name)
+        #: op -> its preferred implementation (what it runs with on a group
+        #: that serves every candidate: on gloo, what every op runs with)
+        self.choices: dict[Operation, Implementation] = {
+            op: candidates[0] for op, candidates in self.preferences.items()
+        }
         # Compile once with placeholder kernels: any unsupported local op, in the
         # program or in a combine region, fails here rather than at run time.
         self.compiler = BlockCompiler(module, lambda op: (lambda xs, w: ()))
@@ -205,15 +217,28 @@ class Plan:
             regions = [self.compiler.compile_local_region(r) for r in op.regions if r.blocks]
             self.invocations[op] = make_invocation(op, regions, options)
 
-    def implementation_for(self, op: Operation, size: int | None) -> Implementation:
-        """The implementation `op` runs with on a group of `size` ranks: the
-        one chosen at compile time, or for a generic all-reduce that records
-        no algorithm, the default algorithm for that size. The binding and
-        the fingerprint both read it from here."""
+    def implementation_for(
+        self, op: Operation, size: int | None, transport: Transport | None = None
+    ) -> Implementation:
+        """The implementation `op` runs with on `transport`, a group of
+        `size` ranks: the first of its candidates (those chosen at compile
+        time, or for a generic all-reduce that records no algorithm, the
+        default algorithm's for that size) whose needs the transport's
+        capabilities meet (`registry.choose`; None: the preferred one). The
+        binding and the fingerprint both read it from here."""
+        candidates = self.preferences[op]
         if op in self.auto_algorithm:
-            assert isinstance(op, ChoosesAlgorithm)
-            return self.select(op, op.default_algorithm(size))  # type: ignore[arg-type]
-        return self.choices[op]
+            candidates = self._sized.get((op, size)) or self._size_preferences(op, size)
+        if transport is None:
+            return candidates[0]
+        return choose(op, candidates, transport)
+
+    def _size_preferences(self, op: Operation, size: int | None) -> tuple[Implementation, ...]:
+        assert isinstance(op, ChoosesAlgorithm)
+        default = op.default_algorithm(size)
+        candidates = self._default_preferences(op, default)  # type: ignore[arg-type]
+        self._sized[(op, size)] = candidates
+        return candidates
 
     def _group_sizes(self, op: Operation, base_size: int) -> list[int]:
         """Every size the group `op` runs on has on some rank (a declared
@@ -224,19 +249,20 @@ class Plan:
                 return sorted({len(part) for part in decl.rank_lists})
         return [base_size]
 
-    def bound_fingerprint(self, base_size: int) -> int:
+    def bound_fingerprint(self, base_size: int, transport: Transport | None = None) -> int:
         """A 63-bit digest of everything that decides what a rank executes
         when the program runs on a base group of `base_size` ranks: the
         lowered IR and entry point, the implementation every op runs with on
-        every (sub)group size it meets (so also the algorithm a generic
-        all-reduce gets at bind time), the agreement mode and the wire
+        every (sub)group size it meets on `transport`'s capabilities (so
+        also the algorithm a generic all-reduce gets at bind time; declared
+        subgroups are made with the base group's backend), the agreement mode and the wire
         format. Every rank of the group computes the same digest for the
         same plan, whatever its own subgroups. Deadlines are not in it:
         they change no byte on the wire."""
         parts = [f"wire {WIRE_FORMAT}", f"agreement {self.agreement}", f"size {base_size}"]
         for index, op in enumerate(self.ops):
             names = [
-                f"{size}:{self.implementation_for(op, size).name}"
+                f"{size}:{self.implementation_for(op, size, transport).name}"
                 for size in self._group_sizes(op, base_size)
             ]
             parts.append(f"op {index} {op.name} {' '.join(names)}")
@@ -244,24 +270,24 @@ class Plan:
         digest = hashlib.sha256(text.encode()).digest()
         return int.from_bytes(digest[:8], "big") >> 1
 
-    def describe(self, base_size: int) -> str:
+    def describe(self, base_size: int, transport: Transport | None = None) -> str:
         """The plan's settings in words, for a mismatch report: the mode and
         the implementation of every op on this rank."""
         mode = "agreement at every run" if self.agreement else "trusted (agreement=False)"
         ops = ", ".join(
-            f"{describe_op(op)} {self.implementation_for(op, size).name}"
+            f"{describe_op(op)} {self.implementation_for(op, size, transport).name}"
             for op in self.ops
             for size in self._group_sizes(op, base_size)[:1]
         )
         return f"{mode}; {ops}" if ops else mode
 
-    def select(self, op: Operation, algorithm: str) -> Implementation:
-        """The implementation of a generic all-reduce's default algorithm,
-        or the registry's default when the registry has no such one."""
+    def _default_preferences(self, op: Operation, algorithm: str) -> tuple[Implementation, ...]:
+        """The candidates of a generic all-reduce's default algorithm, or
+        the registry's defaults when the registry has no such one."""
         try:
-            return self.registry.select(op, algorithm)
+            return self.registry.preferences(op, algorithm)
         except UnsupportedOpError:
-            return self.registry.select(op, None)
+            return self.registry.preferences(op, None)
 
     def _requested_name(self, op: Operation) -> str | None:
         if op.name in self.requested:

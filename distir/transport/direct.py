@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from distir.core.block_compiler import DistKernel
 from distir.core.invocation import Invocation
-from distir.transport.groups import ProcessGroupResource
+from distir.transport.groups import Options, ProcessGroupResource
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,10 @@ class DirectCollective:
     #: the op's group: the direct path submits to a c10d process group
     resource: ProcessGroupResource
     #: the process group's method (`pg.allreduce`, `pg.broadcast`)
-    submit: Callable[..., Any]
+    submit: Callable[..., dist.Work]
     #: its options class and the fields set on it (the reduction, the root)
-    kind: Any
-    fields: tuple[tuple[str, Any], ...]
+    kind: type[Options]
+    fields: tuple[tuple[str, object], ...]
     #: the operand's declared dtype (another goes through `execute`)
     dtype: torch.dtype
     #: the tensor the collective writes when the operand may not be
@@ -62,7 +62,7 @@ class DirectCollective:
         op = self.invocation.op
         return len(op.results) == 1 and op.results[0].type == op.operands[0].type
 
-    def options(self) -> tuple[Any, timedelta]:
+    def options(self) -> tuple[Options, timedelta]:
         """The backend's options and timeout for the deadline the resource
         holds now (an op's own `deadline_ms` wins, as everywhere)."""
         current = self.current

@@ -36,11 +36,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from torch.distributed import distributed_c10d as c10d
 
 from distir.errors import CollectiveFailed, DeadlineExceeded, DistirError, Poisoned
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup, Store
 
 _STORE_PREFIX = "distir/poison/"
 
@@ -64,7 +67,7 @@ def call_bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     server cannot be interrupted, so a call that does not return is left
     behind (it holds one thread until the server answers or the process
     ends) and the caller goes on."""
-    box: list[Any] = []
+    box: list[tuple[bool, object]] = []
 
     def target() -> None:
         try:
@@ -93,7 +96,7 @@ def call_bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
 class ExecutionDomain:
     """The failure state of one process group."""
 
-    def __init__(self, key: str, rank: int, store: Any = None):
+    def __init__(self, key: str, rank: int, store: Store | None = None):
         self.key = key
         self.rank = rank
         self.store = store
@@ -176,11 +179,11 @@ class ExecutionDomain:
 
 #: process group object -> its domain; weak, so that a domain dies with its
 #: group and a later group at the same address gets a new one
-_domains: weakref.WeakKeyDictionary[Any, ExecutionDomain] = weakref.WeakKeyDictionary()
+_domains: weakref.WeakKeyDictionary[ProcessGroup, ExecutionDomain] = weakref.WeakKeyDictionary()
 _domains_lock = threading.Lock()
 
 
-def _group_key(group: Any) -> str:
+def _group_key(group: ProcessGroup | None) -> str:
     import torch.distributed as dist
 
     if group is None:
@@ -191,7 +194,7 @@ def _group_key(group: Any) -> str:
     return "ranks-" + "-".join(str(r) for r in ranks) + (f"@{name}" if name else "")
 
 
-def _default_store() -> Any:
+def _default_store() -> Store | None:
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
@@ -200,7 +203,7 @@ def _default_store() -> Any:
         return None
 
 
-def domain_for(group: Any = None) -> ExecutionDomain:
+def domain_for(group: ProcessGroup | None = None) -> ExecutionDomain:
     """The domain shared by every program running on `group` (None: world)."""
     import torch.distributed as dist
 
@@ -217,19 +220,19 @@ def domain_for(group: Any = None) -> ExecutionDomain:
         return domain
 
 
-def resolve_group(group: Any) -> Any:
+def resolve_group(group: ProcessGroup | None) -> ProcessGroup:
     """The process group object `group` names (None: the default group)."""
     if group is not None:
         return group
     return c10d._get_default_group()
 
 
-def group_alive(pg: Any) -> bool:
+def group_alive(pg: ProcessGroup) -> bool:
     """Whether a process group object is still registered (not destroyed)."""
     return pg in c10d._world.pg_map
 
 
-def reset_domain(group: Any = None) -> None:
+def reset_domain(group: ProcessGroup | None = None) -> None:
     """Forgets a domain's failure (locally and in the store), for a failure
     that left the group working: a rejected input or a mismatch that every
     rank saw before any payload moved. Call it on every rank, after the

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -46,7 +45,7 @@ class Membership:
 
     epoch: int
     ranks: tuple[int, ...]
-    group: Any = field(repr=False, compare=False)
+    group: dist.ProcessGroup = field(repr=False, compare=False)
     rank: int
     lost: tuple[int, ...] = ()
     completed: int = 0
@@ -81,7 +80,7 @@ def set_membership(new: Membership) -> None:
         _current = new
 
 
-def default_store() -> Any:
+def default_store() -> dist.Store:
     return c10d._get_default_store()
 
 
@@ -90,7 +89,7 @@ def default_store() -> Any:
 _ABSENT = "\x00distir: no such key"
 
 
-def read_key(store: Any, key: str) -> bytes | None:
+def read_key(store: dist.Store, key: str) -> bytes | None:
     """The value of `key`, or None when it is not set: one atomic request.
 
     Never `check` then `get`: a key deleted between the two (a joiner that
@@ -133,7 +132,7 @@ def parse_outcome(value: bytes) -> tuple[str, int, tuple[int, ...]]:
     return kind, int(completed), tuple(int(r) for r in joined.split(",") if r)
 
 
-def read_decision(store: Any, epoch: int) -> tuple[int, ...] | None:
+def read_decision(store: dist.Store, epoch: int) -> tuple[int, ...] | None:
     """The members decided for `epoch`, or None while undecided."""
     value = read_key(store, decision_key(epoch))
     return None if value is None else parse_members(value)

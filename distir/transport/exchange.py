@@ -17,14 +17,16 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from distir.core.invocation import Invocation
 from distir.errors import DeadlineExceeded
-from distir.transport.protocol import Transport
+from distir.transport.protocol import Transport, Work
+
+R = TypeVar("R")
 
 #: Issue CPU sends from a helper thread (see `_SendThread`).
 THREADED_SENDS = True
@@ -36,9 +38,11 @@ class Exchange(Protocol):
 
     def send(self, t: torch.Tensor, peer: int) -> None: ...
 
-    def recv(self, t: torch.Tensor, peer: int) -> Any: ...
+    def recv(self, t: torch.Tensor, peer: int) -> object:
+        """Posts a receive into `t`; its handle goes to `wait`."""
+        ...
 
-    def wait(self, handle: Any) -> None: ...
+    def wait(self, handle: object) -> None: ...
 
     def finish(self) -> None: ...
 
@@ -72,7 +76,9 @@ class _SendThread:
             except BaseException as e:  # reported by the rank's thread
                 posted.append(e)
 
-    def send(self, t: torch.Tensor, peer: int, group: Any, posted: list) -> None:
+    def send(
+        self, t: torch.Tensor, peer: int, group: dist.ProcessGroup | None, posted: list
+    ) -> None:
         self._queue.put((t, peer, group, posted))
 
     def fence(self) -> threading.Event:
@@ -104,8 +110,9 @@ class TorchExchange:
         self.group = resources.group
         self.size = resources.size
         self.rank = resources.rank
-        self.sends: list[Any] = []
-        self.threaded: list[Any] | None = None
+        self.sends: list[dist.Work] = []
+        #: the send thread's posted works (or the error it met posting one)
+        self.threaded: list[dist.Work | BaseException] | None = None
 
     def send(self, t: torch.Tensor, peer: int) -> None:
         if not t.numel():
@@ -118,12 +125,12 @@ class TorchExchange:
         else:
             self.sends.append(dist.isend(t, dst=dst, group=self.group))
 
-    def recv(self, t: torch.Tensor, peer: int) -> Any:
+    def recv(self, t: torch.Tensor, peer: int) -> Work:
         if not t.numel():
             return None
         return dist.irecv(t, src=self.resources.global_rank(peer), group=self.group)
 
-    def wait(self, handle: Any) -> None:
+    def wait(self, handle: Work) -> None:
         if handle is not None:
             self.resources.complete(handle, self.invocation)
 
@@ -161,12 +168,12 @@ class InProcessWorld:
     def exchange(self, rank: int) -> InProcessExchange:
         return InProcessExchange(self, rank)
 
-    def run(self, body: Callable[[InProcessExchange], Any], join_s: float = 60.0) -> list[Any]:
+    def run(self, body: Callable[[InProcessExchange], R], join_s: float = 60.0) -> list[R]:
         """`body(exchange)` on one thread per rank; their results in rank
         order. The first error a rank raised is raised here, and a rank
         still running after `join_s` is an error (an algorithm that waits
         for a message nobody sends ends its test, not the process)."""
-        results: list[Any] = [None] * self.size
+        results: list = [None] * self.size
         errors: list[BaseException] = []
 
         def thread(rank: int) -> None:
@@ -201,10 +208,10 @@ class InProcessExchange:
         if t.numel():
             self.world._boxes[(self.rank, peer)].put(t.clone())
 
-    def recv(self, t: torch.Tensor, peer: int) -> Any:
+    def recv(self, t: torch.Tensor, peer: int) -> tuple[torch.Tensor, int] | None:
         return (t, peer) if t.numel() else None
 
-    def wait(self, handle: Any) -> None:
+    def wait(self, handle: tuple[torch.Tensor, int] | None) -> None:
         if handle is None:
             return
         t, peer = handle

@@ -21,9 +21,8 @@ import pickle
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,7 +47,7 @@ from distir.transport.domain import (
     domain_for,
     group_alive,
 )
-from distir.transport.protocol import Abort, Capabilities
+from distir.transport.protocol import Abort, Capabilities, Occasion, Work
 
 DEFAULT_DEADLINE_S = 60.0
 
@@ -64,6 +63,13 @@ COLLECTIVE_DTYPES = frozenset(
         torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64,
         torch.float16, torch.bfloat16, torch.float32, torch.float64,
     }
+)  # fmt: skip
+
+#: a c10d options object (the options classes share no base class)
+Options = (
+    dist.AllreduceOptions | dist.BroadcastOptions | c10d.AllgatherOptions
+    | dist.ReduceScatterOptions | dist.GatherOptions | dist.ScatterOptions
+    | dist.ReduceOptions | c10d.AllToAllOptions
 )  # fmt: skip
 
 #: what each c10d backend declares (`ProcessGroupResource.capabilities`):
@@ -115,7 +121,7 @@ class Step:
 
     def __init__(self, description: str):
         self.description = description
-        self.options: dict[str, Any] = {}
+        self.options: dict[str, object] = {}
 
 
 @functools.lru_cache(maxsize=64)
@@ -156,7 +162,7 @@ class ProcessGroupResource:
         self.pg = group if group is not None else c10d._get_default_group()
         #: whether collectives that are waited for at once run inline (gloo)
         self.inline = self.backend == "gloo"
-        self._cached_options: dict[tuple, Any] = {}
+        self._cached_options: dict[tuple, tuple[Options, timedelta]] = {}
         #: row length -> the arrays and tensors of `exchange_rows`
         self._row_buffers: dict[int, tuple] = {}
         self.domain = domain if domain is not None else domain_for(group)
@@ -179,10 +185,10 @@ class ProcessGroupResource:
 
     # -- completion under a deadline --------------------------------------------
 
-    def deadline_for(self, invocation: Any) -> float:
+    def deadline_for(self, invocation: Occasion) -> float:
         return invocation.options.get("deadline_s") or self.deadline_s
 
-    def complete(self, work: Any, invocation: Any) -> None:
+    def complete(self, work: Work, invocation: Occasion) -> None:
         """Waits for an async collective, at most until its deadline."""
         deadline = self.deadline_for(invocation)
         start = time.monotonic()
@@ -191,7 +197,7 @@ class ProcessGroupResource:
         except RuntimeError as e:
             raise self.failure(e, invocation, time.monotonic() - start) from None
 
-    def failure(self, error: RuntimeError, invocation: Any, waited: float = 0.0) -> DistirError:
+    def failure(self, error: RuntimeError, invocation: Occasion, waited: float = 0.0) -> DistirError:
         """A backend error as a named distir error (and the cause a peer
         published, if any)."""
         text = _backend_message(error)
@@ -243,8 +249,8 @@ class ProcessGroupResource:
     # call returns the work for `complete` (waves submit before they wait).
 
     def _options(
-        self, kind: Any, invocation: Any, wait: bool, *fields: tuple[str, Any]
-    ) -> tuple[Any, timedelta]:
+        self, kind: type[Options], invocation: Occasion, wait: bool, *fields: tuple[str, object]
+    ) -> tuple[Options, timedelta]:
         """The backend's options for one call and their timeout, reused
         across calls (options hold no tensors): `kind` (an options class),
         the deadline as its timeout, `asyncOp` off when the call runs
@@ -265,9 +271,9 @@ class ProcessGroupResource:
         return cached
 
     def _run(
-        self, submit: Any, args: tuple, options: tuple[Any, timedelta], invocation: Any,
-        wait: bool,
-    ) -> Any:
+        self, submit: Callable[..., dist.Work], args: tuple, options: tuple[Options, timedelta],
+        invocation: Occasion, wait: bool,
+    ) -> Work:
         """`submit(*args, opts)` (a process group's method), then (with
         `wait`) its completion; a backend error on the way raises as a named
         distir error."""
@@ -282,13 +288,13 @@ class ProcessGroupResource:
             raise self.failure(e, invocation, time.monotonic() - start) from None
         return None
 
-    def all_reduce(self, tensor: torch.Tensor, op: Any, invocation: Any, wait: bool = False) -> Any:
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp, invocation: Occasion, wait: bool = False) -> Work:
         opts = self._options(dist.AllreduceOptions, invocation, wait, ("reduceOp", op))
         return self._run(self.pg.allreduce, ([tensor],), opts, invocation, wait)
 
     def broadcast(
-        self, tensor: torch.Tensor, root: int, invocation: Any, wait: bool = False
-    ) -> Any:
+        self, tensor: torch.Tensor, root: int, invocation: Occasion, wait: bool = False
+    ) -> Work:
         """`root` is a rank of this group."""
         opts = self._options(dist.BroadcastOptions, invocation, wait, ("rootRank", root),
                              ("rootTensor", 0))  # fmt: skip
@@ -297,25 +303,25 @@ class ProcessGroupResource:
         return self._run(self.pg.broadcast, ([tensor],), opts, invocation, wait)
 
     def all_gather(
-        self, out: torch.Tensor, tensor: torch.Tensor, invocation: Any, wait: bool = False
-    ) -> Any:
+        self, out: torch.Tensor, tensor: torch.Tensor, invocation: Occasion, wait: bool = False
+    ) -> Work:
         opts = self._options(c10d.AllgatherOptions, invocation, wait)
         out, tensor = as_bytes(out, written=True), as_bytes(tensor)
         return self._run(self.pg.all_gather_single, (out, tensor), opts, invocation, wait)
 
     def reduce_scatter(
-        self, out: torch.Tensor, tensor: torch.Tensor, op: Any, invocation: Any,
+        self, out: torch.Tensor, tensor: torch.Tensor, op: dist.ReduceOp, invocation: Occasion,
         wait: bool = False,
-    ) -> Any:
+    ) -> Work:
         """`out` = this rank's part (rows `rank·n/P` on) of the reduction of
         every rank's contiguous `tensor`: the backend's own reduce-scatter."""
         opts = self._options(dist.ReduceScatterOptions, invocation, wait, ("reduceOp", op))
         return self._run(self.pg._reduce_scatter_base, (out, tensor), opts, invocation, wait)
 
     def gather(
-        self, parts: Sequence[torch.Tensor], tensor: torch.Tensor, root: int, invocation: Any,
+        self, parts: Sequence[torch.Tensor], tensor: torch.Tensor, root: int, invocation: Occasion,
         wait: bool = False,
-    ) -> Any:
+    ) -> Work:
         """Every rank's contiguous `tensor` (one shape everywhere) into the
         root's `parts` (P buffers; empty on the other ranks)."""
         opts = self._options(dist.GatherOptions, invocation, wait, ("rootRank", root))
@@ -324,9 +330,9 @@ class ProcessGroupResource:
                          invocation, wait)  # fmt: skip
 
     def scatter(
-        self, out: torch.Tensor, parts: Sequence[torch.Tensor], root: int, invocation: Any,
+        self, out: torch.Tensor, parts: Sequence[torch.Tensor], root: int, invocation: Occasion,
         wait: bool = False,
-    ) -> Any:
+    ) -> Work:
         """The root's `parts[rank]` (P contiguous buffers of `out`'s shape;
         none on the other ranks) into every rank's `out`."""
         opts = self._options(dist.ScatterOptions, invocation, wait, ("rootRank", root))
@@ -335,8 +341,8 @@ class ProcessGroupResource:
                          opts, invocation, wait)  # fmt: skip
 
     def reduce(
-        self, tensor: torch.Tensor, op: Any, root: int, invocation: Any, wait: bool = False
-    ) -> Any:
+        self, tensor: torch.Tensor, op: dist.ReduceOp, root: int, invocation: Occasion, wait: bool = False
+    ) -> Work:
         """The reduction of every rank's contiguous `tensor` into the root's
         (the other ranks' `tensor` may be overwritten)."""
         opts = self._options(dist.ReduceOptions, invocation, wait, ("reduceOp", op),
@@ -345,8 +351,8 @@ class ProcessGroupResource:
 
     def all_to_all(
         self, out: torch.Tensor, tensor: torch.Tensor, out_splits: Sequence[int],
-        in_splits: Sequence[int], invocation: Any, wait: bool = False,
-    ) -> Any:
+        in_splits: Sequence[int], invocation: Occasion, wait: bool = False,
+    ) -> Work:
         opts = self._options(c10d.AllToAllOptions, invocation, wait)
         outs, ins = list(out_splits), list(in_splits)
         out, tensor = as_bytes(out, written=True), as_bytes(tensor)
@@ -355,7 +361,7 @@ class ProcessGroupResource:
 
     # -- exchanges of small rows ---------------------------------------------------
 
-    def exchange_rows(self, row: Sequence[int], invocation: Any) -> list[list[int]]:
+    def exchange_rows(self, row: Sequence[int], invocation: Occasion) -> list[list[int]]:
         """Every rank's `row` of int64 (all ranks pass rows of one length).
 
         An all-to-all of the row repeated P times: the same data as an
@@ -388,7 +394,7 @@ class ProcessGroupResource:
         flat = received.tolist()
         return [flat[r * k : (r + 1) * k] for r in range(size)]
 
-    def gather_objects(self, obj: Any, invocation: Any) -> list[Any]:
+    def gather_objects(self, obj: object, invocation: Occasion) -> list[object]:
         """Every rank's picklable `obj`, under the deadline (failure paths)."""
         payload = pickle.dumps(obj)
         sizes = self.exchange_rows([len(payload)], invocation)
@@ -446,7 +452,7 @@ class ProcessGroupResource:
             raise pre.error
         return pre
 
-    def explain(self, invocation: Any, pre: Precondition, rows: list[list[int]]) -> None:
+    def explain(self, invocation: Occasion, pre: Precondition, rows: list[list[int]]) -> None:
         """Every rank saw the disagreement: gather the reports and raise."""
         try:
             reports = self.gather_objects(pre.report(), invocation)
@@ -491,7 +497,7 @@ class NonMemberResource:
 
 #: base process group -> {global rank lists -> this rank's process group, or
 #: None on a rank in no subgroup}; the subgroups live as long as their base
-_GROUP_CACHE: dict[Any, dict[tuple, dist.ProcessGroup | None]] = {}
+_GROUP_CACHE: dict[dist.ProcessGroup, dict[tuple, dist.ProcessGroup | None]] = {}
 _GROUP_CACHE_LOCK = threading.Lock()
 
 
@@ -547,7 +553,9 @@ def create_declared_groups(
     return resources
 
 
-def create_group(global_ranks: Sequence[int], name: str, timeout: timedelta) -> Any:
+def create_group(
+    global_ranks: Sequence[int], name: str, timeout: timedelta
+) -> dist.ProcessGroup | None:
     """A process group over `global_ranks`, created by its members only.
 
     `name` is the group's name and the prefix of its rendezvous keys in the

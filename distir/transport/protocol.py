@@ -19,7 +19,7 @@ memory) must provide. A collective returns the backend's work handle for
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -59,6 +59,66 @@ class Capabilities:
     store: bool
     #: what a failed collective leaves behind
     abort: Abort
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an op implementation needs of its transport, declared beside it
+    (`Implementation.needs`): the registry keeps every implementation of an
+    op in preference order, and binding a program to a group takes the
+    first whose needs that group's `Capabilities` meet. The default needs
+    nothing: it runs on any transport."""
+
+    #: device types the transport's collectives must all take ("cuda")
+    devices: frozenset[str] = frozenset()
+    #: element types it must move as they are (not as bytes)
+    moves: frozenset[torch.dtype] = frozenset()
+    #: element types its reductions must take
+    reduces: frozenset[torch.dtype] = frozenset()
+    #: whether it must have a rendezvous store
+    store: bool = False
+    #: the failure semantics it must have (None: either)
+    abort: Abort | None = None
+
+    def met_by(self, capabilities: Capabilities) -> bool:
+        """Whether a transport with `capabilities` gives all of this."""
+        return (
+            self.devices <= capabilities.devices
+            and self.moves <= capabilities.moves
+            and self.reduces <= capabilities.reduces
+            and (capabilities.store or not self.store)
+            and (self.abort is None or self.abort is capabilities.abort)
+        )
+
+    def describe(self) -> str:
+        """The needs in words, for the error that no implementation fits."""
+        parts = [f"devices {sorted(self.devices)}"] if self.devices else []
+        for what, dtypes in (("moves", self.moves), ("reduces", self.reduces)):
+            if dtypes:
+                parts.append(f"{what} {sorted(str(d).removeprefix('torch.') for d in dtypes)}")
+        if self.store:
+            parts.append("a store")
+        if self.abort is not None:
+            parts.append(f"{self.abort.value} abort")
+        return ", ".join(parts) or "nothing"
+
+
+#: an implementation's needs when it declares none: any transport serves
+ANY_TRANSPORT = Needs()
+
+
+@runtime_checkable
+class Occasion(Protocol):
+    """What a call on a transport is made for, as its errors name it and
+    its deadline is read: an op's `Invocation`, or a `transport.groups.Step`
+    (an exchange that is not an op's: the program agreement, group
+    creation)."""
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def options(self) -> Mapping[str, object]: ...
 
 
 #: a collective's handle: the backend's work, None once waited for

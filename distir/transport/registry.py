@@ -13,17 +13,27 @@ implementation may resolve its hot path there, tested against `execute` in
 An execution owner gets its set from `distributed_operation_contributions()`
 and builds an `ImplementationRegistry` from it.
 
-Choosing among several implementations of one op is deterministic:
+Choosing among several implementations of one op is deterministic, and
+made in two steps:
 
-1. an implementation the program asks for by name (per op, through
+1. when a program is compiled (`ImplementationRegistry.preferences`), the
+   op's candidates in preference order: the implementations named as the
+   program asks (per op, through
    `compile(..., implementations={"dist.all_reduce": "ring"})` or the op's
-   `algorithm` property) is used, or compilation fails naming the candidates;
-2. otherwise, among the implementations whose `matches(op)` holds, the one
-   with the highest `priority` wins; on a tie, the one contributed first.
-
-The chosen implementation's `unsupported(op)` then has the last word: what
-it declares it cannot run (an element type gloo does not reduce) fails
-compilation, naming the op, its location and the reason.
+   `algorithm` property; compilation fails naming the candidates when none
+   has that name), otherwise those whose `matches(op)` holds, highest
+   `priority` first and, on a tie, the one contributed first. The list
+   ends at the first candidate that needs nothing of its transport (no
+   later one could be chosen); each candidate's `unsupported(op)` is asked
+   then (what it declares it cannot run, an element type gloo does not
+   reduce, drops it), and when no candidate is left compilation fails,
+   naming the op, its location and the first candidate's reason;
+2. when the program is bound to a group (`choose`), the first candidate
+   whose `needs` (`transport.protocol.Needs`) that group's `Capabilities`
+   meet; none is a named `UnsupportedOpError` (the op, its location, what
+   each candidate needs). So "this implementation when the group is NCCL
+   on CUDA" is an implementation with `needs = Needs(devices={"cuda"})`
+   contributed before the one that runs anywhere.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from xdsl.ir import Operation
 from distir.core.block_compiler import DistKernel
 from distir.core.invocation import Invocation
 from distir.errors import UnsupportedOpError
-from distir.transport.protocol import Transport
+from distir.transport.protocol import ANY_TRANSPORT, Capabilities, Needs, Transport
 
 if TYPE_CHECKING:
     from distir.transport.direct import DirectCollective
@@ -50,6 +60,20 @@ class Implementation:
     name: ClassVar[str]
     operation_types: ClassVar[tuple[type[Operation], ...]]
     priority: ClassVar[int] = 0
+    #: what it needs of the group it is bound to (default: nothing)
+    needs: ClassVar[Needs] = ANY_TRANSPORT
+
+    def serves(self, capabilities: Capabilities) -> bool:
+        """Whether it runs on a transport with `capabilities`: asked when a
+        program is bound to a group. The default reads `needs`; an
+        implementation whose condition `Needs` cannot say overrides this
+        (and `needs_anything`)."""
+        return self.needs.met_by(capabilities)
+
+    def needs_anything(self) -> bool:
+        """Whether some transport would not serve it (an implementation
+        that serves every transport ends its op's preference list)."""
+        return self.needs != ANY_TRANSPORT
 
     def matches(self, op: Operation) -> bool:
         """Whether this implementation can execute this particular op."""
@@ -132,29 +156,58 @@ class ImplementationRegistry:
     def candidates(self, op: Operation) -> list[Implementation]:
         return [i for i in self.implementations if isinstance(op, i.operation_types)]
 
-    def select(self, op: Operation, requested: str | None = None) -> Implementation:
+    def preferences(
+        self, op: Operation, requested: str | None = None
+    ) -> tuple[Implementation, ...]:
+        """`op`'s candidates in preference order (step 1 of the module's
+        rule): a non-empty tuple, or a named `UnsupportedOpError`."""
         candidates = self.candidates(op)
         names = ", ".join(sorted({c.name for c in candidates})) or "none"
         if requested is not None:
-            for impl in candidates:
-                if impl.name == requested and impl.matches(op):
-                    return self._runnable(impl, op)
-            raise UnsupportedOpError(
-                op,
-                f"no implementation named {requested!r} can execute this op "
-                f"(registered for {op.name}: {names})",
-            )
-        matching = [c for c in candidates if c.matches(op)]
-        if not matching:
-            raise UnsupportedOpError(
-                op, f"no registered implementation can execute this op (candidates: {names})"
-            )
-        best = max(c.priority for c in matching)
-        return self._runnable(next(c for c in matching if c.priority == best), op)
+            matching = [c for c in candidates if c.name == requested and c.matches(op)]
+            if not matching:
+                raise UnsupportedOpError(
+                    op,
+                    f"no implementation named {requested!r} can execute this op "
+                    f"(registered for {op.name}: {names})",
+                )
+        else:
+            matching = [c for c in candidates if c.matches(op)]
+            if not matching:
+                raise UnsupportedOpError(
+                    op, f"no registered implementation can execute this op (candidates: {names})"
+                )
+            # Highest priority first; sorted() keeps contribution order on a tie.
+            matching = sorted(matching, key=lambda c: -c.priority)
+        ordered: list[Implementation] = []
+        for impl in matching:
+            ordered.append(impl)
+            if not impl.needs_anything():
+                break
+        runnable = tuple(impl for impl in ordered if impl.unsupported(op) is None)
+        if not runnable:
+            raise UnsupportedOpError(op, ordered[0].unsupported(op) or "")
+        return runnable
 
-    @staticmethod
-    def _runnable(impl: Implementation, op: Operation) -> Implementation:
-        reason = impl.unsupported(op)
-        if reason is not None:
-            raise UnsupportedOpError(op, reason)
-        return impl
+    def select(self, op: Operation, requested: str | None = None) -> Implementation:
+        """The preferred candidate (`preferences`' first): what `op` runs
+        with on a transport that meets every candidate's needs."""
+        return self.preferences(op, requested)[0]
+
+
+def choose(
+    op: Operation, preferences: Sequence[Implementation], transport: Transport
+) -> Implementation:
+    """The first of `op`'s `preferences` that `transport` serves (step 2 of
+    the module's rule), or an `UnsupportedOpError` naming the op, its
+    location, the group and what each candidate needs."""
+    capabilities = transport.capabilities
+    for impl in preferences:
+        if impl.serves(capabilities):
+            return impl
+    needs = "; ".join(f"{impl.name} needs {impl.needs.describe()}" for impl in preferences)
+    raise UnsupportedOpError(
+        op,
+        f"no implementation of {op.name} runs on group {transport.name} "
+        f"({transport.backend}, devices {sorted(capabilities.devices)}): {needs}",
+    )

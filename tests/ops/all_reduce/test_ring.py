@@ -483,8 +483,9 @@ def test_a_one_op_region_runs_in_place_and_others_are_evaluated_by_chunks():
     op, _ = _generic_op(one_op)
     combine = combines.build_combine(op)
     assert isinstance(combine, combines.FunctionCombine) and combine.swapped
-    op, _ = _generic_op(WRAP_ADD.format(t="tensor<8xi64>", group=""))
-    assert isinstance(combines.build_combine(op), combines.RegionCombine)
+    op, program = _generic_op(WRAP_ADD.format(t="tensor<8xi64>", group=""))
+    regions = program.plan.invocations[op].regions
+    assert isinstance(combines.build_combine(op, regions), combines.RegionCombine)
 
 
 @pytest.mark.parametrize(
@@ -515,7 +516,7 @@ def test_chunked_region_evaluation_equals_the_compiled_region(text, make_inputs)
     whole = BlockCompiler(program.module, None).compile_local_region(op.combine)
     lhs, rhs, *extras = make_inputs(torch.Generator().manual_seed(7))
     (expected,) = whole(lhs, rhs, *extras)
-    bound = combines.RegionCombine(op.combine.block).bind(extras, lhs)
+    bound = combines.RegionCombine(whole).bind(extras, lhs)
     flat_l, flat_r = lhs.reshape(-1), rhs.reshape(-1)
     out = torch.empty_like(flat_l)
     for step in (1, 4, 7, flat_l.numel()):  # chunk boundaries anywhere

@@ -89,7 +89,7 @@ class FlatAllReduce(AllReduceAlgorithm):
     def combine_for(self, invocation: Invocation) -> Any:
         entry = self._combines.get(id(invocation))
         if entry is None or entry[0] is not invocation:
-            entry = (invocation, build_combine(invocation.op))
+            entry = (invocation, build_combine(invocation.op, invocation.regions))
             self._combines[id(invocation)] = entry
         return entry[1]
 

@@ -4,7 +4,8 @@ A combine is built once per op (`build_combine`) from what the op is: a
 native kind, the modular addition `lower-ciphertext-add` recorded
 (`known_combine = "modular-add"`, held to its region by the verifier), one
 binary op on (lhs, rhs), or any elementwise region, evaluated tile by tile
-through the same kernels the block compiler uses. `bind(extras, like)` then
+through the kernels the plan compiled for it (the region's one compiled
+form, `ir.region_program`, is not compiled again here). `bind(extras, like)` then
 gives the function an algorithm calls as `combine(dst, lhs, rhs, start)`:
 write lhs ⊕ rhs into dst for the flat elements [start, start + len(dst));
 dst may be lhs or rhs. `bind(extras, like, axis)` numbers the elements of
@@ -20,21 +21,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from xdsl.dialects import arith, tensor
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IndexType
-from xdsl.dialects.linalg.ops import BroadcastOp as LinalgBroadcastOp
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr
+from xdsl.ir import Operation
 
-from distir.core.kernels import (
-    BINARY_TORCH_OPS,
-    LOCAL_KERNELS,
-    NATIVE_FOLDS,
-    broadcast_view,
-    constant_tensor,
-)
+from distir.core.block_compiler import CompiledBlock
+from distir.core.kernels import BINARY_TORCH_OPS, NATIVE_FOLDS, broadcast_view
 from distir.he.rns import subtract_and_mask_
-from distir.ir.analysis import broadcast_extra, single_op
+from distir.ir.analysis import single_op
 from distir.ir.modular import INT64_MAX
+from distir.ir.region_program import Role
 from distir.ops.all_reduce.ir import MODULAR_ADD, known_combine
 
 BoundCombine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
@@ -242,48 +238,48 @@ class LazyModularAdd:
 class RegionCombine:
     """An elementwise combine region evaluated on flat ranges.
 
-    Built once per op from its IR: each op becomes the kernel the block
-    compiler would use (distir.core.kernels), splat constants become
-    0-d tensors that broadcast, other constants, the extra operands and their
-    broadcasts (`linalg.broadcast` of an extra, made once per call) are
-    sliced like the operands. Values live in slots: the block arguments, the
-    sliced values, the 0-d constants, then one per op. Each tile's result is
-    copied into place.
+    Made from the region as the plan compiled it (`invocation.regions[0]`:
+    the region's one compiled form, `ir.region_program`, with a kernel per
+    step): the kernels are reused, splat constants become 0-d tensors that
+    broadcast, other constants, the extra operands and their broadcasts
+    (`linalg.broadcast` of an extra, made once per call) are sliced like
+    the operands, sizes are skipped. Values live in slots: the block
+    arguments, the sliced values, the 0-d constants, then one per op. Each
+    tile's result is copied into place.
     """
 
-    def __init__(self, block: Block):
-        n_args = len(block.args)
-        slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(block.args)}
+    def __init__(self, region: CompiledBlock):
+        program = region.program
+        assert program is not None, "a combine region as the plan compiled it"
+        n_args = program.n_args
+        slots: dict[int, int] = {i: i for i in range(n_args)}
         #: a constant's flat values, or (extra index, broadcast op)
         sliced: list[torch.Tensor | tuple[int, Operation]] = []
         fixed: list[torch.Tensor] = []
-        pending: list[tuple[Operation, Callable]] = []
-        result: SSAValue | None = None
-        for op in block.ops:
-            if op.name == "dist.yield":
-                result = op.operands[0]
-                break
-            if isinstance(op, tensor.DimOp | tensor.EmptyOp) or _is_index_constant(op):
+        pending: list[tuple[Callable, tuple[int, ...], int]] = []
+        for step, compiled in zip(program.steps, region.steps, strict=True):
+            op = step.op
+            if step.role is Role.SIZE:
                 continue  # sizes and broadcast targets: not evaluated per tile
-            if isinstance(op, LinalgBroadcastOp):
-                found = broadcast_extra(op, block)
-                assert found is not None, "an elementwise region broadcasts extras only"
-                sliced.append((found[0], op))
-                slots[op.results[0]] = n_args + len(sliced) - 1
+            if step.role is Role.BROADCAST:
+                assert step.broadcast is not None
+                sliced.append((step.broadcast[0], op))
+                slots[step.results[0]] = n_args + len(sliced) - 1
                 continue
-            if isinstance(op, arith.ConstantOp):
-                value = constant_tensor(op.value, op.result.type)
+            if step.role is Role.CONSTANT:
+                (value,) = compiled.kernel()
                 if _is_splat(op) or value.dim() == 0:
                     fixed.append(value.reshape(-1)[0].clone())
-                    slots[op.result] = -len(fixed)  # renumbered below
+                    slots[step.results[0]] = -len(fixed)  # renumbered below
                 else:
                     sliced.append(value.contiguous().reshape(-1))
-                    slots[op.result] = n_args + len(sliced) - 1
+                    slots[step.results[0]] = n_args + len(sliced) - 1
                 continue
-            if isinstance(op, tensor.SplatOp):
-                pending.append((op, lambda v, *sizes: (v,)))
+            if step.role is Role.SPLAT:
+                pending.append((lambda v, *sizes: (v,), step.operands[:1], step.results[0]))
             else:
-                pending.append((op, LOCAL_KERNELS[type(op)](op)))
+                pending.append((compiled.kernel, step.operands, step.results[0]))
+        result = program.result
         assert result is not None, "an elementwise region ends in dist.yield"
         first_fixed = n_args + len(sliced)
         for value, slot in list(slots.items()):
@@ -291,10 +287,9 @@ class RegionCombine:
                 slots[value] = first_fixed - 1 - slot
         next_slot = first_fixed + len(fixed)
         self.steps: list[tuple[Callable, tuple[int, ...], int]] = []
-        for op, kernel in pending:
-            operands = op.operands[:1] if isinstance(op, tensor.SplatOp) else op.operands
+        for kernel, operands, out in pending:
             self.steps.append((kernel, tuple(slots[v] for v in operands), next_slot))
-            slots[op.results[0]] = next_slot
+            slots[out] = next_slot
             next_slot += 1
         self.n_args = n_args
         self.sliced = sliced
@@ -347,19 +342,17 @@ def _is_splat(op: arith.ConstantOp) -> bool:
     return isinstance(value, DenseIntOrFPElementsAttr) and value.is_splat()
 
 
-def _is_index_constant(op: Operation) -> bool:
-    return isinstance(op, arith.ConstantOp) and isinstance(op.result.type, IndexType)
-
-
-def build_combine(op: Operation) -> Any:
+def build_combine(op: Operation, regions: Sequence[Callable] = ()) -> Any:
     """The combine of an elementwise all-reduce (or reduce-scatter: the same
-    kind, region and recorded known combine), from what the op is."""
+    kind, region and recorded known combine), from what the op is; a region
+    runs as the plan compiled it (`regions`, the invocation's)."""
     if not op.is_generic:  # type: ignore[attr-defined]
         return FunctionCombine(NATIVE_FOLDS[op.kind.data])  # type: ignore[attr-defined]
     if known_combine(op) == MODULAR_ADD:
         return ModularAddCombine()
-    block = op.regions[0].block
-    found = single_op(block)
+    found = single_op(op.regions[0].block)
     if found is not None and found[0] in BINARY_TORCH_OPS:
         return FunctionCombine(BINARY_TORCH_OPS[found[0]], swapped=found[1])
-    return RegionCombine(block)
+    (region,) = regions
+    assert isinstance(region, CompiledBlock)
+    return RegionCombine(region)
