@@ -12,10 +12,10 @@ size, 16 MiB by default). Side by side, the median of REPEATS runs each:
   and on arrival each piece copied (or added) into fresh destination
   tensors; no integrity check, no versions;
 - the raw wire plus, one layer at a time, the passes a verified sync adds
-  (in preallocated buffers): packing the pieces into messages, then CRC-32
+  (in preallocated buffers): packing the pieces into messages, then the digest
   of every message on both sides, then copying the pieces out into fresh
   destination tensors; each layer's cost is its row minus the row above;
-- dense sync: `WeightSyncPlan.sync` (pipelined packing, CRC-32 digests of
+- dense sync: `WeightSyncPlan.sync` (pipelined packing, digests of
   every message on both sides, the vote, publishing), in steady state (one
   `WeightVersions` over the repeats, as in a training loop: a sync reuses
   the message buffers of the version before the last);
@@ -93,7 +93,7 @@ def layered(plan: ws.WeightSyncPlan, me: int, shards: dict, buffers: dict, layer
                     target.add_(piece) if partial else target.copy_(piece)
 
 
-LAYERS = ("raw wire + packing", "... + CRC-32 both sides", "... + copy-out")
+LAYERS = ("raw wire + packing", "... + digests both sides", "... + copy-out")
 
 
 def hand_written(plan: ws.WeightSyncPlan, me: int, shards: dict) -> dict:
