@@ -128,7 +128,16 @@ def inject(fault: str, at: str, store, key: str) -> None:
             posts.append(bool(sends))
             if sum(posts) == int(at) + 1 and sends:
                 store.set(key, repr(time.monotonic()))
-                sends[-1].tensor[len(posts) % sends[-1].tensor.numel()] ^= 0x20
+                # A changed copy goes on the wire: a message may be a view
+                # of the sender's own weights, which the fault must not touch.
+                op = sends[-1]
+                flipped = op.tensor.clone()
+                raw = flipped.view(-1).view(torch.uint8)
+                raw[len(posts) % raw.numel()] ^= 0x20
+                ops = [
+                    ws.dist.P2POp(o.op, flipped, o.peer, o.group, o.tag) if o is op else o
+                    for o in ops
+                ]
                 ws.dist.batch_isend_irecv = real_batch  # one flip
             return real_batch(ops)
 
