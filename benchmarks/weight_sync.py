@@ -15,10 +15,13 @@ size, 16 MiB by default). Side by side, the median of REPEATS runs each:
   (in preallocated buffers): packing the pieces into messages, then the digest
   of every message on both sides, then copying the pieces out into fresh
   destination tensors; each layer's cost is its row minus the row above;
-- dense sync: `WeightSyncPlan.sync` (pipelined packing, digests of
-  every message on both sides, the vote, publishing), in steady state (one
-  `WeightVersions` over the repeats, as in a training loop: a sync reuses
-  the message buffers of the version before the last);
+- dense sync: `WeightSyncPlan.sync` (pipelined packing, pieces alone as
+  views / straight into the staged tensors, digests of every segment on
+  both sides, the vote, publishing), in steady state (one `WeightVersions`
+  over the repeats, as in a training loop: a sync reuses the packed
+  segments' buffers of the sync before);
+- the same with ``WeightVersions(install="swap")`` (the destination tensors
+  double-buffered: a sync stages into the version before the current one);
 - delta sync with 1 % of the elements changed (each repeat against the
   version before, which differs in 1 % of the elements);
 - fp8 sync: the same state dict as float8_e4m3fn with block scales on the

@@ -185,6 +185,10 @@ def faulted_sync(ctx, fault: str, victim: int, at: str, repeats: int = 1) -> dic
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
+    # Every piece that can travel alone does (these tensors are small), so
+    # that faults strike views of the senders' shards and receives straight
+    # into the staged tensors too.
+    ws._ALONE_BYTES = 0
     plan = ws.plan_weight_sync(*declarations(TRAIN, INFER), bucket_bytes=BUCKET_BYTES)
     versions = ws.WeightVersions()
     plan.sync(shards(TRAIN, ctx.rank, 1), versions, timeout=30)
