@@ -916,6 +916,63 @@ class WeightSyncPlan:
                 staged[name] = (torch.zeros if zero else torch.empty)(sizes, dtype=dtype)
         return staged
 
+    def _prologue(
+        self,
+        shards: Mapping[str, torch.Tensor],
+        me: int,
+        end: float,
+        group: Any,
+        sent: torch.Tensor,
+        got: torch.Tensor,
+        buffers: _Pinned | None,
+        base: int | None,
+        staged: Mapping[str, torch.Tensor],
+        addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]],
+    ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+        """What every sync does before its buckets: the pre-stage of partial
+        sums (`_reduce`), the shared blocks' scales (`_agree_scales`) and the
+        local copies; returns the sums and the agreed scales."""
+        try:
+            reduced = self._reduce(shards, me, end, group, sent, got, buffers, base)
+        except WeightSyncFailed:
+            # Still take part in the scales' all-reduce (every rank posts
+            # the same collectives), then fail.
+            if self._shared_blocks()[1]:
+                self._agree_scales(shards, {}, me, end, group, contribute=False)
+            raise
+        agreed = self._agree_scales(shards, reduced, me, end, group)
+        schedule = self._schedule(me)
+        for name, src_slices, dst_slices, partial, order, slot in schedule.local:
+            piece = shards[name][src_slices] if slot < 0 else reduced[slot]
+            if partial:
+                addends.append((order, name, dst_slices, piece))
+            else:
+                staged[name][dst_slices].copy_(piece)
+        return reduced, agreed
+
+    def _unpack(
+        self,
+        inc: _Incoming,
+        buffer: torch.Tensor,
+        staged: Mapping[str, torch.Tensor],
+        addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]],
+    ) -> None:
+        """Each piece of a received message (or segment) into its staged
+        tensor: decoded from fp8, copied, or (partial addends) kept in
+        ``addends`` to be summed in plan order once every piece arrived."""
+        for name, slices, offset, nbytes, sizes, partial, order, blocks in inc.pieces:
+            if blocks is not None:
+                staged[name][slices].copy_(
+                    _dequantise(buffer[offset : offset + nbytes], sizes, blocks.lead)
+                )
+                continue
+            dtype = self.source[name].dtype
+            piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
+            if partial:
+                addends.append((order, name, slices, piece))
+            else:
+                staged[name][slices].copy_(piece)
+
     def _finish(
         self, staged: dict[str, torch.Tensor], reuse: Mapping[str, torch.Tensor] | None
     ) -> dict[str, torch.Tensor]:
@@ -970,19 +1027,9 @@ class WeightSyncPlan:
         staged = self._staging(schedule, reuse)
         addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
         base = len(self.segments)
-        try:
-            reduced = self._reduce(shards, me, end, group, sent, got, counter, base)
-        except WeightSyncFailed:
-            if self._shared_blocks()[1]:
-                self._agree_scales(shards, {}, me, end, group, contribute=False)
-            raise
-        agreed = self._agree_scales(shards, reduced, me, end, group)
-        for name, src_slices, dst_slices, partial, order, slot in schedule.local:
-            piece = shards[name][src_slices] if slot < 0 else reduced[slot]
-            if partial:
-                addends.append((order, name, dst_slices, piece))
-            else:
-                staged[name][dst_slices].copy_(piece)
+        reduced, agreed = self._prologue(
+            shards, me, end, group, sent, got, counter, base, staged, addends
+        )
 
         def post(i: int) -> tuple[list, list]:
             ops, received = [], []
@@ -1017,18 +1064,7 @@ class WeightSyncPlan:
                 got[inc.k] = _digest(buffer)
                 if inc.direct:
                     continue
-                for name, slices, offset, nbytes, sizes, partial, order, blocks in inc.pieces:
-                    if blocks is not None:
-                        staged[name][slices].copy_(
-                            _dequantise(buffer[offset : offset + nbytes], sizes, blocks.lead)
-                        )
-                        continue
-                    dtype = self.source[name].dtype
-                    piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
-                    if partial:
-                        addends.append((order, name, slices, piece))
-                    else:
-                        staged[name][slices].copy_(piece)
+                self._unpack(inc, buffer, staged, addends)
 
         n = len(self.buckets)
         inflight = post(0) if n else None
@@ -1075,21 +1111,9 @@ class WeightSyncPlan:
         # Partial addends are added at the end, in plan order, so that they
         # sum in source-rank order whatever order they arrive in.
         addends: list[tuple[tuple[int, int], str, tuple[slice, ...], torch.Tensor]] = []
-        try:
-            reduced = self._reduce(shards, me, end, group, sent, received_digests, buffers)
-        except WeightSyncFailed:
-            # Still take part in the scales' all-reduce (every rank posts
-            # the same collectives), then fail.
-            if self._shared_blocks()[1]:
-                self._agree_scales(shards, {}, me, end, group, contribute=False)
-            raise
-        agreed = self._agree_scales(shards, reduced, me, end, group)
-        for name, src_slices, dst_slices, partial, order, slot in schedule.local:
-            piece = shards[name][src_slices] if slot < 0 else reduced[slot]
-            if partial:
-                addends.append((order, name, dst_slices, piece))
-            else:
-                staged[name][dst_slices].copy_(piece)
+        reduced, agreed = self._prologue(
+            shards, me, end, group, sent, received_digests, buffers, None, staged, addends
+        )
         counts: dict[int, int] = {}
         wires: dict[int, torch.Tensor] = {}
         dense: dict[int, torch.Tensor] = {}
@@ -1149,18 +1173,7 @@ class WeightSyncPlan:
                 received_digests[inc.k] = _digest(buffer)
                 if buffers is not None:
                     buffers.received[inc.k] = buffer
-                for name, slices, offset, nbytes, sizes, partial, order, blocks in inc.pieces:
-                    if blocks is not None:
-                        staged[name][slices].copy_(
-                            _dequantise(buffer[offset : offset + nbytes], sizes, blocks.lead)
-                        )
-                        continue
-                    dtype = self.source[name].dtype
-                    piece = buffer[offset : offset + nbytes].view(dtype).view(sizes)
-                    if partial:
-                        addends.append((order, name, slices, piece))
-                    else:
-                        staged[name][slices].copy_(piece)
+                self._unpack(inc, buffer, staged, addends)
 
         n = len(self.buckets)
         inflight = post(0) if n else None
