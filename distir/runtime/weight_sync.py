@@ -1506,14 +1506,19 @@ def _encode(buffer: torch.Tensor, old: torch.Tensor) -> tuple[int, torch.Tensor]
         words = (buffer.view(torch.int64) != old.view(torch.int64)).nonzero().flatten()
         if words.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
             return -1, buffer
-        candidates = (words[:, None] * 4 + torch.arange(4)).flatten()
-        changed = candidates[new16[candidates] != old16[candidates]]
+        # The changed words' four 2-byte words, compared as a (words, 4)
+        # block: no boolean-mask indexing, and the values gathered once.
+        fresh = new16.view(-1, 4).index_select(0, words)
+        at = (fresh != old16.view(-1, 4).index_select(0, words)).nonzero()
+        changed = words[at[:, 0]] * 4 + at[:, 1]
+        values = fresh[at[:, 0], at[:, 1]]
     else:
         changed = (new16 != old16).nonzero().flatten()
+        values = new16[changed]
     if changed.numel() * _DELTA_ENTRY_BYTES >= buffer.numel():
         return -1, buffer
     indices = changed.to(torch.int32)
-    payload = torch.cat([indices.view(torch.uint8), new16[changed].contiguous().view(torch.uint8)])
+    payload = torch.cat([indices.view(torch.uint8), values.contiguous().view(torch.uint8)])
     return changed.numel(), payload
 
 
