@@ -12,13 +12,16 @@ size, 16 MiB by default). Side by side, the median of REPEATS runs each:
   and on arrival each piece copied (or added) into fresh destination
   tensors; no integrity check, no versions;
 - the raw wire plus, one layer at a time, the passes a verified sync adds
-  (in preallocated buffers): packing the pieces into messages, then CRC-32
+  (in preallocated buffers): packing the pieces into messages, then the digest
   of every message on both sides, then copying the pieces out into fresh
   destination tensors; each layer's cost is its row minus the row above;
-- dense sync: `WeightSyncPlan.sync` (pipelined packing, CRC-32 digests of
-  every message on both sides, the vote, publishing), in steady state (one
-  `WeightVersions` over the repeats, as in a training loop: a sync reuses
-  the message buffers of the version before the last);
+- dense sync: `WeightSyncPlan.sync` (pipelined packing, pieces alone as
+  views / straight into the staged tensors, digests of every segment on
+  both sides, the vote, publishing), in steady state (one `WeightVersions`
+  over the repeats, as in a training loop: a sync reuses the packed
+  segments' buffers of the sync before);
+- the same with ``WeightVersions(install="swap")`` (the destination tensors
+  double-buffered: a sync stages into the version before the current one);
 - delta sync with 1 % of the elements changed (each repeat against the
   version before, which differs in 1 % of the elements);
 - fp8 sync: the same state dict as float8_e4m3fn with block scales on the
@@ -93,7 +96,7 @@ def layered(plan: ws.WeightSyncPlan, me: int, shards: dict, buffers: dict, layer
                     target.add_(piece) if partial else target.copy_(piece)
 
 
-LAYERS = ("raw wire + packing", "... + CRC-32 both sides", "... + copy-out")
+LAYERS = ("raw wire + packing", "... + digests both sides", "... + copy-out")
 
 
 def hand_written(plan: ws.WeightSyncPlan, me: int, shards: dict) -> dict:
@@ -139,7 +142,7 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def measure(ctx, mb: int):
+def measure(ctx, mb: int, repeats: int = REPEATS):
     example.configure(mb)
     plan = ws.plan_weight_sync(*example.declarations(), bucket_bytes=4 << 20)
     fp8 = ws.plan_weight_sync(
@@ -155,8 +158,9 @@ def measure(ctx, mb: int):
     times: dict[str, list[float]] = {}
     sent = {}
     dense_v, delta_v, fp8_v = ws.WeightVersions(), ws.WeightVersions(), ws.WeightVersions()
-    plan.sync(base, delta_v, timeout=60)
-    for r in range(REPEATS):
+    swap_v = ws.WeightVersions(install="swap")
+    plan.sync(base, delta_v, delta=True, timeout=60)
+    for r in range(repeats):
         times.setdefault("raw wire", []).append(timed(lambda: raw_wire(plan, ctx.rank, buffers)))
         for n, label in enumerate(LAYERS, 1):
             times.setdefault(label, []).append(
@@ -169,6 +173,9 @@ def measure(ctx, mb: int):
             timed(lambda: plan.sync(base, dense_v, timeout=60))
         )
         sent["dense sync"] = dense_v.last_sent_bytes
+        times.setdefault("dense sync, swap", []).append(
+            timed(lambda: plan.sync(base, swap_v, timeout=60))
+        )
         now = changed if r % 2 == 0 else base
         times.setdefault("delta sync", []).append(
             timed(lambda now=now: plan.sync(now, delta_v, delta=True, timeout=60))
@@ -181,8 +188,10 @@ def measure(ctx, mb: int):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=16, help="total state dict size in MiB")
-    mb = parser.parse_args().mb
-    results = distir.launch(measure, 4, mb, pass_context=True, timeout=900)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="runs of each, interleaved")
+    args = parser.parse_args()
+    mb, REPEATS = args.mb, args.repeats
+    results = distir.launch(measure, 4, mb, REPEATS, pass_context=True, timeout=900)
     medians = results[0][0]
     dense_bytes = sum(results[r][1]["dense sync"] for r in example.TRAIN.ranks)
     delta_bytes = sum(results[r][1]["delta sync"] for r in example.TRAIN.ranks)
@@ -202,6 +211,11 @@ if __name__ == "__main__":
     print(
         f"dense sync:             {dense * 1e3:7.1f} ms "
         f"({raw / dense:.2f}x the raw wire's throughput, {hand / dense:.2f}x the hand-written)"
+    )
+    swap = medians["dense sync, swap"]
+    print(
+        f"dense sync, install=swap: {swap * 1e3:5.1f} ms "
+        f"({raw / swap:.2f}x the raw wire's throughput, {hand / swap:.2f}x the hand-written)"
     )
     print(
         f"delta sync (1 % changed): {medians['delta sync'] * 1e3:5.1f} ms, {delta_bytes} bytes "

@@ -128,7 +128,16 @@ def inject(fault: str, at: str, store, key: str) -> None:
             posts.append(bool(sends))
             if sum(posts) == int(at) + 1 and sends:
                 store.set(key, repr(time.monotonic()))
-                sends[-1].tensor[len(posts) % sends[-1].tensor.numel()] ^= 0x20
+                # A changed copy goes on the wire: a message may be a view
+                # of the sender's own weights, which the fault must not touch.
+                op = sends[-1]
+                flipped = op.tensor.clone()
+                raw = flipped.view(-1).view(torch.uint8)
+                raw[len(posts) % raw.numel()] ^= 0x20
+                ops = [
+                    ws.dist.P2POp(o.op, flipped, o.peer, o.group, o.tag) if o is op else o
+                    for o in ops
+                ]
                 ws.dist.batch_isend_irecv = real_batch  # one flip
             return real_batch(ops)
 
@@ -176,6 +185,10 @@ def faulted_sync(ctx, fault: str, victim: int, at: str, repeats: int = 1) -> dic
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
+    # Every piece that can travel alone does (these tensors are small), so
+    # that faults strike views of the senders' shards and receives straight
+    # into the staged tensors too.
+    ws._ALONE_BYTES = 0
     plan = ws.plan_weight_sync(*declarations(TRAIN, INFER), bucket_bytes=BUCKET_BYTES)
     versions = ws.WeightVersions()
     plan.sync(shards(TRAIN, ctx.rank, 1), versions, timeout=30)

@@ -139,7 +139,9 @@ def rank_main(ctx, mb: int):
         lines.append((label, f"version {versions.version}, {what}", versions.last_sent_bytes,
                       seconds))  # fmt: skip
 
-    sync("dense sync", plan, 0)
+    # delta=True on the first sync too: it goes dense (nothing to compare
+    # against yet) and keeps its messages for the delta after it
+    sync("dense sync", plan, 0, delta=True)
     sync("delta sync, 1 % changed", plan, 1, delta=True)
     sync("fp8 sync", fp8, 2)
     kept = {name: w.clone() for name, w in versions.weights.items()}

@@ -712,3 +712,68 @@ def test_fp8_blocks_are_the_destinations_and_round_like_a_numpy_oracle():
         )
         shared += plan._shared_blocks()[1]
     assert shared > 0  # the instances do share blocks between source ranks
+
+
+# -- the dense path: pieces alone (views, straight into the staged tensors) ---
+
+
+def _alone_syncs(ctx, meshes: str, install: str, strided: bool):
+    import distir.runtime.weight_sync as ws
+
+    # Every piece that can travel alone does (at its default size only
+    # pieces of 1 MiB and more do, and these tensors are small).
+    ws._ALONE_BYTES = 0
+    train, infer = MESHES[meshes]
+    plan = plan_weight_sync(*_declare(train, infer), bucket_bytes=64)
+    kinds = {
+        (plan._sends_view(p), plan._lands_direct(p))
+        for _, _, pieces, alone in plan.segments
+        if alone
+        for p in pieces
+    }
+    versions = ws.WeightVersions(install=install)
+    published, ok = [], []
+    for version in (1, 2, 3, 4):
+        shards = _shards_v(train, ctx.rank, version)
+        if strided:
+            # the same values in non-contiguous tensors: no view can be sent
+            shards = {n: x.t().contiguous().t() if x.dim() == 2 else x for n, x in shards.items()}
+        plan.sync(shards, versions, timeout=30)
+        published.append((version, dict(versions.weights)))
+        ok.append(_synced(versions, infer, ctx.rank, version))
+    # install="swap": the two versions before the last sync are the ones
+    # whose tensors it did not write (the current one and the one before)
+    intact = [_synced_dict(w, infer, ctx.rank, v) for v, w in published[-2:]]
+    reused = [
+        all(published[0][1][n].data_ptr() == published[2][1][n].data_ptr() for n in published[0][1])
+    ]
+    return {"kinds": kinds, "ok": ok, "intact": intact, "reused": reused}
+
+
+@pytest.mark.parametrize(
+    "meshes, install, strided",
+    [("disjoint", "swap", False), ("overlapping", "fresh", True)],
+)
+def test_pieces_alone_land_equal_to_the_oracle_and_swap_reuses_the_version_before(
+    meshes, install, strided
+):
+    results = distir.launch(
+        _alone_syncs, 4, meshes, install, strided, pass_context=True, timeout=120
+    )
+    train, infer = MESHES[meshes]
+    kinds = set().union(*(r["kinds"] for r in results))
+    # views sent and pieces received straight into their destination both occur
+    assert any(view for view, _ in kinds) and any(direct for _, direct in kinds)
+    for rank, r in enumerate(results):
+        assert r["ok"] == [True] * 4, rank
+        assert r["intact"] == [True, True], rank
+        if rank in infer.ranks:
+            # swap: version 3 staged into version 1's tensors; fresh: never
+            assert r["reused"] == [install == "swap"], rank
+
+
+def test_an_install_mode_it_does_not_know_is_named():
+    import distir.runtime.weight_sync as ws
+
+    with pytest.raises(ValueError, match="install must be 'fresh' or 'swap'"):
+        ws.WeightVersions(install="in place")
