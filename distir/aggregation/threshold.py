@@ -72,9 +72,16 @@ from torch import Tensor
 from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
+from distir.he import batched
 from distir.he import threshold as th
 from distir.he.rns import TorchRNSBackend
-from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
+from distir.he.seal import (
+    CiphertextHeader,
+    ckks_to_limbs,
+    limbs_to_ckks,
+    parse_ckks_chunks,
+    vector_proto,
+)
 from distir.he.threshold import (
     DecryptionBudgetExhausted,
     RankDecryptionRefused,
@@ -278,6 +285,10 @@ class Aggregate:
     commitments: tuple[bytes, ...] = field(repr=False)
     digest: bytes = field(repr=False)
     _tag: bytes = field(repr=False)
+    #: The templates' formats (:class:`~distir.he.seal.CiphertextHeader`),
+    #: kept from aggregation's one parse: results are written in them
+    #: without serializing the templates again.
+    headers: tuple[CiphertextHeader, ...] | None = field(default=None, repr=False)
 
 
 def _mac(share: ThresholdShare, digest: bytes, count: int) -> bytes:
@@ -400,11 +411,12 @@ def aggregate(
         raise ValueError("aggregate needs at least one ciphertext")
     # Each ciphertext serialized once: its limbs and its scales (the
     # serializations are dropped as soon as they are read).
-    pairs, scales = [], []
+    pairs, scales, headers = [], [], []
     for c in ciphertexts:
         chunks = parse_ckks_chunks(c)
         scales += [layout.scale for layout in chunks]
         pairs.append(ckks_to_limbs(c, layouts=chunks))
+        headers.append(CiphertextHeader.of(chunks) if len(chunks) == 1 else None)
         del chunks
     moduli = parameters.data_moduli
     # A ciphertext at another level (or of another size) would be summed
@@ -491,6 +503,7 @@ def aggregate(
         commitments,
         digest,
         _mac(share, digest, size),
+        tuple(headers) if all(h is not None for h in headers) else None,
     )
 
 
@@ -674,11 +687,8 @@ def decrypt(
         group=group,
         deadline_s=deadline_s,
     )
-    zero_key = th.decoder(total.templates[0])
-    return [
-        th.decode(th.add_shares(total.limbs[k, 0], [summed[k]], total.moduli), c, zero_key)
-        for k, c in enumerate(total.templates)
-    ]
+    plain = batched.add_mod(total.limbs[:, 0], summed, batched.moduli_column(total.moduli))
+    return th.decode_all(plain, total.templates, total.headers)
 
 
 def switch_key(
@@ -719,11 +729,12 @@ def switch_key(
         group=group,
         deadline_s=deadline_s,
     )
-    out = []
-    for k, c in enumerate(total.templates):
-        c0 = th.add_shares(total.limbs[k, 0], [summed[k, 0]], total.moduli)
-        out.append(limbs_to_ckks(torch.stack([c0, summed[k, 1]]), c).serialize())
-    return out
+    c0 = batched.add_mod(total.limbs[:, 0], summed[:, 0], batched.moduli_column(total.moduli))
+    switched = torch.stack([c0, summed[:, 1]], dim=1)
+    if total.headers is None:
+        return [limbs_to_ckks(switched[k], c).serialize() for k, c in enumerate(total.templates)]
+    # In the templates' format (uncompressed), with no TenSEAL call.
+    return [vector_proto(switched[k : k + 1], [h]) for k, h in enumerate(total.headers)]
 
 
 # ------------------------------------------------------------------- re-sharing
