@@ -609,7 +609,9 @@ def _sealed_sum(
     them; every rank opens what it received and adds it.  A blob that fails
     authentication, or does not hold reduced limbs, is
     :class:`~distir.aggregation.channels.ChannelError` on every rank (one
-    last all-reduce agrees on it)."""
+    last all-reduce agrees on it).  The shares go slice by slice of
+    ciphertexts (at most :data:`STREAM_BYTES` of what a rank seals for all
+    the others at once), one exchange each, each under its own purpose."""
     rank, size = _group_shape(group)
     uniform = torch.tensor(list(agreed), dtype=torch.int64)
     session = hashlib.sha256(purpose + uniform.numpy().tobytes()).digest()
@@ -625,31 +627,41 @@ def _sealed_sum(
         .tobytes()
     )
     channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
-    plain = shares.contiguous().numpy().tobytes()
-    sealed = [channels.seal(j, plain, purpose) for j in range(size) if j != rank]
-    width = (len(plain) + TAG_BYTES) // 8
-    counts = torch.tensor([0 if j == rank else width for j in range(size)], dtype=torch.int64)
-    received = programs.exchange(
-        programs.words(b"".join(sealed)), counts, group=group, deadline_s=deadline_s
-    )
-    data = received.numpy().tobytes()
     q = torch.tensor(list(moduli), dtype=torch.int64)
     backend = TorchRNSBackend()
     total = shares.clone()
     problem = None
     senders = [j for j in range(size) if j != rank]
-    if len(data) != 8 * width * len(senders):
-        problem = f"rank {rank} received {len(data)} bytes of sealed shares"
-    else:
-        for k, j in enumerate(senders):
+    # Slice by slice of ciphertexts (at most STREAM_BYTES of what this rank
+    # seals for all the others): each slice its own purpose, so its own
+    # channel key, and one exchange; a rank holds one slice's messages.
+    per = shares[0].numel() * 8 if shares.shape[0] else 1
+    for k, part in enumerate(_slice_ciphertexts(shares.shape[0], max(1, size - 1), per)):
+        label = purpose + b"/" + k.to_bytes(4, "little")
+        plain = shares[part].contiguous().numpy().tobytes()
+        sealed = [channels.seal(j, plain, label) for j in senders]
+        width = (len(plain) + TAG_BYTES) // 8
+        counts = torch.tensor([0 if j == rank else width for j in range(size)], dtype=torch.int64)
+        received = programs.exchange(
+            programs.words(b"".join(sealed)), counts, group=group, deadline_s=deadline_s
+        )
+        del sealed
+        data = received.numpy().tobytes()
+        del received
+        if problem is not None:
+            continue  # still in step with the others; nothing more is opened
+        if len(data) != 8 * width * len(senders):
+            problem = f"rank {rank} received {len(data)} bytes of sealed shares"
+            continue
+        for m, j in enumerate(senders):
             try:
-                opened = channels.open(j, data[8 * width * k : 8 * width * (k + 1)], purpose)
-                other = torch.frombuffer(bytearray(opened), dtype=torch.int64).view_as(shares)
+                opened = channels.open(j, data[8 * width * m : 8 * width * (m + 1)], label)
+                other = torch.frombuffer(bytearray(opened), dtype=torch.int64).view_as(shares[part])
                 backend.check_reduced(other, q)
             except (ChannelError, ValueError) as e:
                 problem = f"rank {rank}: the sealed share of rank {j} is unusable ({e})"
                 break
-            backend.add_mod_(total, other, q)
+            backend.add_mod_(total[part], other, q)
     _check_agreed(
         _OK if problem is None else _BAD_SEAL,
         [],
