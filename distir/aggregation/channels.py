@@ -6,7 +6,8 @@ gloo's TCP is clear text, so a secret never travels through a plain
 collective.  Every rank draws a fresh X25519 key pair per session and
 publishes its public key through a distir all-gather; the pair ``(i, j)``
 derives, with HKDF-SHA256 over the X25519 shared secret, one key per
-direction bound to both ranks, both public keys, and a transcript: the
+direction and purpose bound to both ranks, both public keys, the purpose,
+and a transcript: the
 session (the parameters and public seed), every rank's public key as this
 rank received them, and what the caller binds (:meth:`Channels.bind`: key
 generation binds the collective public key), so that two ranks with
@@ -76,17 +77,21 @@ class Channels:
             raise ChannelError("bind() goes after connect() and before any message")
         self._salt = hashlib.sha256(self._salt + bytes(transcript)).digest()
 
-    def _key(self, sender: int, receiver: int) -> ChaCha20Poly1305:
+    def _key(self, sender: int, receiver: int, purpose: bytes) -> ChaCha20Poly1305:
         if self._peers is None:
             raise ChannelError("channels used before connect()")
         peer = receiver if sender == self.rank else sender
         shared = self._private.exchange(X25519PublicKey.from_public_bytes(self._peers[peer]))
+        # The purpose is in the key, not only in the associated data: every
+        # (direction, purpose) seals one message under the fixed nonce, so
+        # two purposes (a stream's slices) never share a keystream.
         info = (
             _INFO
             + sender.to_bytes(4, "little")
             + receiver.to_bytes(4, "little")
             + self._peers[sender]
             + self._peers[receiver]
+            + hashlib.sha256(purpose).digest()
         )
         key = HKDF(algorithm=hashes.SHA256(), length=32, salt=self._salt, info=info).derive(shared)
         return ChaCha20Poly1305(key)
@@ -101,13 +106,13 @@ class Channels:
             raise ChannelError(f"rank {self.rank} already sealed a {purpose!r} for {receiver}")
         self._sealed.add((receiver, purpose))
         aad = self._aad(self.rank, receiver, purpose)
-        return self._key(self.rank, receiver).encrypt(_NONCE, data, aad)
+        return self._key(self.rank, receiver, purpose).encrypt(_NONCE, data, aad)
 
     def open(self, sender: int, blob: bytes, purpose: bytes) -> bytes:
         """The plaintext of what ``sender`` sealed for this rank."""
         aad = self._aad(sender, self.rank, purpose)
         try:
-            return self._key(sender, self.rank).decrypt(_NONCE, blob, aad)
+            return self._key(sender, self.rank, purpose).decrypt(_NONCE, blob, aad)
         except InvalidTag:
             raise ChannelError(
                 f"rank {self.rank}: the message from rank {sender} failed authentication"

@@ -22,6 +22,7 @@ __all__ = [
     "exchange",
     "gather_and_sum",
     "gather_committed",
+    "gather_limbs",
     "gather_rows",
 ]
 
@@ -102,6 +103,19 @@ def gather_committed(
 }}
 """
     return _compiled(text, deadline_s).run(rows, limbs, group=group)
+
+
+def gather_limbs(limbs: Tensor, *, group: Any, deadline_s: float) -> Tensor:
+    """Every rank's ``limbs`` concatenated in rank order along axis 0 (the
+    slices of ciphertexts after :func:`gather_committed`'s first)."""
+    lty = _ty(tuple(limbs.shape))
+    gty = "tensor<?x" + "x".join(str(d) for d in limbs.shape[1:]) + "xi64>"
+    text = f"""func.func @main(%c: {lty}) -> {gty} {{
+  %a = dist.all_gather %c axis 0 : {lty} -> {gty}
+  func.return %a : {gty}
+}}
+"""
+    return _compiled(text, deadline_s).run(limbs, group=group)
 
 
 def exchange(words: Tensor, counts: Tensor, *, group: Any, deadline_s: float) -> Tensor:

@@ -45,10 +45,11 @@ fails or is late; nothing partial is returned.
 
 Rounds: key generation 3 (parameters and the public seed of ``a``; key
 shares summed with the X25519 keys gathered; the key's digest agreed with
-the encrypted Shamir shares gathered), aggregation 3 (parameters and
-ciphertext counts; commitments gathered, then the ciphertexts, each
-checked against its commitment and summed by every rank; the verdict and
-the sum's digest agreed),
+the encrypted Shamir shares gathered), aggregation 2 plus one per slice of
+ciphertexts (parameters and ciphertext counts; commitments gathered, then
+the ciphertexts, slice by slice of at most ``STREAM_BYTES`` of every
+rank's together, each checked against its commitment and summed by every
+rank as it arrives; the verdict and the sum's digest agreed),
 decryption and key switch 5 (the aggregate, parameters and active parties;
 budgets; fresh X25519 keys gathered after the aggregate's digest is
 agreed; the shares exchanged sealed, pairwise; their opening agreed).
@@ -71,9 +72,16 @@ from torch import Tensor
 from distir.aggregation import programs
 from distir.aggregation.channels import TAG_BYTES, ChannelError, Channels
 from distir.durations import Duration, seconds
+from distir.he import batched
 from distir.he import threshold as th
 from distir.he.rns import TorchRNSBackend
-from distir.he.seal import ckks_to_limbs, limbs_to_ckks, parse_ckks_chunks
+from distir.he.seal import (
+    CiphertextHeader,
+    ckks_to_limbs,
+    limbs_to_ckks,
+    parse_ckks_chunks,
+    vector_proto,
+)
 from distir.he.threshold import (
     DecryptionBudgetExhausted,
     RankDecryptionRefused,
@@ -277,6 +285,10 @@ class Aggregate:
     commitments: tuple[bytes, ...] = field(repr=False)
     digest: bytes = field(repr=False)
     _tag: bytes = field(repr=False)
+    #: The templates' formats (:class:`~distir.he.seal.CiphertextHeader`),
+    #: kept from aggregation's one parse: results are written in them
+    #: without serializing the templates again.
+    headers: tuple[CiphertextHeader, ...] | None = field(default=None, repr=False)
 
 
 def _mac(share: ThresholdShare, digest: bytes, count: int) -> bytes:
@@ -296,21 +308,60 @@ def _commitment(limbs: Tensor) -> bytes:
     return hashlib.sha256(limbs.contiguous().numpy()).digest()  # the buffer, not a copy
 
 
+class _ArrivalCheck:
+    """Every rank's ciphertexts checked as they arrive, slice by slice in
+    order: a running SHA-256 per rank (over the same bytes, in the same
+    order, as the commitment over the whole ``[n, 2, L, N]`` buffer) and
+    whether every limb so far was reduced.  A rank keeps one slice of
+    every rank's ciphertexts at a time, not all of them."""
+
+    def __init__(self, size: int, moduli: Sequence[int]):
+        self.hashes = [hashlib.sha256() for _ in range(size)]
+        self.reduced = [True] * size
+        self.q = torch.tensor(list(moduli), dtype=torch.int64)
+
+    def update(self, per_rank: Tensor) -> None:
+        """The next slice of every rank's ciphertexts (``per_rank[i]``:
+        int64 ``[k, 2, L, N]``, limb axis second to last)."""
+        axes = tuple(d for d in range(1, per_rank.dim()) if d != per_rank.dim() - 2)
+        low = (per_rank.amin(dim=axes) >= 0).all(dim=1)
+        high = (per_rank.amax(dim=axes) < self.q).all(dim=1)
+        for i, ok in enumerate((low & high).tolist()):
+            self.reduced[i] = self.reduced[i] and ok
+            self.hashes[i].update(per_rank[i].contiguous().numpy())  # the buffer, not a copy
+
+    def unfaithful(self, commitments: Sequence[bytes]) -> list[int]:
+        return [
+            i
+            for i, (h, ok) in enumerate(zip(self.hashes, self.reduced, strict=True))
+            if not ok or h.digest() != commitments[i]
+        ]
+
+
 def _unfaithful_ranks(
-    per_rank: Tensor, commitments: Sequence[bytes], moduli: Sequence[int]
+    per_rank: Tensor | _ArrivalCheck, commitments: Sequence[bytes], moduli: Sequence[int]
 ) -> list[int]:
-    """The ranks whose ciphertexts (``per_rank[i]``, int64 ``[n, 2, L, N]``)
-    differ from their commitment or hold a limb outside ``[0, q_l)``."""
-    q = torch.tensor(list(moduli), dtype=torch.int64)
-    # The smallest and largest value of every rank's every limb ([P, L]).
-    axes = tuple(d for d in range(1, per_rank.dim()) if d != per_rank.dim() - 2)
-    reduced = (per_rank.amin(dim=axes) >= 0).all(dim=1) & (per_rank.amax(dim=axes) < q).all(dim=1)
-    return [
-        i
-        for i in range(per_rank.shape[0])
-        if not reduced[i]
-        or hashlib.sha256(per_rank[i].contiguous().numpy()).digest() != commitments[i]
-    ]
+    """The ranks whose ciphertexts (``per_rank[i]``, int64 ``[n, 2, L, N]``,
+    or what an :class:`_ArrivalCheck` saw of them) differ from their
+    commitment or hold a limb outside ``[0, q_l)``."""
+    if isinstance(per_rank, _ArrivalCheck):
+        return per_rank.unfaithful(commitments)
+    check = _ArrivalCheck(per_rank.shape[0], moduli)
+    check.update(per_rank)
+    return check.unfaithful(commitments)
+
+
+#: What a rank holds of the other ranks' ciphertexts at once in
+#: :func:`aggregate` (every rank's slice of them): 8 ranks of 1M floats,
+#: 256 ciphertexts of 393 KB each, gathered whole, were 800 MB per rank.
+STREAM_BYTES = 32 << 20
+
+
+def _slice_ciphertexts(count: int, size: int, ciphertext_bytes: int) -> list[slice]:
+    """Consecutive slices of ``count`` ciphertexts, at most
+    :data:`STREAM_BYTES` of every rank's together (at least one each)."""
+    step = max(1, STREAM_BYTES // max(1, size * ciphertext_bytes))
+    return [slice(lo, min(lo + step, count)) for lo in range(0, count, step)]
 
 
 def _modular_sum(per_rank: Tensor, moduli: Sequence[int]) -> Tensor:
@@ -347,7 +398,10 @@ def aggregate(
     ciphertexts differ from its commitment is :class:`CommitmentMismatch`
     on every rank, naming it, with nothing summed.  Every rank receives
     every rank's (encrypted) ciphertexts: that is what checking them takes,
-    and no rank holds the key.  The commitment binds a rank to what it sends
+    and no rank holds the key; they arrive in slices (at most
+    :data:`STREAM_BYTES` of every rank's together), each hashed into its
+    rank's running SHA-256, checked and added to the sum before the next,
+    so a rank holds one slice of the other ranks' ciphertexts at a time.  The commitment binds a rank to what it sends
     before it sees any other rank's ciphertext; it proves nothing about
     what it committed to (see the module docstring)."""
     deadline_s = seconds(deadline, "deadline")
@@ -355,9 +409,15 @@ def aggregate(
     parameters = share.parameters
     if not ciphertexts:
         raise ValueError("aggregate needs at least one ciphertext")
-    # Each ciphertext serialized once: its limbs and its scales.
-    layouts = [parse_ckks_chunks(c) for c in ciphertexts]
-    pairs = [ckks_to_limbs(c, layouts=chunks) for c, chunks in zip(ciphertexts, layouts)]
+    # Each ciphertext serialized once: its limbs and its scales (the
+    # serializations are dropped as soon as they are read).
+    pairs, scales, headers = [], [], []
+    for c in ciphertexts:
+        chunks = parse_ckks_chunks(c)
+        scales += [layout.scale for layout in chunks]
+        pairs.append(ckks_to_limbs(c, layouts=chunks))
+        headers.append(CiphertextHeader.of(chunks) if len(chunks) == 1 else None)
+        del chunks
     moduli = parameters.data_moduli
     # A ciphertext at another level (or of another size) would be summed
     # limb by limb against its peers' and come out silently wrong, so the
@@ -367,7 +427,6 @@ def aggregate(
     # adds ciphertexts of different scales as if they were equal (a silently
     # wrong sum, different on each rank), so the scales of every chunk of
     # every ciphertext, in order, are agreed like the parameters.
-    scales = [layout.scale for chunks in layouts for layout in chunks]
     scale_digest = hashlib.sha256(struct.pack(f"<{len(scales)}d", *scales)).digest()
     code = (_OK if size <= parameters.parties else _BAD_GROUP) | (_OK if fresh else _BAD_LEVEL)
     _check_agreed(
@@ -388,15 +447,30 @@ def aggregate(
         },
     )
     limbs = torch.stack([p[0] for p in pairs])
+    del pairs
     commitment = _commitment(limbs)
-    gathered, received = programs.gather_committed(
-        programs.words(commitment), limbs, group=group, deadline_s=deadline_s
-    )
-    raw = gathered.numpy().tobytes()
-    commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
-    per_rank = received.view(size, *limbs.shape)
-    liars = _unfaithful_ranks(per_rank, commitments, moduli)
-    total = _modular_sum(per_rank, moduli)
+    # The commitments travel first, with the first slice of ciphertexts;
+    # the rest follow slice by slice, each checked and summed as it
+    # arrives (``STREAM_BYTES``: a rank holds one slice of every rank's).
+    parts = _slice_ciphertexts(limbs.shape[0], size, limbs[0].numel() * 8)
+    check = _ArrivalCheck(size, moduli)
+    total = torch.empty_like(limbs)
+    commitments: tuple[bytes, ...] = ()
+    for k, part in enumerate(parts):
+        mine = limbs[part]
+        if k == 0:
+            gathered, received = programs.gather_committed(
+                programs.words(commitment), mine, group=group, deadline_s=deadline_s
+            )
+            raw = gathered.numpy().tobytes()
+            commitments = tuple(raw[32 * i : 32 * (i + 1)] for i in range(size))
+        else:
+            received = programs.gather_limbs(mine, group=group, deadline_s=deadline_s)
+        per_rank = received.view(size, *mine.shape)
+        check.update(per_rank)
+        total[part] = _modular_sum(per_rank, moduli)
+        del received, per_rank
+    liars = _unfaithful_ranks(check, commitments, moduli)
     digest = _aggregate_digest(commitments, total, size)
     # One all-reduce agrees whether anyone found a liar (the lowest rank
     # found, as size - rank so that the max picks it) and on the sum's digest.
@@ -429,6 +503,7 @@ def aggregate(
         commitments,
         digest,
         _mac(share, digest, size),
+        tuple(headers) if all(h is not None for h in headers) else None,
     )
 
 
@@ -534,7 +609,9 @@ def _sealed_sum(
     them; every rank opens what it received and adds it.  A blob that fails
     authentication, or does not hold reduced limbs, is
     :class:`~distir.aggregation.channels.ChannelError` on every rank (one
-    last all-reduce agrees on it)."""
+    last all-reduce agrees on it).  The shares go slice by slice of
+    ciphertexts (at most :data:`STREAM_BYTES` of what a rank seals for all
+    the others at once), one exchange each, each under its own purpose."""
     rank, size = _group_shape(group)
     uniform = torch.tensor(list(agreed), dtype=torch.int64)
     session = hashlib.sha256(purpose + uniform.numpy().tobytes()).digest()
@@ -550,31 +627,41 @@ def _sealed_sum(
         .tobytes()
     )
     channels.connect([raw[32 * i : 32 * (i + 1)] for i in range(size)])
-    plain = shares.contiguous().numpy().tobytes()
-    sealed = [channels.seal(j, plain, purpose) for j in range(size) if j != rank]
-    width = (len(plain) + TAG_BYTES) // 8
-    counts = torch.tensor([0 if j == rank else width for j in range(size)], dtype=torch.int64)
-    received = programs.exchange(
-        programs.words(b"".join(sealed)), counts, group=group, deadline_s=deadline_s
-    )
-    data = received.numpy().tobytes()
     q = torch.tensor(list(moduli), dtype=torch.int64)
     backend = TorchRNSBackend()
     total = shares.clone()
     problem = None
     senders = [j for j in range(size) if j != rank]
-    if len(data) != 8 * width * len(senders):
-        problem = f"rank {rank} received {len(data)} bytes of sealed shares"
-    else:
-        for k, j in enumerate(senders):
+    # Slice by slice of ciphertexts (at most STREAM_BYTES of what this rank
+    # seals for all the others): each slice its own purpose, so its own
+    # channel key, and one exchange; a rank holds one slice's messages.
+    per = shares[0].numel() * 8 if shares.shape[0] else 1
+    for k, part in enumerate(_slice_ciphertexts(shares.shape[0], max(1, size - 1), per)):
+        label = purpose + b"/" + k.to_bytes(4, "little")
+        plain = shares[part].contiguous().numpy().tobytes()
+        sealed = [channels.seal(j, plain, label) for j in senders]
+        width = (len(plain) + TAG_BYTES) // 8
+        counts = torch.tensor([0 if j == rank else width for j in range(size)], dtype=torch.int64)
+        received = programs.exchange(
+            programs.words(b"".join(sealed)), counts, group=group, deadline_s=deadline_s
+        )
+        del sealed
+        data = received.numpy().tobytes()
+        del received
+        if problem is not None:
+            continue  # still in step with the others; nothing more is opened
+        if len(data) != 8 * width * len(senders):
+            problem = f"rank {rank} received {len(data)} bytes of sealed shares"
+            continue
+        for m, j in enumerate(senders):
             try:
-                opened = channels.open(j, data[8 * width * k : 8 * width * (k + 1)], purpose)
-                other = torch.frombuffer(bytearray(opened), dtype=torch.int64).view_as(shares)
+                opened = channels.open(j, data[8 * width * m : 8 * width * (m + 1)], label)
+                other = torch.frombuffer(bytearray(opened), dtype=torch.int64).view_as(shares[part])
                 backend.check_reduced(other, q)
             except (ChannelError, ValueError) as e:
                 problem = f"rank {rank}: the sealed share of rank {j} is unusable ({e})"
                 break
-            backend.add_mod_(total, other, q)
+            backend.add_mod_(total[part], other, q)
     _check_agreed(
         _OK if problem is None else _BAD_SEAL,
         [],
@@ -612,11 +699,8 @@ def decrypt(
         group=group,
         deadline_s=deadline_s,
     )
-    zero_key = th.decoder(total.templates[0])
-    return [
-        th.decode(th.add_shares(total.limbs[k, 0], [summed[k]], total.moduli), c, zero_key)
-        for k, c in enumerate(total.templates)
-    ]
+    plain = batched.add_mod(total.limbs[:, 0], summed, batched.moduli_column(total.moduli))
+    return th.decode_all(plain, total.templates, total.headers)
 
 
 def switch_key(
@@ -657,11 +741,12 @@ def switch_key(
         group=group,
         deadline_s=deadline_s,
     )
-    out = []
-    for k, c in enumerate(total.templates):
-        c0 = th.add_shares(total.limbs[k, 0], [summed[k, 0]], total.moduli)
-        out.append(limbs_to_ckks(torch.stack([c0, summed[k, 1]]), c).serialize())
-    return out
+    c0 = batched.add_mod(total.limbs[:, 0], summed[:, 0], batched.moduli_column(total.moduli))
+    switched = torch.stack([c0, summed[:, 1]], dim=1)
+    if total.headers is None:
+        return [limbs_to_ckks(switched[k], c).serialize() for k, c in enumerate(total.templates)]
+    # In the templates' format (uncompressed), with no TenSEAL call.
+    return [vector_proto(switched[k : k + 1], [h]) for k, h in enumerate(total.headers)]
 
 
 # ------------------------------------------------------------------- re-sharing

@@ -67,12 +67,15 @@ from torch import Tensor
 from distir.he.rns import TorchRNSBackend
 
 __all__ = [
+    "CiphertextHeader",
     "SealCiphertextLayout",
     "ckks_moduli",
     "ckks_to_limbs",
     "context_from_key_limbs",
     "key_moduli",
     "limbs_to_ckks",
+    "limbs_to_vector",
+    "vector_proto",
     "parse_ckks_chunks",
     "parse_ckks_vector",
     "public_key_limbs",
@@ -388,6 +391,77 @@ def limbs_to_ckks(limbs: Tensor, template: Any, *, context: Any = None) -> Any:
         start, end = chunk.proto_field
         proto = proto[:start] + _bytes_field(2, blob) + proto[end:]
     return ts.ckks_vector_from(context, proto)
+
+
+@dataclass(frozen=True)
+class CiphertextHeader:
+    """Everything a one-ciphertext ``CKKSVector``'s serialization holds but
+    its coefficients, kept from one :func:`parse_ckks_chunks`: other limbs
+    are written into the same format (:func:`limbs_to_vector`) without
+    serializing (and decompressing) the vector again."""
+
+    version: tuple[int, int]
+    prefix: bytes  #: the payload up to the coefficients (metadata, DynArray header)
+    fields: tuple[tuple[int, bytes], ...]  #: the proto's other fields: (number, raw bytes)
+    shape: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, layouts: list[SealCiphertextLayout]) -> CiphertextHeader:
+        """The header of the vector ``layouts`` describes (one ciphertext)."""
+        if len(layouts) != 1:
+            raise ValueError(
+                f"a CiphertextHeader describes one SEAL ciphertext, this vector holds {len(layouts)}"
+            )
+        layout = layouts[0]
+        fields = tuple(
+            (number, layout.proto[start:end])
+            for number, _wire, start, _value, end in _proto_fields(layout.proto)
+            if number != 2
+        )
+        return cls(layout.version, layout.payload[: layout.data_offset], fields, layout.shape)
+
+
+def limbs_to_vector(limbs: Tensor, headers: list[CiphertextHeader], context: Any) -> Any:
+    """One TenSEAL ``CKKSVector`` holding ``limbs`` (int64 ``[C, size, L,
+    N]``, reduced) as its C SEAL ciphertexts, ciphertext ``k`` in the format
+    of ``headers[k]`` (uncompressed: SEAL validates every limb on load); its
+    values are every ciphertext's in order, so one ``decrypt()`` decodes them
+    all.  The headers must agree on every field but the number of values
+    (the scale: ``ValueError`` otherwise)."""
+    return import_tenseal().ckks_vector_from(context, vector_proto(limbs, headers))
+
+
+def vector_proto(limbs: Tensor, headers: list[CiphertextHeader]) -> bytes:
+    """The serialization (uncompressed) of :func:`limbs_to_vector`'s vector:
+    what ``ts.ckks_vector_from`` loads, with no TenSEAL call to make it."""
+    if limbs.dim() != 4 or limbs.shape[0] != len(headers) or limbs.dtype != torch.int64:
+        raise ValueError(
+            f"limbs must be int64 [C, size, L, N] for {len(headers)} headers, got "
+            f"{limbs.dtype} {list(limbs.shape)}"
+        )
+    others = [tuple(f for f in h.fields if f[0] != 1) for h in headers]
+    if any(o != others[0] for o in others) or any(
+        tuple(limbs.shape[1:]) != h.shape for h in headers
+    ):
+        raise ValueError("the ciphertexts differ in scale or shape: one vector cannot hold them")
+    host = limbs.detach().to("cpu").contiguous()
+    # ``sizes`` (field 1: the number of values of each ciphertext), packed
+    # or not, concatenated in order.
+    packed, loose = bytearray(), []
+    for h in headers:
+        for number, raw in h.fields:
+            if number == 1:
+                ((_n, wire, _start, value, end),) = _proto_fields(raw)
+                if wire == 2:
+                    packed += raw[value:end]
+                else:
+                    loose.append(raw)
+    parts = ([_bytes_field(1, bytes(packed))] if packed else []) + loose
+    for h, chunk in zip(headers, host, strict=True):
+        coefficients = chunk.numpy().astype("<u8", copy=False).tobytes()
+        parts.append(_bytes_field(2, _encode_seal_blob(h.version, h.prefix + coefficients)))
+    parts += [raw for _number, raw in others[0]]
+    return b"".join(parts)
 
 
 # ------------------------------------------------------------------------ keys

@@ -60,13 +60,13 @@ def key_recovery_worker(ctx, opt_in: bool) -> dict:
     torch.distributed.all_gather_object(individual, ckks_to_limbs(honest)[0])
     captured: list[torch.Tensor] = []
     if ctx.rank == 0:
-        decode = th.decode
+        decode_all = th.decode_all
 
-        def spy(plaintext, template, zero_key_context=None):
-            captured.append(plaintext.clone())
-            return decode(plaintext, template, zero_key_context)
+        def spy(plaintexts, templates, headers=None):
+            captured.append(plaintexts[0].clone())
+            return decode_all(plaintexts, templates, headers)
 
-        th.decode = spy
+        th.decode_all = spy
     out: dict = {"error": None, "stolen": None}
     try:
         total = ta.aggregate([mine], share)
