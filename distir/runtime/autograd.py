@@ -93,13 +93,16 @@ def records_gradient(inputs: Sequence[Any]) -> bool:
     return False
 
 
-def gradient_guard(dtypes: Sequence[torch.dtype]) -> Callable[[Sequence[Any]], bool] | None:
+def gradient_guard(
+    dtypes: Sequence[torch.dtype], no_grad: bool = False
+) -> Callable[[Sequence[Any]], bool] | None:
     """`records_gradient` specialised for a binding whose inputs have
     `dtypes` (checked before this guard runs): None when no input can
-    require grad (torch allows it on floating and complex tensors only), so
-    a run never records; else `records_gradient` itself, whose True sends
-    the run to the general path."""
-    if not any(dtype.is_floating_point or dtype.is_complex for dtype in dtypes):
+    require grad (torch allows it on floating and complex tensors only), or
+    when the guard before this one accepts only inputs that do not
+    (`no_grad`), so a run never records; else `records_gradient` itself,
+    whose True sends the run to the general path."""
+    if no_grad or not any(dtype.is_floating_point or dtype.is_complex for dtype in dtypes):
         return None
     return records_gradient
 

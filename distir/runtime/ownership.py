@@ -179,17 +179,20 @@ def writable_inputs(inputs: Sequence[Any], donate: bool | Sequence[int]) -> froz
 
 
 def donation_for(
-    donate: bool, count: int
+    donate: bool, count: int, contiguous: bool = False
 ) -> frozenset[int] | Callable[[Sequence[Any]], frozenset[int]]:
     """`writable_inputs` specialised for a binding's runs with `donate`
     (True or False) on `count` inputs (`distir.runtime.specialised`):
     nothing donated is the constant empty set; one donated input is
-    writable when it is contiguous (nothing else to overlap); otherwise the
-    full check on every run."""
+    writable when it is contiguous (nothing else to overlap), always when
+    the guard before this one accepts only contiguous inputs
+    (`contiguous`); otherwise the full check on every run."""
     if donate is False or count == 0:
         return _NONE
     if count == 1:
         everything = _all_of(1)
+        if contiguous:
+            return everything
 
         def one(inputs: Sequence[Any]) -> frozenset[int]:
             return everything if inputs[0].is_contiguous() else _NONE

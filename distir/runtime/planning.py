@@ -20,7 +20,7 @@ first such variable all-to-all also sends its counts in that exchange).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from distir.ir.facts import (
 )
 from distir.ir.parsing import describe_op, function_named, reachable_functions
 from distir.ops.all_reduce.ir import known_combine_error
+from distir.runtime.input_guard import InputGuard, native_guard
 from distir.runtime.inputs import check_inputs
 from distir.runtime.ownership import check_unchanged, is_plain, plain_inputs
 from distir.transport.protocol import Transport
@@ -323,17 +324,22 @@ class Plan:
         check_inputs(inputs, self.function)
         return inputs
 
-    def input_guard(self) -> Callable[[Sequence[Any]], bool] | None:
+    def input_guard(self) -> InputGuard | None:
         """`check_inputs` specialised for a binding's runs
         (`distir.runtime.specialised`): for a fully static signature, a
         guard that is True when a run's inputs are accepted exactly as they
         are (the common case of `check_inputs`: each a tensor of its
         declared dtype and shape whose memory is its value), so a False
         sends the run to the general path, which copies or names the input;
-        None when the signature has a dynamic dim (the full check runs)."""
+        None when the signature has a dynamic dim (the full check runs).
+        One native call where torch has it (`distir.runtime.input_guard`),
+        else the accessors in Python."""
         if not self._static_inputs:
             return None
         specs = tuple(self._input_specs)
+        native = native_guard(specs)
+        if native is not None:
+            return native
         if len(specs) == 1:
             ((dtype, size),) = specs
 
@@ -348,7 +354,7 @@ class Plan:
                     and is_plain(x)
                 )
 
-            return one
+            return InputGuard(one, False)
         count = len(specs)
 
         def every(inputs: Sequence[Any]) -> bool:
@@ -364,7 +370,7 @@ class Plan:
                     return False
             return True
 
-        return every
+        return InputGuard(every, False)
 
     def hoisted_inputs(self, op: Operation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A hoisted op's operands: entry arguments, taken from the run's inputs."""

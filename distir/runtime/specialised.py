@@ -68,13 +68,18 @@ def specialised_run(
     count = len(plan.input_types)
     dtypes = [dtype for dtype, _ in plan._input_specs]
     # Each rule's specialisation for this binding, from the rule's home.
-    inputs_accepted = plan.input_guard()  # None: the full check
+    guard = plan.input_guard()
+    inputs_accepted = guard.accepts if guard is not None else None  # None: the full check
+    # What an input the guard accepted is also (contiguous, no grad).
+    pinned = guard is not None and guard.contiguous_no_grad
     # None: never records (the dtypes are the declared ones once the input
     # guard passed; with no such guard, the general rule runs).
     records = (
-        autograd.records_gradient if inputs_accepted is None else autograd.gradient_guard(dtypes)
+        autograd.records_gradient
+        if inputs_accepted is None
+        else autograd.gradient_guard(dtypes, no_grad=pinned)
     )
-    donation = donation_for(donate, count)  # a constant or a per-run check
+    donation = donation_for(donate, count, contiguous=pinned)  # a constant or a per-run check
     mark_written = mark_written_for(count)
     owned = owned_results_for(count, program._maybe_shared)
     agreement = program._run_agreement if plan.agreement else None  # None: agreed once

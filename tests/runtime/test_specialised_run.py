@@ -112,7 +112,23 @@ KINDS = [
     "wrong shape",
     "not a tensor",
     "meta",
+    # the same Python object given another dtype or a negative bit through
+    # `.data =` (its version counter does not move): a guard that cached
+    # what it saw per object would take it for what it was
+    "previous, data as another dtype",
+    "previous, data negated",
+    "data as another dtype",
+    "parameter",
+    "inference tensor",
 ]
+
+#: a dtype of the same item size (what `.data = x.view(dtype)` may switch to)
+SAME_SIZE = {
+    torch.float32: torch.int32,
+    torch.int32: torch.float32,
+    torch.float64: torch.int64,
+    torch.int64: torch.float64,
+}
 
 
 @st.composite
@@ -151,6 +167,13 @@ def make_input(
     g = torch.Generator().manual_seed(seed * 7 + rank)
     if kind == "previous result" and isinstance(previous, torch.Tensor):
         return previous
+    if kind == "previous, data as another dtype" and isinstance(previous, torch.Tensor):
+        previous.data = previous.detach().view(SAME_SIZE[previous.dtype])
+        return previous
+    if kind == "previous, data negated" and isinstance(previous, torch.Tensor):
+        if previous.dtype.is_floating_point:
+            previous.data = previous.detach()._neg_view()
+        return previous
     if dtype.is_floating_point:
         value = torch.randint(-50, 50, shape, generator=g).to(dtype) / 4
     else:
@@ -177,6 +200,13 @@ def make_input(
         return value.tolist()
     if kind == "meta":
         return torch.empty(shape, dtype=dtype, device="meta")
+    if kind == "data as another dtype":
+        value.data = value.view(SAME_SIZE[dtype])
+    if kind == "parameter":
+        return torch.nn.Parameter(value, requires_grad=False)
+    if kind == "inference tensor":
+        with torch.inference_mode():
+            return value.clone()
     return value
 
 
@@ -197,7 +227,7 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
         if spec["extra"]:
             inputs.append(inputs[0])
         tensors = [x for x in inputs if isinstance(x, torch.Tensor) and x.device.type != "meta"]
-        versions = [x._version for x in tensors]
+        versions = [_version(x) for x in tensors]
         completed = domain_for(group).completed
         try:
             if spec["queued"]:
@@ -217,7 +247,7 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
                 "ran",
                 [r.detach().clone() for r in results],
                 aliasing,
-                [x._version - v for x, v in zip(tensors, versions)],
+                [v if v is None else _version(x) - v for x, v in zip(tensors, versions)],
                 [x.detach().clone() for x in tensors],
                 # the run position distir.recover agrees on moves once per run
                 domain_for(group).completed - completed,
@@ -228,6 +258,11 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
             for i in range(len(specs))
         ]
     return outcomes
+
+
+def _version(x: torch.Tensor) -> int | None:
+    """A tensor's version counter (None: an inference tensor has none)."""
+    return None if x.is_inference() else x._version
 
 
 def _storage(x: Any) -> int | None:
@@ -302,7 +337,8 @@ def test_the_specialised_run_agrees_with_the_general_path(programs, drawn):
     # (runs that pass a previous result back read a value not redrawn here).
     specs = PROGRAMS[name][1]
     for position, (spec, outcome) in enumerate(zip(runs, expected)):
-        if outcome[0] != "ran" or (position and "previous result" in spec["kinds"]):
+        previous = any(kind.startswith("previous") for kind in spec["kinds"])
+        if outcome[0] != "ran" or (position and previous):
             continue
         inputs = [
             make_input(kind, dtype, shape, spec["seed"] + i, 0, None)
@@ -327,6 +363,41 @@ def test_a_failed_guard_takes_the_general_path(programs):
     assert torch.equal(y, x) and calls == [1]
     assert torch.equal(specialised.run(x, group=group), x) and calls == [1, 1]
     dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("donate", [True, False])
+@pytest.mark.parametrize("change", ["another dtype", "negation view"])
+def test_an_input_changed_through_data_is_seen(programs, change, donate):
+    """The same tensor object passed back after `.data =` gave it another
+    dtype (an int32 view of its memory) or a negative bit, neither of which
+    moves its version counter: both paths refuse it with the same error, or
+    run on its value (the negation), never on its old reading."""
+    outcomes = []
+    for program in programs["all-reduce f32", True]:
+        group = dist.new_group([0])
+        try:
+            x = torch.arange(6.0).reshape(2, 3) + 1
+            for _ in range(3):  # specialised from the second run on
+                x = program.run(x, group=group, donate=True)
+            if change == "another dtype":
+                x.data = x.detach().view(torch.int32)
+            else:
+                x.data = x.detach()._neg_view()
+            try:
+                outcomes.append(("ran", program.run(x, group=group, donate=donate).clone()))
+            except DistirError as e:
+                outcomes.append(("refused", type(e).__name__, str(e)))
+                reset_domain(group)
+        finally:
+            dist.destroy_process_group(group)
+    general, specialised = outcomes
+    if change == "another dtype":
+        assert general[0] == "refused" and general[1] == "ProgramInputError"
+        assert general == specialised
+    else:
+        want = -(torch.arange(6.0).reshape(2, 3) + 1)  # plain torch: the view's value
+        assert general[0] == specialised[0] == "ran"
+        assert torch.equal(general[1], want) and torch.equal(specialised[1], want)
 
 
 def test_queued_runs_take_the_specialised_path(programs):
@@ -419,7 +490,7 @@ def test_on_gloo_ranks_both_paths_agree(drawn):
     for index, (name, _, runs) in enumerate(drawn):
         specs = PROGRAMS[name][1]
         for position, spec in enumerate(runs):
-            if position and "previous result" in spec["kinds"]:
+            if position and any(kind.startswith("previous") for kind in spec["kinds"]):
                 continue
             inputs = [
                 [
