@@ -10,7 +10,7 @@ that deadline (a backend error is a named distir error), and return it.
 
 An implementation that can say so returns a `DirectCollective` from
 `Implementation.direct` (at bind time, once per op and group). Its bound
-kernel is `DirectCollective.kernel` (what `tests/backends/test_bound_kernels.py`
+kernel is `DirectCollective.kernel` (what `tests/transport/test_bound_kernels.py`
 checks against `execute`), and a binding's specialised run
 (`distir.runtime.specialised`) reads the same fields to submit the
 collective itself: one Python call from the run to c10d instead of five

@@ -9,7 +9,7 @@ or an intermediate whose last use is this op); every other input is read
 only, and no result may alias it. `bind(invocation, resources)` makes the
 op's kernel once per binding (by default one that calls `execute`; an
 implementation may resolve its hot path there, tested against `execute` in
-`tests/backends/test_bound_kernels.py`).
+`tests/transport/test_bound_kernels.py`).
 An execution owner gets its set from `distributed_operation_contributions()`
 and builds an `ImplementationRegistry` from it.
 

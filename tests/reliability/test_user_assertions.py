@@ -94,7 +94,7 @@ def refusal(source: str) -> str | None:
 def witness_inputs(why: str, element: str) -> list[list[torch.Tensor]]:
     """Two ranks' inputs holding the pair the refusal names: rank 0 all a,
     rank 1 all b (`combine(a, b) = ... while combine(b, a) = ...`)."""
-    from tests.backends.dtype_cases import DTYPES
+    from tests.transport.dtype_cases import DTYPES
 
     a, b = re.search(r"combine\(([^,]+), ([^)]+)\) = ", why).groups()
     return [[torch.full((N,), float(v)).to(DTYPES[element])] for v in (a, b)]

@@ -397,7 +397,7 @@ def test_a_rank_that_dies_without_a_result_is_reported_and_its_peers_stopped() -
 
 
 def stop_half_way_through_the_report(ctx):
-    import distir.runtime.launch as launching
+    import distir.runtime.launch.reports as launching
 
     if ctx.rank == 1:
 
@@ -437,7 +437,7 @@ def test_a_report_is_read_as_it_arrives_and_never_waited_for(value, cuts, ends_e
     import pickle
     from multiprocessing import Pipe
 
-    from distir.runtime.launch import _REPORT_HEADER, _ReportReader
+    from distir.runtime.launch.reports import _REPORT_HEADER, ReportReader
 
     data = pickle.dumps((True, value))
     frame = _REPORT_HEADER.pack(len(data)) + data
@@ -445,7 +445,7 @@ def test_a_report_is_read_as_it_arrives_and_never_waited_for(value, cuts, ends_e
     if ends_early and not points:
         points = [len(frame) // 2]
     reader, writer = Pipe(duplex=False)
-    reports = _ReportReader(reader)
+    reports = ReportReader(reader)
     pieces = [frame[a:b] for a, b in zip([0, *points], [*points, len(frame)])]
     if ends_early:
         pieces = pieces[:-1]
@@ -580,7 +580,7 @@ def _quit_at_once(ctx, quitter: int, mode: str) -> dict:
     reached `fn` (the launcher's store, where ranks say so); the quitter
     then ends at once."""
     from distir.runtime import membership
-    from distir.runtime.launch import _READY_KEY
+    from distir.runtime.launch.rendezvous import _READY_KEY
 
     store = membership._job_store
     up = [r for r in range(ctx.world_size) if store.check([_READY_KEY.format(r)])]

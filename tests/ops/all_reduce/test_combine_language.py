@@ -312,7 +312,7 @@ func.func @main(%a: tensor<{N}xf64>, %b: tensor<{N}xf64>) -> tensor<{N}xf64> {{
 @SETTINGS
 @given(c=finite, n=ints(8))
 def test_fpowi_and_absi(c, n) -> None:
-    # math.fma: tests/interpreters/test_exact_kernels.py (one rounding, exactly)
+    # math.fma: tests/core/test_exact_kernels.py (one rounding, exactly)
     source = f"""\
 func.func @main(%c: tensor<{N}xf64>, %n: tensor<{N}xi32>) -> (tensor<{N}xf64>, tensor<{N}xi32>) {{
   %p = math.fpowi %c, %n : tensor<{N}xf64>, tensor<{N}xi32>

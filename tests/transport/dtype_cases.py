@@ -1,5 +1,5 @@
 """Programs and the rank worker of the kind x element type matrix
-(tests/backends/test_dtype_support.py). Imported by spawned ranks: torch
+(tests/transport/test_dtype_support.py). Imported by spawned ranks: torch
 and distir only."""
 
 from __future__ import annotations

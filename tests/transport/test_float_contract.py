@@ -31,7 +31,7 @@ import distir
 from distir.core import kernels
 from distir.ops.all_reduce.torch import native
 from distir.runtime.launch import launch
-from tests.backends.float_cases import CONTRACT, run_variants, variants
+from tests.transport.float_cases import CONTRACT, run_variants, variants
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 #: unit roundoff of each dtype

@@ -15,7 +15,7 @@ import torch
 import distir
 from distir.errors import CompileError
 from distir.runtime.launch import LaunchError, launch
-from tests.backends.dtype_cases import (
+from tests.transport.dtype_cases import (
     DTYPES,
     ELEMENT_TYPES,
     KINDS,

@@ -3,7 +3,7 @@
 Imported by spawned ranks: torch and distir only (no pytest, no hypothesis).
 Every variant of one reduction (native, generic region, each algorithm,
 each pipeline) is one entry of `VARIANTS`; the parent compares every rank's
-result of every variant with the contract (tests/backends/test_float_contract.py).
+result of every variant with the contract (tests/transport/test_float_contract.py).
 """
 
 from __future__ import annotations
