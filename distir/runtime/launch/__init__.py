@@ -45,11 +45,12 @@ import pickle
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_any
-from typing import Any
+from typing import Any, NoReturn
 
 from distir.durations import Duration, seconds
 from distir.errors import DistirError, count
@@ -225,6 +226,28 @@ def launch(
     docstring). Every rank process is gone when this returns or raises.
     """
     refuse_launch_while_a_rank_starts()
+    _check_rank_counts(nproc, tolerate, replace)
+    timeout_s = seconds(timeout, "timeout")
+    collective_timeout_s = seconds(collective_timeout, "collective_timeout")
+    _check_launchable(fn)
+    check_backend(backend, nproc)
+    job = _Job(fn, args, nproc, backend, threads_per_rank, collective_timeout_s, pass_context,
+               tolerate, replace)  # fmt: skip
+    recorder = SignalRecorder()
+    recorder.install()
+    try:
+        job.start_ranks()
+        job.collect_reports(recorder, timeout_s)
+        job.wind_down(recorder.received)
+    finally:
+        job.close()
+        recorder.restore()
+    if recorder.received is not None:
+        _interrupted(recorder.received, job.outcomes)
+    return job.results(timeout_s)
+
+
+def _check_rank_counts(nproc: int, tolerate: int | None, replace: bool) -> None:
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
     if tolerate is not None and (
@@ -233,62 +256,109 @@ def launch(
         raise ValueError(f"tolerate must be an integer in [0, {nproc}), got {tolerate!r}")
     if replace and tolerate is None:
         raise ValueError("replace=True needs tolerate=k: how many ranks may be lost and replaced")
-    timeout_s = seconds(timeout, "timeout")
-    collective_timeout_s = seconds(collective_timeout, "collective_timeout")
-    _check_launchable(fn)
-    check_backend(backend, nproc)
-    store = host_store(collective_timeout_s)
-    port = store.port
-    # One pipe per rank, not a shared queue: a rank that dies without a
-    # result is seen at once (end of file), and no semaphore is left behind.
-    pipes = [mp.Pipe(duplex=False) for _ in range(nproc)]
-    procs: list[Any] = []
-    #: rank -> its process now (a replacement's, after a loss)
-    by_rank: dict[int, Any] = {}
-    #: rank -> why each earlier process of it was lost (replace=True)
-    replaced: dict[int, list[str]] = {}
-    outcomes: dict[int, tuple[bool, Any]] = {}
-    exited_without_result: set[int] = set()
-    stopped: set[int] = set()
-    recorder = SignalRecorder()
-    recorder.install()
-    try:
+
+
+def _interrupted(signum: int, outcomes: Mapping[int, tuple[bool, Any]]) -> NoReturn:
+    """After SIGINT or SIGTERM reached the launcher (every rank stopped): the
+    signal does what it would have done without launch; if the caller's
+    handler returns, the launch ends as a `LaunchError`."""
+    stop_fork_server()
+    name = signal.Signals(signum).name
+    signal.raise_signal(signum)
+    raise LaunchError(
+        f"interrupted by {name}: every rank was stopped", {}, finished_results(outcomes)
+    )
+
+
+class _Job:
+    """One launch's ranks, from their start to their results: the state the
+    steps of `launch` share."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        nproc: int,
+        backend: str,
+        threads_per_rank: int | None,
+        collective_timeout_s: float,
+        pass_context: bool,
+        tolerate: int | None,
+        replace: bool,
+    ):
+        self.fn, self.args, self.nproc, self.backend = fn, args, nproc, backend
+        self.threads_per_rank, self.collective_timeout_s = threads_per_rank, collective_timeout_s
+        self.pass_context, self.tolerate, self.replace = pass_context, tolerate, replace
+        self.store = host_store(collective_timeout_s)
+        # One pipe per rank, not a shared queue: a rank that dies without a
+        # result is seen at once (end of file), and no semaphore is left behind.
+        self.pipes: list[tuple[Connection, Any]] = [
+            mp.Pipe(duplex=False) for _ in range(nproc)
+        ]
+        self.procs: list[Any] = []
+        #: rank -> its process now (a replacement's, after a loss)
+        self.by_rank: dict[int, Any] = {}
+        #: rank -> why each earlier process of it was lost (replace=True)
+        self.replaced: dict[int, list[str]] = {}
+        self.outcomes: dict[int, tuple[bool, Any]] = {}
+        self.exited_without_result: set[int] = set()
+        self.stopped: set[int] = set()
+        #: how long the others get once the group is broken
+        self.grace = min(collective_timeout_s, 10.0) + 2.0
+        self.cut_short = False
+        self.deadline = 0.0
+        #: starts a rank (`start(rank, writer, joining)`), once `start_ranks` ran
+        self.start: Callable[..., None] | None = None
+
+    def start_ranks(self) -> None:
+        """Starts every rank, SIGINT and SIGTERM held back meanwhile."""
         try:
             # Starting multiprocessing's resource tracker unblocks SIGINT and
             # SIGTERM in this thread: start it before they are blocked.
             resource_tracker.ensure_running()
             with signals_blocked(), rank_environment():
-                ctx, parent_pid = rank_start()
-                environment = dict(os.environ)
-                forked = ctx.get_start_method() == "forkserver"
-                output = LauncherOutput() if forked and outputs_open() else None
-
-                def start(r: int, writer: Any, joining: bool = False) -> None:
-                    procs.append(ctx.Process(
-                        target=rank_entry,
-                        args=(r, nproc, port, backend, threads_per_rank, collective_timeout_s,
-                              fn, args, pass_context, writer, parent_pid, environment,
-                              output, joining),
-                        name=f"distir-rank-{r}",
-                        daemon=True,
-                    ))
-                    by_rank[r] = procs[-1]
-                    procs[-1].start()
-
-                for r in range(nproc):
-                    start(r, pipes[r][1])
+                self.start = self._starter()
+                for r in range(self.nproc):
+                    self.start(r, self.pipes[r][1])
         except (pickle.PicklingError, TypeError, AttributeError) as e:
-            raise TypeError(f"launch cannot send the arguments of {fn!r} to its ranks: {e}") from e
+            raise TypeError(
+                f"launch cannot send the arguments of {self.fn!r} to its ranks: {e}"
+            ) from e
         finally:
-            for _, writer in pipes:
+            for _, writer in self.pipes:
                 writer.close()  # the ranks hold the write ends now
-        pending = {pipes[r][0]: r for r in range(nproc)}
-        reports = {r: ReportReader(pipes[r][0]) for r in range(nproc)}
-        deadline = time.monotonic() + timeout_s
-        grace = min(collective_timeout_s, 10.0) + 2.0
-        cut_short = False
+
+    def _starter(self) -> Callable[..., None]:
+        """How this launch starts a rank (`start(rank, writer, joining)`), in
+        the environment and signal mask of the moment."""
+        ctx, parent_pid = rank_start()
+        environment = dict(os.environ)
+        forked = ctx.get_start_method() == "forkserver"
+        output = LauncherOutput() if forked and outputs_open() else None
+
+        def start(r: int, writer: Any, joining: bool = False) -> None:
+            self.procs.append(ctx.Process(
+                target=rank_entry,
+                args=(r, self.nproc, self.store.port, self.backend, self.threads_per_rank,
+                      self.collective_timeout_s, self.fn, self.args, self.pass_context, writer,
+                      parent_pid, environment, output, joining),
+                name=f"distir-rank-{r}",
+                daemon=True,
+            ))  # fmt: skip
+            self.by_rank[r] = self.procs[-1]
+            self.procs[-1].start()
+
+        return start
+
+    def collect_reports(self, recorder: SignalRecorder, timeout_s: float) -> None:
+        """Reads the ranks' reports as they arrive, until every rank
+        reported, `timeout_s` passed (less once the group is broken) or a
+        signal was recorded."""
+        pending = {self.pipes[r][0]: r for r in range(self.nproc)}
+        reports = {r: ReportReader(self.pipes[r][0]) for r in range(self.nproc)}
+        self.deadline = time.monotonic() + timeout_s
         while pending and recorder.received is None:
-            left = deadline - time.monotonic()
+            left = self.deadline - time.monotonic()
             if left <= 0:
                 break
             # Short waits: a recorded signal is noticed within 0.1 s.
@@ -297,80 +367,97 @@ def launch(
                 try:
                     report = reports[rank].read()
                 except EOFError:
-                    exited_without_result.add(rank)
+                    self.exited_without_result.add(rank)
                 else:
                     if report is None:
                         continue  # more of it to come
-                    outcomes[rank] = report
+                    self.outcomes[rank] = report
                 del pending[reader]  # type: ignore[arg-type]
-                lost = rank in exited_without_result or not outcomes[rank][0]
-                if tolerate is not None:
-                    # Evidence for the survivors' recovery: this rank is gone.
-                    report_gone(store, rank, by_rank[rank], outcomes.get(rank))
-                    losses = (
-                        len(exited_without_result)
-                        + sum(not ok for ok, _ in outcomes.values())
-                        + sum(map(len, replaced.values()))
-                    )
-                    if losses <= tolerate:
-                        if lost and replace:
-                            reader = replace_rank(rank, start, by_rank, outcomes,
-                                                   exited_without_result, replaced)
-                            pending[reader] = rank
-                            reports[rank] = ReportReader(reader)
-                            pipes.append((reader, None))
-                        continue
-                if lost:
-                    # The group is broken: others will fail or time out on their
-                    # own collective deadline; collect what arrives within a grace.
-                    if time.monotonic() + grace < deadline:
-                        deadline, cut_short = time.monotonic() + grace, True
-        if recorder.received is None:
+                replacement = self._ended(rank)
+                if replacement is not None:
+                    pending[replacement] = rank
+                    reports[rank] = ReportReader(replacement)
+
+    def _ended(self, rank: int) -> Connection | None:
+        """`rank` reported or ended: with `tolerate`, the survivors are told
+        and, while the losses are tolerated, a lost rank is replaced (the
+        reader of its replacement's report is returned); a loss beyond them
+        cuts the wait short."""
+        lost = rank in self.exited_without_result or not self.outcomes[rank][0]
+        if self.tolerate is not None:
+            # Evidence for the survivors' recovery: this rank is gone.
+            report_gone(self.store, rank, self.by_rank[rank], self.outcomes.get(rank))
+            losses = (
+                len(self.exited_without_result)
+                + sum(not ok for ok, _ in self.outcomes.values())
+                + sum(map(len, self.replaced.values()))
+            )
+            if losses <= self.tolerate:
+                if not (lost and self.replace):
+                    return None
+                assert self.start is not None
+                reader = replace_rank(rank, self.start, self.by_rank, self.outcomes,
+                                      self.exited_without_result, self.replaced)  # fmt: skip
+                self.pipes.append((reader, None))
+                return reader
+        if lost:
+            # The group is broken: others will fail or time out on their
+            # own collective deadline; collect what arrives within a grace.
+            if time.monotonic() + self.grace < self.deadline:
+                self.deadline, self.cut_short = time.monotonic() + self.grace, True
+        return None
+
+    def wind_down(self, signum: int | None) -> None:
+        """Every rank ends: given a moment to tear down (unless a signal
+        came), then stopped (`signum` first, if any)."""
+        if signum is None:
             # Finished ranks are tearing down their process group; a rank
             # that failed may be stuck in that teardown, so it gets less time.
-            failed = exited_without_result or any(not ok for ok, _ in outcomes.values())
-            wait_all(procs, min(deadline, time.monotonic() + (1.0 if failed else 5.0)))
-        stopped = stop_ranks(procs, recorder.received)
-    finally:
-        # Only reached with ranks alive when start-up itself failed.
-        stop_ranks(procs, None)
-        for reader, _ in pipes:
+            failed = self.exited_without_result or any(not ok for ok, _ in self.outcomes.values())
+            wait_all(self.procs, min(self.deadline, time.monotonic() + (1.0 if failed else 5.0)))
+        self.stopped = stop_ranks(self.procs, signum)
+
+    def close(self) -> None:
+        # Only stops ranks that are alive when start-up itself failed.
+        stop_ranks(self.procs, None)
+        for reader, _ in self.pipes:
             reader.close()
-        recorder.restore()
 
-    if recorder.received is not None:
-        stop_fork_server()
-        name = signal.Signals(recorder.received).name
-        # The signal now does what it would have done without launch.
-        signal.raise_signal(recorder.received)
-        raise LaunchError(
-            f"interrupted by {name}: every rank was stopped", {}, finished_results(outcomes)
-        )
+    def failures(self, timeout_s: float) -> dict[int, str]:
+        """rank -> why it failed (each replaced process's cause first)."""
+        failures: dict[int, str] = {}
+        stopped_procs = [self.procs[i] for i in self.stopped]
+        for r in range(self.nproc):
+            proc = self.by_rank[r]
+            if r in self.exited_without_result or (
+                r not in self.outcomes and proc not in stopped_procs
+            ):
+                failures[r] = f"{exit_cause(proc.exitcode)} without a result"
+            elif r not in self.outcomes:
+                failures[r] = (
+                    f"did not finish in time (still running {self.grace:g} s after another rank "
+                    "failed; killed)"
+                    if self.cut_short
+                    else f"did not finish in time (killed after the {timeout_s:g} s timeout)"
+                )
+            elif not self.outcomes[r][0]:
+                failures[r] = self.outcomes[r][1]
+        for r, causes in self.replaced.items():
+            last = [failures[r]] if r in failures else []
+            failures[r] = "; ".join([*(f"{c} (replaced)" for c in causes), *last])
+        return failures
 
-    if any(p.exitcode == NO_MAIN_GUARD_EXIT for p in procs):
-        raise LaunchError(NO_MAIN_GUARD, {r: NO_MAIN_GUARD for r in range(nproc)}, {})
-    failures: dict[int, str] = {}
-    stopped_procs = [procs[i] for i in stopped]
-    for r in range(nproc):
-        if r in exited_without_result or (r not in outcomes and by_rank[r] not in stopped_procs):
-            failures[r] = f"{exit_cause(by_rank[r].exitcode)} without a result"
-        elif r not in outcomes:
-            failures[r] = (
-                f"did not finish in time (still running {grace:g} s after another rank "
-                "failed; killed)"
-                if cut_short
-                else f"did not finish in time (killed after the {timeout_s:g} s timeout)"
-            )
-        elif not outcomes[r][0]:
-            failures[r] = outcomes[r][1]
-    for r, causes in replaced.items():
-        last = [failures[r]] if r in failures else []
-        failures[r] = "; ".join([*(f"{c} (replaced)" for c in causes), *last])
-    if tolerate is not None and len(failures) <= tolerate:
-        return LaunchOutcome(finished_results(outcomes), failures)
-    if failures:
-        lines = [f"{len(failures)} of {count(nproc, 'rank')} failed:"]
-        for r, why in sorted(failures.items()):
-            lines.append(f"  rank {r}: {why}")
-        raise LaunchError("\n".join(lines), failures, finished_results(outcomes))
-    return [deserialize(outcomes[r][1]) for r in range(nproc)]
+    def results(self, timeout_s: float) -> Any:
+        """The ranks' results in rank order, or a `LaunchOutcome` (tolerated
+        losses); `LaunchError` naming each failure beyond them."""
+        if any(p.exitcode == NO_MAIN_GUARD_EXIT for p in self.procs):
+            raise LaunchError(NO_MAIN_GUARD, {r: NO_MAIN_GUARD for r in range(self.nproc)}, {})
+        failures = self.failures(timeout_s)
+        if self.tolerate is not None and len(failures) <= self.tolerate:
+            return LaunchOutcome(finished_results(self.outcomes), failures)
+        if failures:
+            lines = [f"{len(failures)} of {count(self.nproc, 'rank')} failed:"]
+            for r, why in sorted(failures.items()):
+                lines.append(f"  rank {r}: {why}")
+            raise LaunchError("\n".join(lines), failures, finished_results(self.outcomes))
+        return [deserialize(self.outcomes[r][1]) for r in range(self.nproc)]
