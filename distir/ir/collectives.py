@@ -62,6 +62,39 @@ def verify_counts_type(op: IRDLOperation, what: str, t: Attribute) -> None:
         raise VerifyException(f"'{op.name}' {what} must have rank 1, got {t}")
 
 
+def verify_count_entries(op: IRDLOperation, what: str, t: Attribute, size: int | None) -> None:
+    """A counts tensor (`verify_counts_type`) has one entry per rank of a
+    group of static `size` (a dynamic length or size: no check)."""
+    assert isinstance(t, TensorType)
+    n = t.get_shape()[0]
+    if size is not None and n >= 0 and n != size:
+        raise VerifyException(f"'{op.name}' {what} has {n} entries for a group of size {size}")
+
+
+def verify_counts(op: IRDLOperation, what: str, t: Attribute, size: int | None) -> None:
+    """Counts are a rank-1 integer tensor with one entry per group rank."""
+    verify_counts_type(op, what, t)
+    verify_count_entries(op, what, t, size)
+
+
+class AlongAxisOp(CollectiveOp, ABC):
+    """A collective that moves rows of its `input` along its `axis` into its
+    `result` (the all-gather, the variable all-to-all, the gather and the
+    scatter, the reduce-scatter): what each of their verifiers checks first."""
+
+    def verify_along_axis(self) -> tuple[TensorType, TensorType, int]:
+        """The group, the axis in range for the input, and the result like
+        the input but along the axis; returns the input's and the result's
+        types and the axis."""
+        self.verify_group()
+        t_in, t_out = self.input.type, self.result.type  # type: ignore[attr-defined]
+        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
+        axis = self.axis.value.data  # type: ignore[attr-defined]
+        verify_axis(self, axis, t_in)
+        verify_same_except_axis(self, axis, t_in, t_out)
+        return t_in, t_out, axis
+
+
 def verify_same_except_axis(op: IRDLOperation, axis: int, a: TensorType, b: TensorType) -> None:
     if a.element_type != b.element_type:
         raise VerifyException(

@@ -27,12 +27,7 @@ from xdsl.utils.exceptions import VerifyException
 from distir.ir.attributes import (
     CollectiveEffect,
 )
-from distir.ir.collectives import (
-    CollectiveOp,
-    verify_axis,
-    verify_counts_type,
-    verify_same_except_axis,
-)
+from distir.ir.collectives import AlongAxisOp, verify_counts
 from distir.ir.facts import (
     EveryRankEnters,
     ImpliesGroupSize,
@@ -48,7 +43,7 @@ from distir.ops.groups.ir import GroupName, group_property
 
 
 @irdl_op_definition
-class AllGatherOp(CollectiveOp, Transposable, ImpliesGroupSize):
+class AllGatherOp(AlongAxisOp, Transposable, ImpliesGroupSize):
     """Concatenation along `axis` of every rank's `x`, in rank order.
 
     Even form: every rank contributes the same shape. Uneven form
@@ -93,21 +88,10 @@ class AllGatherOp(CollectiveOp, Transposable, ImpliesGroupSize):
         )
 
     def verify_(self) -> None:
-        self.verify_group()
-        t_in, t_out = self.input.type, self.result.type
-        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
-        axis = self.axis.value.data
-        verify_axis(self, axis, t_in)
-        verify_same_except_axis(self, axis, t_in, t_out)
+        t_in, t_out, axis = self.verify_along_axis()
         size = self.static_group_size()
         if self.counts is not None:
-            verify_counts_type(self, "counts", self.counts.type)
-            assert isinstance(self.counts.type, TensorType)
-            n = self.counts.type.get_shape()[0]
-            if size is not None and n >= 0 and n != size:
-                raise VerifyException(
-                    f"'dist.all_gather' counts has {n} entries for a group of size {size}"
-                )
+            verify_counts(self, "counts", self.counts.type, size)
             return
         rows_in, rows_out = t_in.get_shape()[axis], t_out.get_shape()[axis]
         if rows_in < 0 or rows_out < 0:

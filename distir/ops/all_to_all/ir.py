@@ -24,12 +24,7 @@ from xdsl.utils.exceptions import VerifyException
 from distir.ir.attributes import (
     CollectiveEffect,
 )
-from distir.ir.collectives import (
-    CollectiveOp,
-    verify_axis,
-    verify_counts_type,
-    verify_same_except_axis,
-)
+from distir.ir.collectives import AlongAxisOp, verify_count_entries, verify_counts_type
 from distir.ir.facts import (
     AgreementRidesWithPayload,
     EveryRankEnters,
@@ -44,7 +39,7 @@ from distir.ops.groups.ir import GroupName, group_property
 
 
 @irdl_op_definition
-class VariableAllToAllOp(CollectiveOp, Transposable):
+class VariableAllToAllOp(AlongAxisOp, Transposable):
     """Exchange of variable-size row blocks along `axis`.
 
     Rank r splits its `x` along the axis into P blocks of `send_counts[j]`
@@ -94,25 +89,14 @@ class VariableAllToAllOp(CollectiveOp, Transposable):
         )
 
     def verify_(self) -> None:
-        self.verify_group()
-        t_in, t_out = self.input.type, self.result.type
-        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
-        axis = self.axis.value.data
-        verify_axis(self, axis, t_in)
-        verify_same_except_axis(self, axis, t_in, t_out)
+        self.verify_along_axis()
         verify_counts_type(self, "send counts", self.send_counts.type)
         if self.recv_counts.type != self.send_counts.type:
             raise VerifyException(
                 f"'dist.variable_all_to_all' recv counts type {self.recv_counts.type}"
                 f" must equal the send counts type {self.send_counts.type}"
             )
-        size = self.static_group_size()
-        assert isinstance(self.send_counts.type, TensorType)
-        n = self.send_counts.type.get_shape()[0]
-        if size is not None and n >= 0 and n != size:
-            raise VerifyException(
-                f"'dist.variable_all_to_all' send counts has {n} entries for a group of size {size}"
-            )
+        verify_count_entries(self, "send counts", self.send_counts.type, self.static_group_size())
 
     def transpose(self, t: Transposer, cotangents: Cotangents) -> Cotangents:
         """The reverse exchange: the cotangent sent back with the counts swapped."""

@@ -38,27 +38,13 @@ from xdsl.utils.exceptions import VerifyException
 
 from distir.ir.attributes import CollectiveEffect
 from distir.ir.collectives import (
-    CollectiveOp,
-    is_integer_tensor,
-    verify_axis,
-    verify_same_except_axis,
+    AlongAxisOp,
+    verify_counts,
 )
 from distir.ir.facts import EveryRankEnters, OperandRole
 from distir.ir.syntax import GroupRef
 from distir.ir.transpose import Cotangents, Transposable, Transposer
 from distir.ops.groups.ir import GroupName, group_property
-
-
-def verify_counts(op: IRDLOperation, counts: Attribute, size: int | None) -> None:
-    """Counts are a rank-1 integer tensor with one entry per group rank."""
-    if not is_integer_tensor(counts):
-        raise VerifyException(f"'{op.name}' counts must be a tensor of integers, got {counts}")
-    assert isinstance(counts, TensorType)
-    if counts.get_num_dims() != 1:
-        raise VerifyException(f"'{op.name}' counts must have rank 1, got {counts}")
-    n = counts.get_shape()[0]
-    if size is not None and n >= 0 and n != size:
-        raise VerifyException(f"'{op.name}' counts has {n} entries for a group of size {size}")
 
 
 def verify_rows(op: IRDLOperation, axis: int, part: int, whole: int, size: int | None) -> None:
@@ -82,7 +68,7 @@ def verify_rows(op: IRDLOperation, axis: int, part: int, whole: int, size: int |
         )
 
 
-class RootedRowsOp(CollectiveOp, Transposable):
+class RootedRowsOp(AlongAxisOp, Transposable):
     """What the gather and the scatter share: an input, optional counts, an
     axis, a static root and a result (the base of both op classes)."""
 
@@ -126,16 +112,11 @@ class RootedRowsOp(CollectiveOp, Transposable):
         )
 
     def _verify_common(self) -> tuple[TensorType, TensorType, int, int | None]:
-        self.verify_group()
-        t_in, t_out = self.input.type, self.result.type
-        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
-        axis = self.axis.value.data
-        verify_axis(self, axis, t_in)
-        verify_same_except_axis(self, axis, t_in, t_out)
+        t_in, t_out, axis = self.verify_along_axis()
         self.verify_static_rank("root", self.root.value.data)
         size = self.static_group_size()
         if self.counts is not None:
-            verify_counts(self, self.counts.type, size)
+            verify_counts(self, "counts", self.counts.type, size)
         return t_in, t_out, axis, size
 
 

@@ -49,10 +49,8 @@ from xdsl.utils.exceptions import VerifyException
 from distir.ir.analysis import native_kind
 from distir.ir.attributes import CollectiveEffect, ReductionKind, ReductionKindAttr
 from distir.ir.collectives import (
-    CollectiveOp,
+    AlongAxisOp,
     is_integer_tensor,
-    verify_axis,
-    verify_same_except_axis,
 )
 from distir.ir.facts import EveryRankEnters, OperandRole
 from distir.ir.syntax import CombineRegion, GroupRef, OptionalEnum
@@ -63,7 +61,7 @@ from distir.ops.groups.ir import GroupName, group_property
 
 
 @irdl_op_definition
-class ReduceScatterOp(CollectiveOp, Transposable):
+class ReduceScatterOp(AlongAxisOp, Transposable):
     """`y = slice_rank(x_0 ⊕ … ⊕ x_{P-1})` along `axis`.
 
     `%y = dist.reduce_scatter sum %x axis 0 : tensor<8xf32> -> tensor<2xf32>`
@@ -150,12 +148,7 @@ class ReduceScatterOp(CollectiveOp, Transposable):
         return native_kind(self.combine.block)
 
     def verify_(self) -> None:
-        self.verify_group()
-        t_in, t_out = self.input.type, self.result.type
-        assert isinstance(t_in, TensorType) and isinstance(t_out, TensorType)
-        axis = self.axis.value.data
-        verify_axis(self, axis, t_in)
-        verify_same_except_axis(self, axis, t_in, t_out)
+        t_in, t_out, axis = self.verify_along_axis()
         if self.is_generic:
             verify_combine(self, t_in)
         else:
