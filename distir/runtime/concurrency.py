@@ -81,9 +81,6 @@ class RunGate:
         self._in_flight = 0  # sync runs executing + async runs queued or executing
         self._queue: deque[tuple[Callable[[], Any], torch.futures.Future]] = deque()
         self._worker: threading.Thread | None = None
-        # the worker waits here a moment for more work before it exits
-        self._more = threading.Condition(self._lock)
-        self._idle = False  # whether the worker is waiting there
         self._position = 0  # attempts so far, refused ones included
         # while the worker completes a future: the thread that queued its run
         self._completing: threading.Thread | None = None
@@ -120,10 +117,8 @@ class RunGate:
         me = threading.current_thread()
         with self._lock:
             # On the worker itself (a future's callback), run inline: the
-            # worker waiting for its own queue would never return. A worker
-            # that waits for more (`_idle`: nothing queued, no future being
-            # completed) takes no turn.
-            if self._worker is not None and self._worker is not me and not self._idle:
+            # worker waiting for its own queue would never return.
+            if self._worker is not None and self._worker is not me:
                 return None
             return self._claim(what, me)
 
@@ -131,11 +126,11 @@ class RunGate:
         """Ends a run claimed by `enter` or `submit`."""
         if self._worker is None and _GIL:
             # Without a worker, the run ending is a synchronous run of a
-            # thread other than a worker (a worker's own runs end while it
-            # exists), and every run in flight is that thread's: another
-            # thread's claim is refused (`_claim`), so no worker can start
-            # (or take a queued run) until this run ends, and nothing else
-            # writes these two fields. One
+            # thread other than a worker (`enter` claims those only when no
+            # worker exists, and a worker's own runs end while it exists),
+            # and every run in flight is that thread's: another thread's
+            # claim is refused (`_claim`), so no worker can start until
+            # this run ends, and nothing else writes these two fields. One
             # lock acquisition per run, then, not two; the owner goes
             # first, so a claim racing this store is refused (as it would
             # be a moment earlier), never let in beside a stale owner. The
@@ -157,7 +152,6 @@ class RunGate:
         with self._lock:
             who = self._claim(what, threading.current_thread())
             self._queue.append((functools.partial(fn, who), future))
-            self._more.notify()
             if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._work, name=f"distir-runs-{self.name}", daemon=True
@@ -169,16 +163,7 @@ class RunGate:
         while True:
             with self._lock:
                 if not self._queue:
-                    # Exit when idle, after a moment: a domain holds no
-                    # thread between bursts, but the next burst of a DDP
-                    # step (tens of ms later) finds its worker (starting
-                    # one waits for it to be scheduled: about 4 ms per
-                    # start measured on a loaded 2-core machine, on the
-                    # thread that calls the hook, inside backward).
-                    self._idle = True
-                    self._more.wait(WORKER_LINGER_S)
-                    self._idle = False
-                if not self._queue:
+                    # Exit when idle: a domain holds no thread between bursts.
                     self._worker = None
                     return
                 fn, future = self._queue.popleft()
@@ -197,9 +182,6 @@ class RunGate:
             finally:
                 self._completing = None
 
-
-#: seconds an idle worker waits for the next queued run before it exits
-WORKER_LINGER_S = 0.5
 
 #: whether the interpreter has a GIL (`RunGate.leave` relies on it)
 _GIL: bool = getattr(sys, "_is_gil_enabled", lambda: True)()

@@ -184,36 +184,3 @@ def test_refused_beside_a_run_in_flight():
     thread.join(10)
     assert result["f"].wait() == 3  # positions 0 (ours), 1 and 2 (refused), 3
     assert isinstance(result["f"], torch.futures.Future)
-
-
-def test_an_idle_worker_serves_the_next_burst_and_takes_no_turn(monkeypatch):
-    """After a burst of queued runs the worker waits a moment for the next
-    one (a DDP step's buckets come tens of ms apart): the next queued run
-    runs on the same thread; a synchronous run meanwhile is claimed at once
-    (the idle worker holds no turn); once woken with nothing queued the
-    worker exits."""
-    import distir.runtime.concurrency as concurrency
-
-    monkeypatch.setattr(concurrency, "WORKER_LINGER_S", 60.0)  # no race with the clock
-    gate = RunGate("test")
-    first = gate.submit("test", lambda who: threading.current_thread()).wait()
-    assert first is not threading.current_thread()
-    for _ in range(1000):  # the worker's completion done, it waits for more
-        if gate._idle:
-            break
-        time.sleep(0.01)
-    assert gate._idle and gate._worker is first
-    who = gate.enter("test")
-    assert who is not None and who.thread is threading.current_thread()
-    gate.leave()
-    assert gate.submit("test", lambda who: threading.current_thread()).wait() is first
-    monkeypatch.setattr(concurrency, "WORKER_LINGER_S", 0.0)
-    for _ in range(1000):
-        if gate._idle:
-            break
-        time.sleep(0.01)
-    with gate._lock:
-        gate._more.notify()
-    first.join(10)
-    assert not first.is_alive() and gate._worker is None
-    assert gate._in_flight == 0 and gate._position == 3
