@@ -47,7 +47,6 @@ new group is the way that always works.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import weakref
 from collections import deque
@@ -85,9 +84,10 @@ class RunGate:
         # while the worker completes a future: the thread that queued its run
         self._completing: threading.Thread | None = None
 
-    def _claim(self, what: str, me: threading.Thread) -> RunId:
-        """Registers one more run of the calling thread `me` (holding the
-        lock) and returns what the agreement compares: thread and position."""
+    def _claim(self, what: str) -> RunId:
+        """Registers one more run of the calling thread (holding the lock)
+        and returns what the agreement compares: thread and position."""
+        me = threading.current_thread()
         # A run from a future's callback on the worker is a run of the thread
         # whose queued run completed that future: torch runs a callback on
         # the worker, or on the caller of `then` when the future is already
@@ -114,32 +114,15 @@ class RunGate:
         is, or None when this thread's async runs are queued: the run then
         goes through `submit` after them (they were submitted first). A
         claimed run ends with `leave`."""
-        me = threading.current_thread()
         with self._lock:
             # On the worker itself (a future's callback), run inline: the
             # worker waiting for its own queue would never return.
-            if self._worker is not None and self._worker is not me:
+            if self._worker is not None and self._worker is not threading.current_thread():
                 return None
-            return self._claim(what, me)
+            return self._claim(what)
 
     def leave(self) -> None:
         """Ends a run claimed by `enter` or `submit`."""
-        if self._worker is None and _GIL:
-            # Without a worker, the run ending is a synchronous run of a
-            # thread other than a worker (`enter` claims those only when no
-            # worker exists, and a worker's own runs end while it exists),
-            # and every run in flight is that thread's: another thread's
-            # claim is refused (`_claim`), so no worker can start until
-            # this run ends, and nothing else writes these two fields. One
-            # lock acquisition per run, then, not two; the owner goes
-            # first, so a claim racing this store is refused (as it would
-            # be a moment earlier), never let in beside a stale owner. The
-            # GIL makes each store visible in order; a free-threaded build
-            # takes the lock.
-            if self._in_flight == 1:
-                self._owner = None
-            self._in_flight -= 1
-            return
         with self._lock:
             self._in_flight -= 1
             if not self._in_flight:
@@ -150,7 +133,7 @@ class RunGate:
         completes with `fn`'s result or exception."""
         future: torch.futures.Future = torch.futures.Future()
         with self._lock:
-            who = self._claim(what, threading.current_thread())
+            who = self._claim(what)
             self._queue.append((functools.partial(fn, who), future))
             if self._worker is None:
                 self._worker = threading.Thread(
@@ -182,9 +165,6 @@ class RunGate:
             finally:
                 self._completing = None
 
-
-#: whether the interpreter has a GIL (`RunGate.leave` relies on it)
-_GIL: bool = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 _gates: weakref.WeakKeyDictionary[Any, RunGate] = weakref.WeakKeyDictionary()
 _gates_lock = threading.Lock()
