@@ -35,7 +35,11 @@ from distir.runtime.planning import Plan
 from distir.runtime.requirements import WorldSizeError, check_declarations, check_world_size
 from distir.transport.direct import DirectCollective
 from distir.transport.domain import group_alive
-from distir.transport.groups import ProcessGroupResource, create_declared_groups
+from distir.transport.groups import (
+    NonMemberResource,
+    ProcessGroupResource,
+    create_declared_groups,
+)
 from distir.transport.registry import Implementation, choose
 
 
@@ -51,7 +55,9 @@ def result_check(invocation: Invocation) -> Callable[[Sequence[torch.Tensor]], N
     return check
 
 
-def checked_kernel(run: DistKernel, invocation: Invocation, resource: Any) -> DistKernel:
+def checked_kernel(
+    run: DistKernel, invocation: Invocation, resource: ProcessGroupResource | NonMemberResource
+) -> DistKernel:
     """`run` (an op's bound kernel) as the block calls it: a backend error
     raised on the way is a named distir error, and the results are checked
     against the op's IR types (`result_check`). This runs for every op of
@@ -219,7 +225,12 @@ class Binding:
         return compiled
 
 
-def _checked(call: Any, resource: Any, invocation: Any, check: Any) -> tuple[torch.Tensor, ...]:
+def _checked(
+    call: Callable[[], tuple[torch.Tensor, ...]],
+    resource: ProcessGroupResource | NonMemberResource,
+    invocation: Invocation,
+    check: Callable[[Sequence[torch.Tensor]], object],
+) -> tuple[torch.Tensor, ...]:
     """`call()`'s results after `check`; a backend error raised on the way
     (submitting or completing) is a named distir error."""
     try:
