@@ -1,12 +1,13 @@
 """The run gate under contention, in one process (no process group).
 
-A synchronous run ends without the gate's lock (`RunGate.leave`: the only
-run in flight then is that thread's). These tests drive a gate from several
-threads at once, synchronous runs, queued runs and runs from a future's
-callback mixed, with a tiny switch interval so that threads interleave
-between bytecodes, and check what the lock kept before: never two threads'
+These tests drive a gate (`distir.runtime.concurrency.RunGate`) from
+several threads at once, synchronous runs, queued runs and runs from a
+future's callback mixed, with a tiny switch interval so that threads
+interleave between bytecodes, and check its contract: never two threads'
 runs in flight at once, every attempt counted once, a refused thread told
-so (never let in), and the gate free again at the end.
+so (`ConcurrentRun`, never let in) — a callback's run included, which is
+claimed as its submitter and refused like it while another thread's runs
+are in flight — and the gate free again at the end.
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ def _hammer(gate: RunGate, runs: _Runs, name: str, rounds: int, counts: dict) ->
             # when the future was already done (not claimed while the idle
             # worker still exists: `enter` says None, its runs go first)
             chained = future.then(lambda f: _inline(gate, runs, name))
-            attempts += chained.wait()
+            outcome = chained.wait()
+            if outcome < 0:  # refused: another thread's runs were in flight
+                attempts += 1
+                refused += 1
+            else:
+                attempts += outcome
     counts[name] = (attempts, refused)
 
 
@@ -100,7 +106,10 @@ def _queued(runs: _Runs, name: str, who) -> int:
 
 
 def _inline(gate: RunGate, runs: _Runs, name: str) -> int:
-    who = gate.enter("test")
+    try:
+        who = gate.enter("test")
+    except ConcurrentRun:
+        return -1
     if who is None:
         assert threading.current_thread().name == name
         return 0
