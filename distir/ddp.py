@@ -5,7 +5,7 @@ tensor) to a communication hook, `hook(state, bucket) -> Future[Tensor]`,
 and writes the future's value back into the bucket. Each hook here puts a
 distir program under that call, with distir's rules: the ranks agree on the
 program (at every run, or for the sum hook once per bucket layout and then by
-a digest riding in every bucket), every collective has a deadline, a failure poisons the
+a digest checked after every bucket), every collective has a deadline, a failure poisons the
 hook's process group and ends as a named error on every rank.
 
     state = SumHookState()                       # collective: every rank
@@ -17,10 +17,8 @@ hook's process group and ends as a named error on every rank.
   for bit what DDP computes without a hook, at every world size. Ranks
   agree once per bucket layout (each bucket size's program is trusted: its
   plan is agreed at its first run) and check every bucket of every step
-  with a digest riding in the payload (`riding_words`), which costs no
-  exchange of its own; at 2 ranks (f32, f64) and at more ranks (f32) where
-  the payload keeps gloo's segments (`riding_layout`; elsewhere the ranks
-  agree at every run).
+  with a 128-byte all-reduce of a digest of what each rank runs
+  (`digest_words`), queued behind the bucket's sum.
 - `program_hook`: any distir program mapping the bucket to the aggregated
   bucket (`ProgramHookState`), e.g. per-rank clipping then a sum, or
   majority-vote signSGD.
@@ -194,97 +192,38 @@ class HookState:
         return future.then(settle)
 
 
-# ------------------------------------------------------ the riding digest
+# ------------------------------------------------------ the step's digest
 #
-# A bucket of the sum hook travels with `RIDING` more elements: the digest
-# of what this rank runs (the hook call's position on the state, the
-# bucket's index, size and dtype) as bytes d, each sent as the pair
-# (d, d*d). After the sum every rank holds (sum d_r, sum d_r*d_r), which
-# equal (P*d, P*d*d) for its own d exactly when every rank sent the same d
-# (then sum (d_r - d)^2 = sum d_r^2 - 2 d sum d_r + P d^2 = 0): so every
-# rank sees the same verdict. The sums are integers below 2^24 for P < 256,
-# exact in float32 and float64 in any order of summation; half-precision
-# buckets cannot carry them and keep the agreement at every run.
-#
-# Where the digest rides: the order in which gloo's ring all-reduce sums an
-# element depends on which rank's chunk of the ring it lies in, so appended
-# elements (which move the chunk boundaries) change a sum's bits at 3 ranks
-# or more (an ulp off, measured at 3 and 4 ranks); a sum of two addends is
-# the same in either order, so at 2 ranks the digest is appended. At more
-# ranks (float32) the payload gives each of gloo's segments of the bucket a
-# row of its own with riding slots after it (`riding_layout`): every
-# gradient stays in its chunk and is summed in DDP's order, bit for bit.
-# gloo's segment count is its ring's (gloo/allreduce.cc `ring`, with
-# `kMaxSegmentSize` = 1 MiB from gloo/allreduce.h), which the measurements
-# of benchmarks/riding_layout.py agree with (bit-identical at 3 and 4 ranks
-# for every size tried up to 6M elements); tests/ddp/test_riding_layout.py
-# checks every gradient's chunk against a model of that ring, and the DDP
-# tests check the bits at 3 and 4 ranks. Other groups and dtypes keep the
-# agreement at every run.
+# Each bucket of the sum hook is summed in place, as DDP's default sums it
+# (the same buffer, the same collective: bit for bit DDP's result at every
+# world size and dtype), and followed by a tiny all-reduce of its digest:
+# the digest of what this rank runs (the hook call's position on the
+# state, the bucket's index, size and dtype) as bytes d, each sent as the
+# int64 pair (d, d*d). After the sum every rank holds (sum d_r, sum d_r^2),
+# which equal (P*d, P*d*d) for its own d exactly when every rank sent the
+# same d (then sum (d_r - d)^2 = sum d_r^2 - 2 d sum d_r + P d^2 = 0): so
+# every rank sees the same verdict, and integer sums are exact in any
+# order. The digest's all-reduce is its own 128-byte message, not a
+# trailer on the bucket: a trailer needs a copy of the bucket (a pass over
+# the gradients, measured at 1.1-1.5 ms of a 12 ms step at 1M parameters
+# on 2 ranks) and at 3 ranks or more moves gloo's chunk boundaries, which
+# changes the order of the sum (an ulp off).
 
-#: bytes of the digest a bucket carries
+#: bytes of the digest a bucket is checked with
 DIGEST_BYTES = 4
-#: elements a bucket carries for its digest
-RIDING = 2 * DIGEST_BYTES
-#: bucket dtypes that carry the digest exactly
-RIDES = (torch.float32, torch.float64)
+#: int64 words of the digest's all-reduce
+DIGEST_WORDS = 2 * DIGEST_BYTES
 
 
-#: the bytes gloo's ring puts at most in one segment (`kMaxSegmentSize`)
-GLOO_SEGMENT_BYTES = 1 << 20
-
-
-def gloo_segments(numel: int, world_size: int, element_bytes: int) -> int:
-    """The segments gloo's ring all-reduce cuts a buffer into (P groups of
-    consecutive segments are the ranks' chunks): at least two per rank, a
-    multiple of the ranks, none over `GLOO_SEGMENT_BYTES`."""
-    wanted = max(-(-numel * element_bytes // GLOO_SEGMENT_BYTES), 2 * world_size)
-    return -(-wanted // world_size) * world_size
-
-
-@dataclass(frozen=True)
-class RidingLayout:
-    """A payload of `rows` rows of `chunk` gradients then `slots` riding
-    elements (the digest's words first, zeros after): the bucket's N
-    gradients are the first N of the rows' gradient parts, in order."""
-
-    rows: int
-    chunk: int
-    slots: int
-
-    @property
-    def numel(self) -> int:
-        return self.rows * (self.chunk + self.slots)
-
-
-def riding_layout(numel: int, dtype: torch.dtype, world_size: int) -> RidingLayout | None:
-    """Where the digest rides in a bucket of `numel` `dtype` gradients at
-    `world_size` ranks so that the sum keeps DDP's bits, or None (the
-    ranks then agree at every run)."""
-    if dtype not in RIDES or world_size < 2 or numel == 0:
-        return None
-    if world_size == 2:  # two addends: any order, the same bits
-        return RidingLayout(1, numel, RIDING)
-    if dtype != torch.float32:
-        return None
-    size = dtype.itemsize
-    segments = gloo_segments(numel, world_size, size)
-    layout = RidingLayout(segments, -(-numel // segments), -(-RIDING // segments))
-    # The slots must not change gloo's segments (then each row is one).
-    if gloo_segments(layout.numel, world_size, size) != segments:
-        return None
-    return layout
-
-
-def riding_words(digest: bytes) -> list[int]:
-    """The elements a digest rides as: (d, d*d) per byte d."""
+def digest_words(digest: bytes) -> list[int]:
+    """The words a digest is summed as: (d, d*d) per byte d."""
     return [w for d in digest for w in (d, d * d)]
 
 
-def all_sent(sums: list[float], digest: bytes, world_size: int) -> bool:
-    """Whether `sums` (of every rank's `riding_words`) say that every one
+def all_sent(sums: list[int], digest: bytes, world_size: int) -> bool:
+    """Whether `sums` (of every rank's `digest_words`) say that every one
     of the `world_size` ranks sent `digest`."""
-    return sums == [world_size * w for w in riding_words(digest)]
+    return sums == [world_size * w for w in digest_words(digest)]
 
 
 def _sum_program_text(numel: int, element: str) -> str:
@@ -299,85 +238,85 @@ def _sum_program_text(numel: int, element: str) -> str:
 
 @dataclass
 class SumHookState(HookState):
-    """State of `sum_hook`: its programs, the hook calls so far (what the
-    riding digest names) and, per bucket, the buffer its payload and
-    digest travel in (reused every step: DDP has copied the previous
-    step's result out of it before the bucket's next hook call)."""
+    """State of `sum_hook`: its programs (one per bucket size and dtype,
+    and the digest's), and the hook calls so far (what the digest names)."""
 
     calls: int = field(default=0, init=False)
-    _buffers: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(
-        default_factory=dict, init=False
-    )
 
-    def rides(self, buffer: torch.Tensor) -> bool:
-        """Whether this bucket carries the riding digest (see above)."""
-        return riding_layout(buffer.numel(), buffer.dtype, self.world_size) is not None
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._step = _step_digest()
+        text = _sum_program_text(DIGEST_WORDS, "i64")
+        self._digest_program = compile(text, deadline=self.deadline_s, agreement=False)
 
     def compile(self, numel: int, dtype: torch.dtype) -> Program:
-        element = element_type(dtype)
-        layout = riding_layout(numel, dtype, self.world_size)
-        if layout is not None:  # agreed once (trusted), checked by the riding digest
-            text = _sum_program_text(layout.numel, element)
-            return compile(text, deadline=self.deadline_s, agreement=False)
-        return compile(_sum_program_text(numel, element), deadline=self.deadline_s)
+        # Trusted: agreed at its first run on the group, then checked by
+        # the digest at every run.
+        text = _sum_program_text(numel, element_type(dtype))
+        return compile(text, deadline=self.deadline_s, agreement=False)
 
-    def riding_sum(self, index: int, buffer: torch.Tensor) -> torch.futures.Future:
-        """The sum of `buffer` / world size with the digest riding along;
-        the future completes with the mean, or with `ProgramMismatch` on
-        every rank when ranks sent different digests."""
+    def checked_sum(
+        self, index: int, buffer: torch.Tensor, last: bool = True
+    ) -> torch.futures.Future:
+        """The sum of `buffer` / world size, in place; at the `last` bucket
+        of a step, then the check of the step's digest (every bucket since
+        the previous check). The future completes with `buffer` (the mean),
+        or, at the last bucket, with `ProgramMismatch` on every rank when
+        ranks sent different digests (the step fails: DDP waits for every
+        bucket's future)."""
         numel, dtype = buffer.numel(), buffer.dtype
-        layout = riding_layout(numel, dtype, self.world_size)
-        assert layout is not None  # `sum_hook` asked `rides`
-        key = (index, numel, dtype)
-        payload = self._buffers.get(key)
-        if payload is None:
-            payload = self._buffers[key] = torch.zeros(layout.numel, dtype=dtype)
-        rows, chunk = payload.view(layout.rows, -1), layout.chunk
-        # As DDP's reducer scales without a hook (see `sum_hook`), into the payload.
-        scale, full = 1.0 / self.world_size, numel // chunk
-        torch.mul(buffer[: full * chunk].view(full, chunk), scale, out=rows[:full, :chunk])
-        if full < layout.rows:  # the last gradients, then zeros (summed: zeros)
-            rest = numel - full * chunk
-            torch.mul(buffer[full * chunk :], scale, out=rows[full, :rest])
-            rows[full, rest:chunk] = 0
-            rows[full + 1 :, :chunk] = 0
+        # As DDP's reducer scales without a hook, before the sum (no overflow
+        # in fp16): times 1/world size (a double, rounded to the gradient's
+        # type), not a division, which differs by an ulp where 1/world size
+        # is inexact (3, 5, 6, ...); tested bit for bit at 2, 3 and 4 ranks.
+        buffer.mul_(1.0 / self.world_size)
         position = self.calls
         self.calls += 1
-        digest = hashlib.blake2b(
-            f"{position}:{index}:{numel}:{dtype}".encode(), digest_size=DIGEST_BYTES
-        ).digest()
-        words = torch.zeros(layout.rows * layout.slots, dtype=dtype)
-        words[:RIDING] = torch.tensor(riding_words(digest), dtype=dtype)
-        rows[:, chunk:] = words.view(layout.rows, layout.slots)
+        self._step.update(f"{position}:{index}:{numel}:{dtype};".encode())
         program = self.program(buffer)
-        future = program.run_async(payload, group=self.group, donate=True)
+        summed = program.run_async(buffer, group=self.group, donate=True, on_backend_thread=True)
+        if not last:
+            return summed
+        digest = self._step.digest()
+        self._step = _step_digest()
+        words = torch.tensor(digest_words(digest), dtype=torch.int64)
+        # Submitted after the bucket: in the same order on every rank.
+        checked_digest = self._digest_program.run_async(
+            words, group=self.group, donate=True, on_backend_thread=True
+        )
 
         # Completed by hand, not with `then`: an error raised in a `then`
         # callback reaches DDP as a RuntimeError, not as the named error.
         checked: torch.futures.Future = torch.futures.Future()
 
         def check(done: torch.futures.Future) -> None:
+            if not summed.done():  # (the backend may complete the digest's sum first)
+                summed.add_done_callback(lambda _: check(done))
+                return
             try:
-                total = done.value()
+                total = summed.value()  # the bucket's error first: the cause
+                sums = done.value()
             except BaseException as e:  # noqa: BLE001 - handed to the future
                 checked.set_exception(e)
                 return
-            sums = total.view(layout.rows, -1)
-            if all_sent(sums[:, chunk:].reshape(-1)[:RIDING].tolist(), digest, self.world_size):
-                # One row: a view of the payload (DDP copies it out), as before.
-                checked.set_result(sums[:, :chunk].reshape(-1)[:numel])
+            if all_sent(sums.tolist(), digest, self.world_size):
+                checked.set_result(total)
                 return
             error = ProgramMismatch(
-                f"DDP sum hook: ranks summed different buckets at hook call {position} "
-                f"(this rank: bucket {index} of {numel} {dtype} gradients); every rank "
-                "must run the same steps with the same buckets (no_sync on some ranks "
-                "only, or a model that differs between ranks, breaks this)"
+                f"DDP sum hook: ranks summed different buckets in the step ending at hook "
+                f"call {position} (this rank: bucket {index} of {numel} {dtype} gradients); "
+                "every rank must run the same steps with the same buckets (no_sync on some "
+                "ranks only, or a model that differs between ranks, breaks this)"
             )
             program.poison(self.group, error)
             checked.set_exception(error)
 
-        future.add_done_callback(check)
+        checked_digest.add_done_callback(check)
         return checked
+
+
+def _step_digest() -> Any:
+    return hashlib.blake2b(digest_size=DIGEST_BYTES)
 
 
 def sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -385,15 +324,7 @@ def sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     divided by the world size, then summed (the future completes with the
     mean gradient)."""
     called = time.perf_counter()
-    buffer = bucket.buffer()
-    if state.rides(buffer):
-        return state._track(bucket, called, state.riding_sum(bucket.index(), buffer))
-    # As DDP's reducer scales without a hook, before the sum (no overflow in
-    # fp16): times 1/world size (a double, rounded to the gradient's type),
-    # not a division, which differs by an ulp where 1/world size is inexact
-    # (3, 5, 6, ...); tested bit for bit at 2, 3 and 4 ranks.
-    buffer.mul_(1.0 / state.world_size)
-    future = state.program(buffer).run_async(buffer, group=state.group, donate=True)
+    future = state.checked_sum(bucket.index(), bucket.buffer(), bucket.is_last())
     return state._track(bucket, called, future)
 
 

@@ -118,6 +118,9 @@ class Binding:
         #: donate (True/False) -> this binding's specialised run
         #: (`distir.runtime.specialised`), made after a general run
         self.specialised: dict[bool, Callable[[Sequence[Any]], Any]] = {}
+        #: donate -> its `run_async(..., on_backend_thread=True)` submission
+        #: (`distir.runtime.specialised.specialised_submit`), made with it
+        self.submitted: dict[bool, Callable[[Sequence[Any]], Any]] = {}
         #: op -> its kernel as one backend collective, where its
         #: implementation says so (`Implementation.direct`)
         self.direct: dict[Operation, DirectCollective] = {}

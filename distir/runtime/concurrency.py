@@ -46,11 +46,12 @@ new group is the way that always works.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -83,6 +84,8 @@ class RunGate:
         self._position = 0  # attempts so far, refused ones included
         # while the worker completes a future: the thread that queued its run
         self._completing: threading.Thread | None = None
+        # threads completing a direct run's future now (see `claim_direct`)
+        self._completing_direct: set[threading.Thread] = set()
 
     def _claim(self, what: str) -> RunId:
         """Registers one more run of the calling thread (holding the lock)
@@ -95,6 +98,13 @@ class RunGate:
         who = self._completing if me is self._worker and self._completing is not None else me
         position = self._position
         self._position += 1
+        if self._completing_direct and me in self._completing_direct:
+            raise ConcurrentRun(
+                f"{what}: refused, a callback of a run submitted directly to the backend "
+                f"of group {self.name} started a run there: it runs on a backend thread, "
+                "beside the thread that submitted it, and the two would pair with peers' "
+                "runs in an order that depends on timing (wait for the future instead)"
+            )
         if self._in_flight and self._owner is not me and me is not self._worker:
             owner = self._owner.name if self._owner is not None else "?"
             raise ConcurrentRun(
@@ -120,6 +130,31 @@ class RunGate:
             if self._worker is not None and self._worker is not threading.current_thread():
                 return None
             return self._claim(what)
+
+    def claim_direct(self, what: str) -> RunId | None:
+        """Claims a run that the calling thread submits to the backend
+        itself and does not wait for (`distir.runtime.specialised.
+        specialised_submit`), or returns None when runs are queued on the
+        worker (the run then queues behind them: submission order). The
+        backend executes a group's collectives in the order they were
+        submitted, so a direct run pairs with peers as a queued one would.
+        It ends with `leave`, on the thread that completes it; callbacks of
+        its future run there, beside the submitting thread, so a run they
+        start is refused (`completing_direct`)."""
+        with self._lock:
+            if self._worker is not None:
+                return None
+            return self._claim(what)
+
+    @contextlib.contextmanager
+    def completing_direct(self) -> Iterator[None]:
+        """Around the completion of a direct run's future (see `claim_direct`)."""
+        me = threading.current_thread()
+        self._completing_direct.add(me)
+        try:
+            yield
+        finally:
+            self._completing_direct.discard(me)
 
     def leave(self) -> None:
         """Ends a run claimed by `enter` or `submit`."""

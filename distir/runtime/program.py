@@ -50,7 +50,7 @@ from distir.runtime.ownership import (
     writable_inputs,
 )
 from distir.runtime.planning import Plan
-from distir.runtime.specialised import GENERAL, specialised_run
+from distir.runtime.specialised import GENERAL, specialised_run, specialised_submit
 from distir.transport.domain import group_alive
 from distir.transport.registry import ImplementationRegistry
 
@@ -100,6 +100,7 @@ def _drop_dead_bindings() -> None:
                 # the binding goes now, not at the next garbage collection.
                 program._bindings.pop(key, None)
                 binding.specialised.clear()
+                binding.submitted.clear()
 
 
 class Program:
@@ -235,6 +236,9 @@ class Program:
             fast = specialised_run(self, binding, donate)
             if fast is not None:
                 binding.specialised[donate] = fast
+                submit = specialised_submit(self, binding, donate)
+                if submit is not None:
+                    binding.submitted[donate] = submit
 
     def run_async(
         self,
@@ -242,6 +246,7 @@ class Program:
         group: Any = None,
         deadline: Duration | None = None,
         donate: bool | Sequence[int] = False,
+        on_backend_thread: bool = False,
     ) -> torch.futures.Future:
         """`run`, queued on the group's distir worker: returns at once a
         future of what `run` returns (or of its named error). Runs of a
@@ -249,7 +254,24 @@ class Program:
         reads copies of its inputs made now, so the caller may change them
         at once; a donated input is not copied, and one changed in place
         before its run starts is a `ProgramInputError` on every rank
-        (`distir.runtime.ownership.queued_inputs`)."""
+        (`distir.runtime.ownership.queued_inputs`).
+
+        `on_backend_thread=True`: a run that is one backend collective with
+        nothing to agree first (a trusted program after its first run) is
+        submitted to the backend on the calling thread, with no hop to the
+        worker, when no run is queued (`distir.runtime.specialised.
+        specialised_submit`); its future then completes on the backend's
+        thread, and a callback of it that starts a run on the group is
+        refused with `ConcurrentRun` (it would race the submitting thread).
+        Other runs are queued as always."""
+        if on_backend_thread:
+            binding = self._bindings.get(group)
+            if binding is not None and deadline is None and (donate is True or donate is False):
+                submit = binding.submitted.get(donate)
+                if submit is not None:
+                    future = submit(inputs)
+                    if future is not GENERAL:
+                        return future
         inputs = queued_inputs(inputs, donate)
         submitted = input_versions(inputs)
 

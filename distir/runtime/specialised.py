@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from distir.errors import DistirError
 from distir.runtime import autograd
 from distir.runtime.binding import Binding
@@ -195,3 +197,105 @@ def _direct_body(
         return owned((y,) if y is not None else call(inputs, writable), inputs, writable)
 
     return body
+
+
+def specialised_submit(
+    program: Any, binding: Binding, donate: bool
+) -> Callable[[Sequence[Any]], Any] | None:
+    """`program`'s `run_async` on `binding` with `donate`, submitted on the
+    calling thread, when a run is one backend collective with nothing to
+    exchange before it (a trusted plan, agreed: `direct_collective`):
+    `submit(inputs)` returns a `torch.futures.Future` of what `run`
+    returns (or of its named error, the domain poisoned), or `GENERAL`
+    (nothing claimed, nothing changed) when the run must be queued as
+    always. Not queued means no hop to the group's worker thread, whose
+    wake-up competes for the interpreter with the submitting thread (in a
+    DDP step, with backward). The rules are the specialised run's, in the
+    same order; the collective's own timeout is the deadline (the backend
+    fails the work when it expires), and the input is read when submitted
+    (an operand not donated is copied then: what `run_async`'s queued copy
+    is for). None when this binding has no such run."""
+    plan = binding.plan
+    compiled = binding.compiled
+    if compiled is None or plan.agreement or binding.must_agree:
+        return None
+    guard = plan.input_guard()
+    collective = direct_collective(binding)
+    if guard is None or collective is None:
+        return None
+    base = binding.base
+    pg, domain, gate = base.pg, base.domain, binding.gate
+    what = program._what
+    accepted = guard.accepts
+    pinned = guard.contiguous_no_grad
+    dtypes = [dtype for dtype, _ in plan._input_specs]
+    records = autograd.gradient_guard(dtypes, no_grad=pinned)
+    donation = donation_for(donate, 1, contiguous=pinned)
+    mark_written = mark_written_for(1)
+    owned = owned_results_for(1, program._maybe_shared)
+    resource, invocation = collective.resource, collective.invocation
+    submit_work, out_of_place, options = collective.submit, collective.out_of_place, collective.options
+    step = compiled.direct_step
+    overwrites = 0 in step.writable_when(frozenset({0}))
+    monotonic = time.monotonic
+
+    def named(error: BaseException, waited: float) -> BaseException:
+        # As the specialised run's body names what it raises.
+        if isinstance(error, DistirError):
+            return error
+        if isinstance(error, RuntimeError):
+            return resource.failure(error, invocation, waited)
+        return step.error(error)
+
+    def submit(inputs: Sequence[Any]) -> Any:
+        # Guards before the gate, as the specialised run: nothing claimed.
+        if (
+            not group_alive(pg)
+            or domain.first_failure is not None
+            or binding.configured != program.deadline_s
+            or not accepted(inputs)
+            or (records is not None and records(inputs))
+        ):
+            return GENERAL
+        x = inputs[0]
+        writable = donation if type(donation) is frozenset else donation(inputs)
+        y = x if writable and overwrites else out_of_place(x)
+        if y is None:  # a root that copies its input: the general path
+            return GENERAL
+        who = gate.claim_direct(what)
+        if who is None:  # runs are queued: behind them
+            return GENERAL
+        future: Any = torch.futures.Future()
+        base.hoisted = ()
+        start = monotonic()
+        try:
+            mark_written(inputs, writable)
+            opts, _ = options(False)
+            work = submit_work([y], opts)
+        except BaseException as e:  # noqa: BLE001 - handed to the future
+            error = named(e, monotonic() - start)
+            domain.poison(error)
+            gate.leave()
+            future.set_exception(error)
+            return future
+
+        def complete(done: Any) -> None:
+            try:
+                done.value()
+                results = owned((y,), inputs, writable)
+                domain.completed += 1  # as the general path
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                error = named(e, monotonic() - start)
+                domain.poison(error)
+                gate.leave()
+                with gate.completing_direct():
+                    future.set_exception(error)
+                return
+            gate.leave()  # before completing, as the worker
+            with gate.completing_direct():
+                future.set_result(results[0])
+
+        work.get_future().add_done_callback(complete)
+        return future
+
+    return submit

@@ -54,6 +54,9 @@ class DirectCollective:
     #: leaves it: the options are looked up only when the resource's
     #: deadline changes (a specialised run reads it inline)
     current: list = field(default_factory=lambda: [None, None], compare=False, repr=False)
+    #: the same for a collective submitted and not waited for (`asyncOp`
+    #: set: the backend runs it on its own threads)
+    current_async: list = field(default_factory=lambda: [None, None], compare=False, repr=False)
 
     @property
     def same_type(self) -> bool:
@@ -62,13 +65,14 @@ class DirectCollective:
         op = self.invocation.op
         return len(op.results) == 1 and op.results[0].type == op.operands[0].type
 
-    def options(self) -> tuple[Options, timedelta]:
+    def options(self, wait: bool = True) -> tuple[Options, timedelta]:
         """The backend's options and timeout for the deadline the resource
-        holds now (an op's own `deadline_ms` wins, as everywhere)."""
-        current = self.current
+        holds now (an op's own `deadline_ms` wins, as everywhere), for a
+        collective waited for on the calling thread or (`wait` False) not."""
+        current = self.current if wait else self.current_async
         deadline = self.resource.deadline_s
         if current[0] != deadline:
-            current[1] = self.resource._options(self.kind, self.invocation, True, *self.fields)
+            current[1] = self.resource._options(self.kind, self.invocation, wait, *self.fields)
             current[0] = deadline
         return current[1]
 

@@ -4,7 +4,9 @@
 rules specialised for that binding (`distir.runtime.specialised`): guards
 on what can change between runs, and the general path whenever one fails.
 A program with `specialise = False` always takes the general path, which
-defines what a run does. Drawn sequences of runs (inputs of the declared
+defines what a run does. `run_async(..., on_backend_thread=True)` of a
+trusted program that is one collective submits it on the calling thread
+(`specialised_submit`); on the general path it is queued as always. Drawn sequences of runs (inputs of the declared
 type or not, strided, transposed, expanded, negation views, efficient zero
 tensors, inputs that require grad, previous results passed back, donated
 or not) must give, on both paths: the same results (and values an oracle
@@ -148,7 +150,8 @@ def run_sequences(draw, max_runs: int = 5) -> tuple[str, bool, list[dict]]:
                 ],
                 "seed": draw(st.integers(0, 2**16)),
                 "extra": draw(st.integers(0, 19)) == 0,  # one input too many
-                "queued": draw(st.booleans()),  # through run_async
+                # through run, run_async, or run_async(on_backend_thread=True)
+                "queued": draw(st.sampled_from(["run", "queued", "backend thread"])),
             }
         )
     return name, trusted, runs
@@ -230,8 +233,13 @@ def play(program: Any, group: Any, name: str, runs: list[dict], rank: int) -> li
         versions = [_version(x) for x in tensors]
         completed = domain_for(group).completed
         try:
-            if spec["queued"]:
-                future = program.run_async(*inputs, group=group, donate=spec["donate"])
+            if spec["queued"] != "run":
+                future = program.run_async(
+                    *inputs,
+                    group=group,
+                    donate=spec["donate"],
+                    on_backend_thread=spec["queued"] == "backend thread",
+                )
                 results = future.wait()
             else:
                 results = program.run(*inputs, group=group, donate=spec["donate"])
@@ -423,6 +431,64 @@ def test_queued_runs_take_the_specialised_path(programs):
             assert torch.equal(program.run_async(x.clone(), group=group, donate=True).wait(), x)
         assert len(calls) == 3 and all(who is not None for who, _ in calls)
     finally:
+        dist.destroy_process_group(group)
+
+
+def test_backend_thread_runs_submit_on_the_calling_thread(programs):
+    """A trusted one-collective program's `run_async(on_backend_thread=True)`
+    after its first run submits without the worker: the input not donated
+    is read at submission (changing it at once changes nothing), a run
+    started from the future's callback is refused with `ConcurrentRun`
+    (it would race the submitting thread), and with a run queued on the
+    worker the submission queues behind it."""
+    from distir.errors import ConcurrentRun
+
+    program = distir.compile(PROGRAMS["all-reduce f32"][0], agreement=False)
+    group = dist.new_group([0])
+    try:
+        x = torch.arange(6.0).reshape(2, 3)
+        program.run_async(x.clone(), group=group).wait()  # agreed; specialised
+        binding = program._bindings[group]
+        submit, calls = binding.submitted[False], []
+        binding.submitted[False] = lambda inputs: calls.append(1) or submit(inputs)
+        y = x.clone()
+        future = program.run_async(y, group=group, on_backend_thread=True)
+        y.add_(100)
+        assert torch.equal(future.wait(), x) and calls == [1]
+        # A callback added before the work completes runs on the backend's
+        # thread; one added after, at once on this thread (then it may run).
+        seen = []
+
+        def callback(done):
+            off_thread = threading.current_thread() is not threading.main_thread()
+            try:
+                program.run(x, group=group)
+                seen.append((off_thread, "ran"))
+            except ConcurrentRun as e:
+                seen.append((off_thread, str(e)))
+
+        for _ in range(50):
+            future = program.run_async(x, group=group, on_backend_thread=True)
+            future.add_done_callback(callback)
+            future.wait()
+            if any(off for off, _ in seen):
+                break
+        assert any(off for off, _ in seen), "no callback ran on the backend's thread"
+        for off_thread, what in seen:
+            if off_thread:
+                assert "callback of a run submitted directly" in what
+            else:
+                assert what == "ran"
+        calls.clear()
+        release = threading.Event()
+        held = binding.gate.submit("held", lambda who: release.wait(20))  # the worker waits
+        queued = program.run_async(x, group=group, on_backend_thread=True)
+        assert calls == [1] and not queued.done()  # behind the held run
+        release.set()
+        held.wait()
+        assert torch.equal(queued.wait(), x)
+    finally:
+        reset_domain(group)
         dist.destroy_process_group(group)
 
 
