@@ -6,7 +6,10 @@ and `distir.ddp.encrypted_hook`, each on its own copy of the same model. Each
 iteration runs one step of every hook in turn (in an order rotated at every
 iteration), so that load on the machine hits them alike; a step's time is
 the maximum over ranks, and a row reports the median over iterations and the
-ratio to the default's median. For the sum hook it also reports the
+ratio to the default's median, and `paired`, the median over iterations
+of the step's ratio to the default's step in the same iteration. `torch
+hook` is the least a Python hook costs: DDP's default written as a plain
+torch hook (scaled in place, one async all-reduce on its own group). For the sum hook it also reports the
 overlap: the share of the hooks' communication time (hook returned ->
 future completed) that passed while backward was still computing (before
 DDP called the last bucket's hook).
@@ -47,6 +50,17 @@ def _overlap(timings) -> tuple[float, float]:
     return total, before
 
 
+def _torch_hook(group, bucket):
+    """DDP's default in a Python hook: scaled in place, one async all-reduce."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size(group))
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(
+        lambda done: done.value()[0]
+    )
+
+
 def rank_main(ctx, iterations: int, encrypted_steps: int, encrypted_max: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -60,6 +74,11 @@ def rank_main(ctx, iterations: int, encrypted_steps: int, encrypted_max: int) ->
         params = sum(p.numel() for p in base.parameters())
         models = {}
         models["default"] = (DDP(copy.deepcopy(base)), None)
+        # The least any Python hook costs: plain torch, in place, on its own group.
+        torch_group = dist.new_group(list(range(ctx.world_size)))
+        ddp = DDP(copy.deepcopy(base))
+        ddp.register_comm_hook(torch_group, _torch_hook)
+        models["torch hook"] = (ddp, None)
         state = hooks.SumHookState(deadline=60, record_timings=True)
         ddp = DDP(copy.deepcopy(base))
         ddp.register_comm_hook(state, hooks.sum_hook)
@@ -96,9 +115,16 @@ def rank_main(ctx, iterations: int, encrypted_steps: int, encrypted_max: int) ->
                         total, before = _overlap(state.timings)
                         overlap[0] += total
                         overlap[1] += before
+        default = times["default"]
         out[name] = {
             "params": params,
             "median_s": {h: statistics.median(v) for h, v in times.items() if v},
+            # the median of each iteration's ratio to the default's step
+            "paired": {
+                h: statistics.median(t / d for t, d in zip(v, default))
+                for h, v in times.items()
+                if v
+            },
             "overlap": overlap[1] / overlap[0] if overlap[0] else 0.0,
             "buckets": len(models["sum"][1].timings),
         }
@@ -133,13 +159,16 @@ def main() -> int:
         f"DDP training step, {args.nproc} gloo ranks, batch {BATCH} per rank, "
         f"median of {args.iterations} steps (encrypted: {args.encrypted_steps})"
     )
-    print(f"{'model':>6} {'params':>11} {'buckets':>7} {'hook':>10} {'step':>10} {'x default':>10}")
+    print(
+        f"{'model':>6} {'params':>11} {'buckets':>7} {'hook':>10} {'step':>10} "
+        f"{'x default':>10} {'paired':>7}"
+    )
     for name, row in report.items():
         default = row["median_s"]["default"]
         for hook, t in row["median_s"].items():
             print(
                 f"{name:>6} {row['params']:>11,} {row['buckets']:>7} {hook:>10} "
-                f"{t * 1e3:>8.1f}ms {t / default:>9.2f}x"
+                f"{t * 1e3:>8.1f}ms {t / default:>9.2f}x {row['paired'][hook]:>6.2f}x"
             )
         print(
             f"{name:>6} sum hook: {row['overlap']:.0%} of its communication time "

@@ -274,28 +274,30 @@ class SumHookState(HookState):
         self.calls += 1
         self._step.update(f"{position}:{index}:{numel}:{dtype};".encode())
         program = self.program(buffer)
-        summed = program.run_async(buffer, group=self.group, donate=True, on_backend_thread=True)
         if not last:
-            return summed
+            return program.run_async(buffer, group=self.group, donate=True, on_backend_thread=True)
         digest = self._step.digest()
         self._step = _step_digest()
         words = torch.tensor(digest_words(digest), dtype=torch.int64)
-        # Submitted after the bucket: in the same order on every rank.
+        # The digest's sum first, the last bucket's behind it (the same
+        # order on every rank): the backend runs both at once, so the check
+        # adds no round trip after the step's last bucket.
         checked_digest = self._digest_program.run_async(
             words, group=self.group, donate=True, on_backend_thread=True
         )
+        summed = program.run_async(buffer, group=self.group, donate=True, on_backend_thread=True)
 
         # Completed by hand, not with `then`: an error raised in a `then`
         # callback reaches DDP as a RuntimeError, not as the named error.
         checked: torch.futures.Future = torch.futures.Future()
 
         def check(done: torch.futures.Future) -> None:
-            if not summed.done():  # (the backend may complete the digest's sum first)
+            if not summed.done():  # (the backend completes them in either order)
                 summed.add_done_callback(lambda _: check(done))
                 return
             try:
-                total = summed.value()  # the bucket's error first: the cause
                 sums = done.value()
+                total = summed.value()
             except BaseException as e:  # noqa: BLE001 - handed to the future
                 checked.set_exception(e)
                 return
