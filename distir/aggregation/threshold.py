@@ -422,7 +422,13 @@ def aggregate(
     # A ciphertext at another level (or of another size) would be summed
     # limb by limb against its peers' and come out silently wrong, so the
     # check is agreed: every rank raises it, none waits on a sum.
-    fresh = all(p[0].shape[0] == 2 and tuple(p[1].tolist()) == moduli for p in pairs)
+    # A CKKSVector of more values than slots is several ciphertexts ([C, 2,
+    # L, N] limbs, and C = 2 has the shape of one [2, L, N] ciphertext's
+    # pair of polynomials): refused with the others, before anything moves.
+    fresh = all(
+        h is not None and p[0].shape[0] == 2 and tuple(p[1].tolist()) == moduli
+        for p, h in zip(pairs, headers)
+    )
     # The scale is the one fact of a ciphertext its limbs do not carry: SEAL
     # adds ciphertexts of different scales as if they were equal (a silently
     # wrong sum, different on each rank), so the scales of every chunk of
@@ -443,7 +449,9 @@ def aggregate(
             _BAD_GROUP: f"{size} ranks cannot aggregate under a key of "
             f"{parameters.parties} parties (the smudging bound covers at most that many)",
             _BAD_LEVEL: "a rank's ciphertexts are not fresh 2-polynomial ciphertexts at the "
-            f"parameters' first data level ({len(moduli)} moduli); nothing was summed",
+            f"parameters' first data level ({len(moduli)} moduli), or a CKKSVector holds "
+            "several ciphertexts (more values than slots: pass one CKKSVector per "
+            f"{parameters.poly_modulus_degree // 2} values); nothing was summed",
         },
     )
     limbs = torch.stack([p[0] for p in pairs])
@@ -503,7 +511,7 @@ def aggregate(
         commitments,
         digest,
         _mac(share, digest, size),
-        tuple(headers) if all(h is not None for h in headers) else None,
+        tuple(headers),  # one ciphertext each: checked above
     )
 
 

@@ -282,6 +282,16 @@ def metadata_worker(ctx) -> dict:
         ta.aggregate([encrypted], share)
     except ta.ThresholdMismatch as e:
         out["level"] = str(e)
+    # A vector of more values than slots is two ciphertexts in one
+    # CKKSVector: on one rank, then on every rank (which once passed here
+    # and failed later, in decryption).
+    slots = share.parameters.poly_modulus_degree // 2
+    for name, ranks in (("chunks on one rank", {0}), ("chunks everywhere", {0, 1, 2})):
+        long = values * (-(-(slots + 1) // len(values))) if ctx.rank in ranks else values
+        try:
+            ta.aggregate([ts.ckks_vector(context, long)], share)
+        except ta.ThresholdMismatch as e:
+            out[name] = str(e)
     total = ta.aggregate([ts.ckks_vector(context, values)], share)
     out["honest"] = np.array(ta.decrypt(total, share)[0][:SIZE])
     return out
@@ -289,7 +299,7 @@ def metadata_worker(ctx) -> dict:
 
 @pytest.mark.multirank
 @pytest.mark.timeout(150)
-def test_a_ciphertext_of_another_scale_or_level_is_refused_by_name_on_every_rank():
+def test_a_ciphertext_of_another_scale_level_or_chunk_count_is_refused_by_name_on_every_rank():
     from distir.runtime.launch import launch
 
     reports = launch(metadata_worker, 3, pass_context=True, timeout=140)
@@ -303,4 +313,10 @@ def test_a_ciphertext_of_another_scale_or_level_is_refused_by_name_on_every_rank
             "a rank's ciphertexts are not fresh 2-polynomial ciphertexts at the "
             "parameters' first data level"
         )
+        for name in ("chunks on one rank", "chunks everywhere"):
+            assert report[name].startswith(
+                "a rank's ciphertexts are not fresh 2-polynomial ciphertexts at the "
+                "parameters' first data level"
+            ), report
+            assert "one CKKSVector per 4096 values" in report[name]
         assert np.abs(report["honest"] - plain).max() <= 7 * sigma
