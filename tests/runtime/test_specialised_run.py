@@ -572,3 +572,40 @@ def test_on_gloo_ranks_both_paths_agree(drawn):
                 want = expected_values(name, inputs, rank)
                 for w, have in zip(want, outcome[1], strict=True):
                     assert torch.equal(w.to(have.dtype), have)
+
+
+def _late_peer(ctx) -> tuple[str, float]:
+    import time
+
+    program = distir.compile(PROGRAMS["all-reduce f32"][0], agreement=False, deadline=2)
+    x = torch.ones(2, 3)
+    program.run_async(x, on_backend_thread=True).wait()  # agreed: direct from here on
+    assert program._bindings[None].submitted
+    dist.barrier()
+    if ctx.rank == 1:
+        time.sleep(5)  # never joins the run within rank 0's deadline
+        return "late", 0.0
+    start = time.monotonic()
+    future = program.run_async(x, on_backend_thread=True)
+    try:
+        future.wait()
+        outcome = "completed"
+    except DistirError as e:
+        outcome = type(e).__name__
+    waited = time.monotonic() - start
+    try:
+        program.run(x)
+    except DistirError as e:
+        outcome += f", then {type(e).__name__}"
+    return outcome, waited
+
+
+@pytest.mark.multirank
+def test_a_backend_thread_run_whose_peer_is_late_ends_at_its_deadline():
+    """The backend's own timeout is a direct run's deadline: a peer that
+    never joins is `DeadlineExceeded` within the deadline plus 2 s, and
+    the group is poisoned after it."""
+    outcomes = launch(_late_peer, 2, pass_context=True, timeout=60)
+    outcome, waited = outcomes[0]
+    assert outcome == "DeadlineExceeded, then Poisoned", outcomes
+    assert 1.9 <= waited <= 4.0, waited
