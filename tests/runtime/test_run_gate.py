@@ -1,7 +1,8 @@
 """The run gate under contention, in one process (no process group).
 
 These tests drive a gate (`distir.runtime.concurrency.RunGate`) from
-several threads at once, synchronous runs, queued runs and runs from a
+several threads at once, synchronous runs, queued runs, runs handed to
+the backend (`claim_direct`, ended on a backend thread) and runs from a
 future's callback mixed, with a tiny switch interval so that threads
 interleave between bytecodes, and check its contract: never two threads'
 runs in flight at once, every attempt counted once, a refused thread told
@@ -12,9 +13,11 @@ are in flight — and the gate free again at the end.
 
 from __future__ import annotations
 
+import concurrent.futures
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -33,6 +36,7 @@ class _Runs:
         self.owners: dict[str, int] = {}
         self.violations: list[str] = []
         self.ran = 0
+        self.direct = 0  # runs handed to the backend
 
     def start(self, owner: str) -> None:
         with self.lock:
@@ -47,12 +51,48 @@ class _Runs:
             self.ran += 1
 
 
-def _hammer(gate: RunGate, runs: _Runs, name: str, rounds: int, counts: dict) -> None:
+def _direct(gate: RunGate, runs: _Runs, name: str, backend: Any) -> tuple[int, int]:
+    """A run handed to the backend by this thread (`claim_direct`), ended by
+    a backend thread (`backend`, standing for gloo's), or queued behind this
+    thread's queued runs; returns (attempts, refused)."""
+    try:
+        who = gate.claim_direct("test")
+    except ConcurrentRun:
+        return 1, 1
+    if who is None:  # runs are queued: behind them
+        try:
+            future = gate.submit("test", lambda who: _queued(runs, name, who))
+        except ConcurrentRun:
+            return 1, 1
+    else:
+        assert who.thread is threading.current_thread()
+        runs.start(name)
+        runs.direct += 1  # (only this thread writes it while its run is claimed)
+        future = torch.futures.Future()
+
+        def complete() -> None:
+            runs.end(name)
+            gate.leave()  # on another thread than the claim's
+            with gate.completing_direct():
+                future.set_result(who.position)
+
+        backend.submit(complete)
+    future.wait()
+    return 1, 0
+
+
+def _hammer(
+    gate: RunGate, runs: _Runs, name: str, rounds: int, counts: dict, backend: Any
+) -> None:
     """One thread's runs: synchronous ones (some nested, as a recorded run's
-    inner run is), and now and then a queued one with a callback that runs
-    synchronously on the worker (inline)."""
+    inner run is), now and then a queued one with a callback that runs
+    synchronously on the worker (inline), and one handed to the backend."""
     refused = attempts = 0
     for i in range(rounds):
+        if i % 5 == 0:
+            tried, no = _direct(gate, runs, name, backend)
+            attempts += tried
+            refused += no
         attempts += 1
         try:
             who = gate.enter("test")
@@ -126,10 +166,13 @@ def test_gate_under_contention(threads):
     runs = _Runs()
     counts: dict[str, tuple[int, int]] = {}
     interval = sys.getswitchinterval()
+    backend = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
     try:
         workers = [
-            threading.Thread(target=_hammer, args=(gate, runs, f"T{k}", 400, counts), name=f"T{k}")
+            threading.Thread(
+                target=_hammer, args=(gate, runs, f"T{k}", 400, counts, backend), name=f"T{k}"
+            )
             for k in range(threads)
         ]
         for thread in workers:
@@ -139,8 +182,10 @@ def test_gate_under_contention(threads):
         assert not any(thread.is_alive() for thread in workers)
     finally:
         sys.setswitchinterval(interval)
+        backend.shutdown(wait=True)
     assert len(counts) == threads  # no thread died on an assertion
     assert runs.violations == []
+    assert runs.direct > 0
     assert sum(refused for _, refused in counts.values()) < sum(a for a, _ in counts.values())
     # Every attempt counted once (refused ones too), and the gate free again.
     assert gate._position == sum(attempts for attempts, _ in counts.values())
